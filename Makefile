@@ -1,0 +1,35 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Each sets up .venv itself
+# (idempotent: it reinstalls only when pyproject.toml changes) and pins torch==2.13.0.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench s3-server clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test,s3,dali,demo,bench]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m tools.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run_all
+
+s3-server: $(STAMP)
+	$(PY) -m tools.s3_server
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,88 @@
+"""Image checks shared by the writer and the decoders: format probe, pixel limit, validation, downscale.
+
+The pixel limit refuses decompression bombs before any pixel is decoded: the header alone says
+how large the image claims to be.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+from PIL import Image
+
+from dataio.errors import CorruptSampleError, ImageTooLargeError
+
+DEFAULT_MAX_PIXELS = 89_478_485  # PIL's own bomb threshold (~ 9459 x 9459)
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")
+
+
+def probe(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = "", key: str = "") -> tuple[str, int, int]:
+    """(format, width, height) from the header only; raises CorruptSampleError / ImageTooLargeError."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                width, height = img.size
+                fmt = (img.format or "").lower()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise ImageTooLargeError(
+            f"{url}: sample {key!r}: image exceeds PIL's pixel limit; refusing to decode (decompression bomb?)",
+            url=url, key=key,
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
+        raise CorruptSampleError(
+            f"{url}: sample {key!r}: not a readable image ({type(exc).__name__}: {exc})", url=url, key=key
+        ) from None
+    check_pixels(width, height, max_pixels=max_pixels, url=url, key=key)
+    return fmt, width, height
+
+
+def check_pixels(width: int, height: int, *, max_pixels: int, url: str = "", key: str = "") -> None:
+    if width * height > max_pixels:
+        raise ImageTooLargeError(
+            f"{url}: sample {key!r}: image of {width}x{height} = {width * height} pixels exceeds the "
+            f"limit of {max_pixels}; raise max_pixels only if you trust this data",
+            url=url, key=key,
+        )
+
+
+def validate(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = "", key: str = "") -> tuple[str, int, int]:
+    """Probe, then decode every pixel (a truncated or corrupt file fails here); returns the probe."""
+    fmt, width, height = probe(data, max_pixels=max_pixels, url=url, key=key)
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+    except Exception as exc:  # noqa: BLE001
+        raise CorruptSampleError(
+            f"{url}: sample {key!r}: image does not decode ({type(exc).__name__}: {exc})", url=url, key=key
+        ) from None
+    return fmt, width, height
+
+
+def downscale(data: bytes, max_side: int, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = "", key: str = "") -> tuple[bytes, str]:
+    """Shrink so the longer side is at most `max_side` (aspect kept); returns (bytes, ext).
+
+    Images already small enough come back unchanged (no re-encode). JPEGs are re-encoded as JPEG
+    (quality 95), everything else as PNG (lossless).
+    """
+    fmt, width, height = probe(data, max_pixels=max_pixels, url=url, key=key)
+    ext = "jpg" if fmt in ("jpeg", "jpg", "mpo") else (fmt or "png")
+    if max(width, height) <= max_side:
+        return data, ext
+    scale = max_side / max(width, height)
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.draft("RGB", size)  # JPEG: decode at a reduced DCT scale first
+            out = img.convert("RGB" if ext == "jpg" else img.mode).resize(size, Image.Resampling.LANCZOS)
+    except Exception as exc:  # noqa: BLE001
+        raise CorruptSampleError(
+            f"{url}: sample {key!r}: image does not decode ({type(exc).__name__}: {exc})", url=url, key=key
+        ) from None
+    buf = io.BytesIO()
+    if ext == "jpg":
+        out.save(buf, format="JPEG", quality=95)
+        return buf.getvalue(), "jpg"
+    out.save(buf, format="PNG")
+    return buf.getvalue(), "png"

@@ -1,0 +1,382 @@
+"""Storage through fsspec: a dataset prefix on any URL, atomic publish, ranged reads with retry.
+
+Credentials come from flags, a config file or the standard AWS variables (in that order) and
+never appear in a message: every URL or error text that leaves this module passes `redact`.
+A `Store` is picklable and opens its filesystem lazily, so each worker process (fork or
+spawn) makes its own client; s3fs clients must not cross a fork.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import random
+import re
+import time
+import tomllib
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, BinaryIO, TypeVar
+
+from dataio.errors import StorageError
+
+T = TypeVar("T")
+
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+_SECRET_QUERY = re.compile(
+    r"(?i)(?P<name>x-amz-credential|x-amz-signature|x-amz-security-token|awsaccesskeyid|"
+    r"signature|sig|token|access_token|secret|password)=[^&\s]+"
+)
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """Remove credentials from a URL or message: user:pass@ parts, signed-URL query values, known secrets."""
+    out = _USERINFO.sub(lambda m: m.group("scheme") + "***@", str(text))
+    out = _SECRET_QUERY.sub(lambda m: m.group("name") + "=***", out)
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            out = out.replace(secret, "***")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StorageOptions:
+    """Where an object store is and who we are there; key and secret never print."""
+
+    endpoint_url: str | None = None
+    key: str | None = field(default=None, repr=False)
+    secret: str | None = field(default=None, repr=False)
+    region: str | None = None
+    anon: bool = False
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if (self.key is None) != (self.secret is None):
+            raise ValueError("give both an access key and a secret key, or neither")
+        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
+            raise ValueError("storage timeouts must be positive")
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return tuple(s for s in (self.key, self.secret) if s)
+
+    def fsspec_kwargs(self, protocol: str) -> dict[str, Any]:
+        """Keyword arguments for fsspec's filesystem of `protocol` (only S3 takes any)."""
+        if protocol not in ("s3", "s3a"):
+            return {}
+        client_kwargs: dict[str, Any] = {}
+        if self.endpoint_url:
+            client_kwargs["endpoint_url"] = self.endpoint_url
+        if self.region:
+            client_kwargs["region_name"] = self.region
+        kwargs: dict[str, Any] = {
+            "client_kwargs": client_kwargs,
+            "connect_timeout": self.connect_timeout_s,
+            "read_timeout": self.read_timeout_s,
+            # A few fast tries inside botocore; our own retry with backoff sits above.
+            "config_kwargs": {"retries": {"max_attempts": 2, "mode": "standard"}},
+        }
+        if self.anon:
+            kwargs["anon"] = True
+        elif self.key:
+            kwargs["key"], kwargs["secret"] = self.key, self.secret
+        return kwargs
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        endpoint_url: str | None = None,
+        key: str | None = None,
+        secret: str | None = None,
+        region: str | None = None,
+        config_path: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> StorageOptions:
+        """Merge flags (first), a TOML config file's [s3] table, then AWS_* variables in `env`."""
+        env = {} if env is None else env
+        conf: dict[str, Any] = {}
+        if config_path:
+            try:
+                with open(config_path, "rb") as f:
+                    conf = tomllib.load(f).get("s3", {})
+            except FileNotFoundError:
+                raise ValueError(f"storage config file {config_path!r} does not exist") from None
+            except tomllib.TOMLDecodeError as exc:
+                raise ValueError(f"storage config file {config_path!r} is not valid TOML: {exc}") from None
+            unknown = set(conf) - {"endpoint_url", "key", "secret", "region", "anon"}
+            if unknown:
+                raise ValueError(
+                    f"unknown keys {sorted(unknown)} in [s3] of {config_path!r}; "
+                    "allowed: endpoint_url, key, secret, region, anon"
+                )
+
+        def pick(flag: Any, conf_key: str, *env_keys: str) -> Any:
+            if flag is not None:
+                return flag
+            if conf.get(conf_key) is not None:
+                return conf[conf_key]
+            for name in env_keys:
+                if env.get(name):
+                    return env[name]
+            return None
+
+        return cls(
+            endpoint_url=pick(endpoint_url, "endpoint_url", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+            key=pick(key, "key", "AWS_ACCESS_KEY_ID"),
+            secret=pick(secret, "secret", "AWS_SECRET_ACCESS_KEY"),
+            region=pick(region, "region", "AWS_REGION", "AWS_DEFAULT_REGION"),
+            anon=bool(conf.get("anon", False)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter for transient storage errors."""
+
+    max_attempts: int = 5
+    base_delay_s: float = 0.1
+    max_delay_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
+            raise ValueError("need 0 <= base_delay_s <= max_delay_s")
+
+    def delay_s(self, attempt: int) -> float:
+        """Seconds to sleep before try number `attempt + 1` (attempt counts from 1)."""
+        return random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
+
+
+class ShortReadError(OSError):
+    """Fewer bytes arrived than the index or manifest promised; transient until proven otherwise."""
+
+
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+_TRANSIENT_WORDS = (
+    "503", "500", "502", "504", "slowdown", "slow down", "service unavailable", "internalerror",
+    "requesttimeout", "throttl", "reduce your request rate", "connection reset", "timed out",
+    "timeout", "server disconnected", "broken pipe", "connection aborted", "payload",
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors worth retrying: timeouts, resets, 5xx and throttling, short reads."""
+    if isinstance(exc, _PERMANENT):
+        return False
+    if isinstance(exc, (ShortReadError, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in (errno.ECONNRESET, errno.ETIMEDOUT, errno.EPIPE, errno.EIO):
+        return True
+    text = f"{type(exc).__name__} {exc}".lower()
+    return any(word in text for word in _TRANSIENT_WORDS)
+
+
+def with_retry(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    policy: RetryPolicy,
+    secrets: tuple[str, ...] = (),
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Call `fn`, retrying transient errors; then raise StorageError naming `what` and the attempts."""
+    for attempt in range(1, policy.max_attempts + 1):
+        try:
+            return fn()
+        except _PERMANENT as exc:
+            raise StorageError(
+                f"{redact(what, secrets)}: {type(exc).__name__}: {redact(str(exc), secrets)}; "
+                "check that the path exists and that the credentials may read it"
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - classified right below
+            if not is_transient(exc):
+                raise StorageError(
+                    f"{redact(what, secrets)}: {type(exc).__name__}: {redact(str(exc), secrets)}"
+                ) from None
+            if attempt == policy.max_attempts:
+                raise StorageError(
+                    f"{redact(what, secrets)}: gave up after {attempt} attempts; last error "
+                    f"{type(exc).__name__}: {redact(str(exc), secrets)}"
+                ) from None
+            sleep(policy.delay_s(attempt))
+    raise AssertionError("unreachable")
+
+
+def check_relative(rel: str) -> str:
+    """Return `rel` if it is a safe relative path inside a prefix; raise ValueError otherwise."""
+    if not rel or rel.startswith(("/", "\\")) or "\\" in rel or "://" in rel or ":" in rel.split("/")[0]:
+        raise ValueError(f"path {rel!r} must be relative to the dataset prefix (no scheme, no leading /)")
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"path {rel!r} must stay inside the dataset prefix (no '..', '.' or empty parts)")
+    return rel
+
+
+class Store:
+    """A prefix (directory) on any fsspec filesystem; every path given to it is relative to the prefix."""
+
+    def __init__(
+        self, url: str, options: StorageOptions | None = None, retry: RetryPolicy | None = None
+    ) -> None:
+        self.raw_url = str(url).rstrip("/") or "/"
+        self.options = options or StorageOptions()
+        self.retry = retry or RetryPolicy()
+        self._fs: Any = None
+        self._root = ""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"raw_url": self.raw_url, "options": self.options, "retry": self.retry}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["raw_url"], state["options"], state["retry"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        """The prefix URL with credentials removed: the only form that goes into messages."""
+        return redact(self.raw_url, self.options.secrets)
+
+    @property
+    def protocol(self) -> str:
+        return self.raw_url.split("://", 1)[0] if "://" in self.raw_url else "file"
+
+    @property
+    def is_local(self) -> bool:
+        return self.protocol in ("file", "local")
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            from fsspec.core import url_to_fs
+
+            try:
+                self._fs, self._root = url_to_fs(self.raw_url, **self.options.fsspec_kwargs(self.protocol))
+            except (ImportError, ValueError) as exc:
+                raise StorageError(
+                    f"{self.url}: cannot open this URL ({redact(str(exc), self.options.secrets)}); "
+                    "for s3:// install shardify[s3], for gs:// gcsfs, for http(s):// aiohttp"
+                ) from None
+            self._root = self._root.rstrip("/")
+        return self._fs
+
+    def path(self, rel: str) -> str:
+        """The filesystem path of `rel` below the prefix (checked to stay inside it)."""
+        self.fs  # noqa: B018 - resolves the root
+        return f"{self._root}/{check_relative(rel)}" if self._root else check_relative(rel)
+
+    def url_of(self, rel: str) -> str:
+        """Redacted URL of `rel`, for messages."""
+        return f"{self.url}/{rel}"
+
+    def child(self, rel: str) -> Store:
+        """A Store for a sub-prefix."""
+        return Store(f"{self.raw_url}/{check_relative(rel)}", self.options, self.retry)
+
+    def _retry(self, fn: Callable[[], T], what: str) -> T:
+        return with_retry(fn, what=what, policy=self.retry, secrets=self.options.secrets)
+
+    def read(self, rel: str, start: int | None = None, end: int | None = None, *, expect_size: int | None = None) -> bytes:
+        """Bytes [start, end) of `rel` (whole file when both are None); short reads are retried, then fail."""
+        if start is not None and end is not None and end - start <= 0:
+            return b""
+        path = self.path(rel)
+        want = expect_size if start is None else (end - start if end is not None else None)
+
+        def once() -> bytes:
+            if start is None and end is None:
+                data = self.fs.cat_file(path)
+            else:
+                data = self.fs.cat_file(path, start=start, end=end)
+            if want is not None and len(data) != want:
+                raise ShortReadError(f"got {len(data)} bytes, expected {want}")
+            return data
+
+        span = "" if start is None else f" bytes {start}-{end}"
+        return self._retry(once, f"reading {self.url_of(rel)}{span}")
+
+    def size(self, rel: str) -> int:
+        path = self.path(rel)
+        return int(self._retry(lambda: self.fs.size(path), f"size of {self.url_of(rel)}"))
+
+    def exists(self, rel: str) -> bool:
+        path = self.path(rel)
+        return bool(self._retry(lambda: self.fs.exists(path), f"checking {self.url_of(rel)}"))
+
+    def prefix_exists(self) -> bool:
+        """True if the prefix itself exists (a directory, or any object below it on a store)."""
+        root = self.fs and self._root
+        return bool(self._retry(lambda: self.fs.exists(root), f"checking {self.url}"))
+
+    def list(self) -> list[str]:
+        """Relative names of every file below the prefix (recursive); empty if the prefix is absent."""
+        root = self.fs and self._root
+
+        def once() -> list[str]:
+            try:
+                found = self.fs.find(root)
+            except FileNotFoundError:
+                return []
+            cut = len(root) + 1
+            return sorted(p[cut:] for p in found if p.startswith(root + "/"))
+
+        return self._retry(once, f"listing {self.url}")
+
+    def remove(self, rel: str) -> None:
+        path = self.path(rel)
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(path)
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """Publish `data` at `rel` atomically: readers see the old object or the whole new one."""
+        with self.open_atomic(rel) as f:
+            f.write(data)
+
+    @contextlib.contextmanager
+    def open_atomic(self, rel: str) -> Iterator[BinaryIO]:
+        """A writer whose bytes appear at `rel` only if the block exits cleanly, all at once.
+
+        Local disk: a hidden temporary name in the same directory, fsync, rename. S3: one
+        multipart (or single) upload whose object appears when it completes; aborted on error.
+        Other stores: bytes collected in memory and put in one request.
+        """
+        path = self.path(rel)
+        if self.is_local:
+            directory, name = os.path.split(path)
+            os.makedirs(directory or ".", exist_ok=True)
+            tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            try:
+                with open(tmp, "wb") as f:
+                    yield f
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        elif self.protocol in ("s3", "s3a"):
+            f = self.fs.open(path, "wb")
+            try:
+                yield f
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    f.discard()  # aborts the multipart upload: no object appears
+                raise
+            self._retry(f.close, f"uploading {self.url_of(rel)}")
+        else:
+            buf = io.BytesIO()
+            yield buf
+            data = buf.getvalue()
+            self._retry(lambda: self.fs.pipe_file(path, data), f"writing {self.url_of(rel)}")
+
+
+def with_options(store: Store, **changes: Any) -> Store:
+    """A copy of `store` with some StorageOptions fields changed."""
+    return Store(store.raw_url, replace(store.options, **changes), store.retry)
