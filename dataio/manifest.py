@@ -16,7 +16,7 @@ from typing import Any
 import xxhash
 
 from dataio.errors import ManifestError, StorageError
-from dataio.storage import Store, check_relative
+from dataio.storage import Store, check_relative_many
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -212,8 +212,7 @@ class Manifest:
             raise bad(f"shard columns {missing} are missing")
         try:
             for column in ("path", "index_path") if fmt == "tar" else ("path",):
-                for p in shards[column]:
-                    check_relative(p)
+                check_relative_many(shards[column])
         except (ValueError, TypeError) as exc:
             raise bad(f"unsafe shard path: {exc}") from None
         try:

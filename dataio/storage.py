@@ -17,7 +17,7 @@ import re
 import time
 import tomllib
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, TypeVar
 
@@ -75,10 +75,14 @@ class StorageOptions:
             client_kwargs["region_name"] = self.region
         kwargs: dict[str, Any] = {
             "client_kwargs": client_kwargs,
-            "connect_timeout": self.connect_timeout_s,
-            "read_timeout": self.read_timeout_s,
-            # A few fast tries inside botocore; our own retry with backoff sits above.
-            "config_kwargs": {"retries": {"max_attempts": 2, "mode": "standard"}},
+            # Timeouts belong to botocore's Config: s3fs passes unknown top-level keywords on
+            # to aiobotocore's session, which refuses them.
+            "config_kwargs": {
+                "connect_timeout": self.connect_timeout_s,
+                "read_timeout": self.read_timeout_s,
+                # A few fast tries inside botocore; our own retry with backoff sits above.
+                "retries": {"max_attempts": 2, "mode": "standard"},
+            },
         }
         if self.anon:
             kwargs["anon"] = True
@@ -162,7 +166,18 @@ _TRANSIENT_WORDS = (
     "503", "500", "502", "504", "slowdown", "slow down", "service unavailable", "internalerror",
     "requesttimeout", "throttl", "reduce your request rate", "connection reset", "timed out",
     "timeout", "server disconnected", "broken pipe", "connection aborted", "payload",
+    "internal error", "connection was closed",
 )
+# s3fs turns HTTP 503/SlowDown into OSError(EBUSY) and 500/InternalError into OSError(EREMOTEIO).
+_TRANSIENT_ERRNOS = (
+    errno.ECONNRESET, errno.ETIMEDOUT, errno.EPIPE, errno.EIO, errno.EBUSY,
+    getattr(errno, "EREMOTEIO", errno.EIO), errno.ECONNREFUSED, errno.ECONNABORTED,
+)
+_TRANSIENT_CLASS_NAMES = frozenset({
+    "HTTPClientError", "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+    "IncompleteReadError", "ResponseStreamingError", "ClientConnectionError", "ClientPayloadError",
+    "ServerTimeoutError", "IncompleteRead",
+})
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -171,7 +186,10 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, (ShortReadError, ConnectionError, TimeoutError)):
         return True
-    if isinstance(exc, OSError) and exc.errno in (errno.ECONNRESET, errno.ETIMEDOUT, errno.EPIPE, errno.EIO):
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return True
+    # botocore's and aiohttp's connection errors do not derive from the builtin ConnectionError.
+    if any(cls.__name__ in _TRANSIENT_CLASS_NAMES for cls in type(exc).__mro__):
         return True
     text = f"{type(exc).__name__} {exc}".lower()
     return any(word in text for word in _TRANSIENT_WORDS)
@@ -208,14 +226,51 @@ def with_retry(
     raise AssertionError("unreachable")
 
 
+# Non-empty segments without slashes or backslashes, no ':' in the first: most safe paths match,
+# leaving only the '.'/'..' and '://' checks (a manifest checks 200k paths per 100k shards).
+_PLAIN_REL = re.compile(r"[^/\\:]+(?:/[^/\\]+)*\Z")
+
+
 def check_relative(rel: str) -> str:
     """Return `rel` if it is a safe relative path inside a prefix; raise ValueError otherwise."""
+    if not isinstance(rel, str):
+        raise ValueError(f"path {rel!r} must be a string")
+    if "\n" in rel or "\r" in rel or "\0" in rel:
+        raise ValueError(f"path {rel!r} must not contain line breaks or NUL")
+    if _PLAIN_REL.match(rel) and "://" not in rel:
+        if not rel.startswith(".") and "/." not in rel:
+            return rel  # fast path: no segment starts with a dot, so none is '.' or '..'
+        if not any(p in (".", "..") for p in rel.split("/")):
+            return rel
     if not rel or rel.startswith(("/", "\\")) or "\\" in rel or "://" in rel or ":" in rel.split("/")[0]:
         raise ValueError(f"path {rel!r} must be relative to the dataset prefix (no scheme, no leading /)")
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"path {rel!r} must stay inside the dataset prefix (no '..', '.' or empty parts)")
     return rel
+
+
+# Substrings any unsafe path contains (in one joined string, one path per line); paths holding
+# none of them are safe, the rest get the exact per-path check.
+_SUSPECT = ("\\", ":", "//", "\n\n", "/\n", "\n/", "/.", "\n.")
+
+
+def check_relative_many(paths: Sequence[str]) -> None:
+    """check_relative for many paths at once (a manifest's 200k): fast scan, exact check on suspects."""
+    try:
+        joined = "\n".join(paths)
+    except TypeError:
+        joined = ""
+    if (
+        joined
+        and joined.count("\n") == len(paths) - 1
+        and not joined.startswith(("/", ".", "\n"))
+        and not joined.endswith(("/", "\n"))
+        and not any(s in joined for s in _SUSPECT)
+    ):
+        return
+    for rel in paths:
+        check_relative(rel)
 
 
 class Store:
@@ -265,6 +320,10 @@ class Store:
                     "for s3:// install shardify[s3], for gs:// gcsfs, for http(s):// aiohttp"
                 ) from None
             self._root = self._root.rstrip("/")
+            if hasattr(self._fs, "retries") and self.protocol in ("s3", "s3a"):
+                # s3fs retries 5 times on its own (under botocore's tries, under ours): one
+                # layer of backoff is enough, and a dead endpoint then fails in seconds.
+                self._fs.retries = 1
         return self._fs
 
     def path(self, rel: str) -> str:
@@ -368,6 +427,8 @@ class Store:
             except BaseException:
                 with contextlib.suppress(Exception):
                     f.discard()  # aborts the multipart upload: no object appears
+                # Mark it closed, or fsspec's __del__ would try to flush the discarded buffer.
+                f.closed = True
                 raise
             self._retry(f.close, f"uploading {self.url_of(rel)}")
         else:

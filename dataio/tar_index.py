@@ -101,11 +101,12 @@ def parse_index(data: bytes, *, url: str = "index") -> TarIndex:
     return TarIndex(tuple(samples))
 
 
-def build_index(fileobj) -> TarIndex:  # noqa: ANN001 - any seekable binary file object
+def build_index(fileobj, *, url: str = "tar") -> TarIndex:  # noqa: ANN001 - any seekable binary file
     """Index an existing tar (e.g. one written by webdataset's ShardWriter), grouping members by key.
 
     Consecutive members sharing a key form one sample, as WebDataset groups them; directories,
-    links and hidden files are skipped. Raises ShardFormatError on a truncated or non-tar file.
+    links and hidden files are skipped. Raises ShardFormatError (naming `url`) on a truncated,
+    damaged or non-tar file, and on member names the index format cannot hold (whitespace).
     """
     import tarfile
 
@@ -120,14 +121,36 @@ def build_index(fileobj) -> TarIndex:  # noqa: ANN001 - any seekable binary file
                 base = info.name.rsplit("/", 1)[-1]
                 if base.startswith("."):
                     continue
+                if any(c.isspace() for c in info.name):
+                    raise ShardFormatError(
+                        f"{url}: member {info.name!r} has whitespace in its name, which the sample "
+                        "index cannot hold; rename the files before sharding"
+                    )
                 key, ext = split_member_name(info.name)
                 if key != last_key and members:
                     samples.append(IndexedSample(last_key, tuple(members)))  # type: ignore[arg-type]
                     members = []
                 last_key = key
                 members.append(Member(ext, info.offset_data, info.size))
+            _check_clean_end(tar, fileobj, url)
     except (tarfile.TarError, ValueError, EOFError) as exc:
-        raise ShardFormatError(f"not a readable tar shard ({exc}); re-create it") from None
+        raise ShardFormatError(f"{url}: not a readable tar shard ({exc}); re-create it") from None
     if members:
         samples.append(IndexedSample(last_key, tuple(members)))  # type: ignore[arg-type]
     return TarIndex(tuple(samples))
+
+
+def _check_clean_end(tar, fileobj, url: str) -> None:  # noqa: ANN001
+    """Python's tarfile stops silently at a damaged or cut-off header; refuse that instead.
+
+    After the last member a tar holds its end-of-archive zero blocks (or, from some writers,
+    nothing): any other byte there means the file was truncated or corrupted mid-archive.
+    """
+    end = tar.offset  # where the header after the last member would start
+    fileobj.seek(end)
+    block = fileobj.read(TAR_BLOCK)
+    if block.strip(b"\0"):
+        raise ShardFormatError(
+            f"{url}: tar is truncated or damaged at byte {end} (a header there does not parse); "
+            "re-create or re-download the shard"
+        )

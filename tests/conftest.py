@@ -1,0 +1,127 @@
+"""Shared fixtures: real S3 endpoints (SeaweedFS, moto) and a guard against leaked threads/processes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from tools.s3_server import MotoS3Server, S3Server
+
+# Threads that libraries start once and keep for the life of the process, by name prefix:
+# fsspec's event-loop thread and its default executor, pytest-timeout's watchdog.
+_KNOWN_THREAD_PREFIXES = ("fsspecIO", "asyncio_", "pytest_timeout", "ThreadPoolExecutor-fsspec")
+# Per-connection handler threads of threaded HTTP servers (moto's werkzeug) live as long as a
+# pooled client keeps its connection open; they belong to the session server, not the test.
+_KNOWN_THREAD_PARTS = ("process_request_thread",)
+# Helper processes multiprocessing starts once and keeps (spawn/forkserver start methods).
+_KNOWN_PROCESS_PARTS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+_GRACE_S = 3.0
+
+# Processes of session-scoped servers: never leaks, whenever a test first asks for them.
+_SESSION_PIDS: set[int] = set()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "allow_leaks: do not fail this test for threads or child processes it leaves behind"
+    )
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real SeaweedFS S3 server on 127.0.0.1 for the whole session; use .new_bucket() per test."""
+    with S3Server() as server:
+        assert server.pid is not None
+        _SESSION_PIDS.add(server.pid)
+        yield server
+    _SESSION_PIDS.discard(server.pid or -1)
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[MotoS3Server]:
+    """moto's threaded S3 server on 127.0.0.1 (fast, accepts any credentials); same interface."""
+    with MotoS3Server() as server:
+        yield server
+
+
+def _thread_known(thread: threading.Thread) -> bool:
+    name = thread.name or ""
+    return name.startswith(_KNOWN_THREAD_PREFIXES) or any(p in name for p in _KNOWN_THREAD_PARTS)
+
+
+def _process_known(proc: psutil.Process) -> bool:
+    try:
+        if proc.pid in _SESSION_PIDS or proc.status() == psutil.STATUS_ZOMBIE:
+            return True  # a zombie holds nothing but a pid; whoever made it may still reap it
+        cmdline = " ".join(proc.cmdline())
+        return any(part in cmdline for part in _KNOWN_PROCESS_PARTS) or any(
+            parent.pid in _SESSION_PIDS for parent in proc.parents()
+        )
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return True  # gone already
+
+
+def _children() -> set[psutil.Process]:
+    try:
+        return set(psutil.Process().children(recursive=True))
+    except psutil.Error:
+        return set()
+
+
+def _leaks(
+    threads_before: set[threading.Thread], procs_before: set[psutil.Process]
+) -> tuple[list[threading.Thread], list[psutil.Process]]:
+    threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive() and not _thread_known(t)]
+    procs = [p for p in _children() - procs_before if not _process_known(p)]
+    return threads, procs
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"pid {proc.pid}: {' '.join(proc.cmdline())[:200]}"
+    except psutil.Error:
+        return f"pid {proc.pid}"
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    """Terminate, then kill, leaked descendants so the next test starts clean."""
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=3)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads_or_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test if it leaves new threads or child processes running (after a short grace)."""
+    threads_before = set(threading.enumerate())
+    procs_before = _children()
+    yield
+    if request.node.get_closest_marker("allow_leaks"):
+        return
+    deadline = time.monotonic() + _GRACE_S
+    threads, procs = _leaks(threads_before, procs_before)
+    while (threads or procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        threads, procs = _leaks(threads_before, procs_before)
+    if threads or procs:
+        lines = [f"thread {t.name!r} (daemon={t.daemon})" for t in threads]
+        lines += [_describe(p) for p in procs]
+        _kill(procs)
+        pytest.fail(
+            "test left threads or child processes running after a "
+            f"{_GRACE_S:.0f} s grace period (stop/join them, or close the object that owns them):\n  "
+            + "\n  ".join(lines),
+            pytrace=False,
+        )
