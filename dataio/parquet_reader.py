@@ -1,0 +1,262 @@
+"""Parquet segments: only the row groups overlapping [start, stop), only the projected columns.
+
+The footer is read once per shard (one tail request) and kept in a per-reader LRU; a segment
+is then the byte ranges of its column chunks (neighbours closer than MERGE_GAP_BYTES merged
+into one request), fetched through Store.read (retries, short-read checks) or the disk cache.
+pyarrow decodes from those ranges through a sparse in-memory file: no temporary files, and
+pyarrow never issues a request of its own.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dataio.errors import ShardFormatError
+from dataio.manifest import Manifest
+from dataio.readers import (
+    LruCache,
+    Sample,
+    SegmentLike,
+    cached_read,
+    check_fields,
+    check_segment,
+    proportional_bytes,
+    shard_offsets,
+)
+from dataio.storage import Store
+
+if TYPE_CHECKING:
+    from dataio.cache import DiskCache
+
+FOOTER_CACHE_SHARDS = 64
+TAIL_BYTES = 64 * 1024
+# pyarrow coalesces reads across holes of up to 8 KiB; merging wider gaps keeps its reads inside ours.
+MERGE_GAP_BYTES = 64 * 1024
+
+
+class SparseFile(io.RawIOBase):
+    """A read-only file of `size` bytes of which only `chunks` [(offset, bytes)] are known."""
+
+    def __init__(self, size: int, chunks: Sequence[tuple[int, bytes]], *, url: str = "") -> None:
+        super().__init__()
+        self._size, self._chunks, self._url, self._pos = size, sorted(chunks), url, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = max(0, min(len(buffer), self._size - self._pos))
+        for offset, data in self._chunks:
+            if offset <= self._pos and self._pos + n <= offset + len(data):
+                a = self._pos - offset
+                memoryview(buffer)[:n] = data[a : a + n]
+                self._pos += n
+                return n
+        # An internal invariant (our ranges cover every chunk pyarrow reads), reported plainly.
+        raise OSError(f"{self._url}: bytes {self._pos}-{self._pos + n} were not fetched (a shardify bug)")
+
+
+@dataclass(frozen=True, slots=True)
+class ParquetPayload:
+    """The fetched column-chunk ranges of some row groups; row `first_row` is the first group's first."""
+
+    groups: tuple[int, ...]
+    first_row: int
+    chunks: tuple[tuple[int, bytes], ...]
+    metadata: Any
+
+    def __len__(self) -> int:
+        return sum(len(d) for _, d in self.chunks)
+
+
+class ParquetReader:
+    """SegmentReader for Parquet shards (one row per sample, row-group sizes in the manifest)."""
+
+    def __init__(
+        self,
+        store: Store,
+        manifest: Manifest,
+        *,
+        fields: Sequence[str] | None = None,
+        cache: DiskCache | None = None,
+    ) -> None:
+        if manifest.format != "parquet":
+            raise ValueError(f"ParquetReader needs a parquet manifest, got format {manifest.format!r}")
+        self.store = store
+        self.manifest = manifest
+        self.fields = check_fields(manifest, fields)
+        self.cache = cache
+        self._offsets = shard_offsets(manifest)
+        self._group_starts = [list(itertools.accumulate(g, initial=0)) for g in manifest.row_groups]
+        self._footers = LruCache(FOOTER_CACHE_SHARDS)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_footers"]  # holds a lock; every process reads its own footers
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._footers = LruCache(FOOTER_CACHE_SHARDS)
+
+    def metadata(self, shard: int) -> Any:
+        """The shard's Parquet footer, read once (one tail request) and checked against the manifest."""
+        return self._footers.get_or_load(shard, lambda: self._load_metadata(shard))
+
+    def _load_metadata(self, shard: int) -> Any:
+        m, rel = self.manifest, self.manifest.shard_paths[shard]
+        url, size = self.store.url_of(rel), m.shard_num_bytes[shard]
+        tail = self.store.read(rel, max(0, size - TAIL_BYTES), size)
+        if size < 12 or tail[-4:] != b"PAR1":
+            raise ShardFormatError(f"{url}: not a Parquet file (no PAR1 footer); rewrite the dataset")
+        need = int.from_bytes(tail[-8:-4], "little") + 8
+        if need > len(tail):
+            if need > size:
+                raise ShardFormatError(f"{url}: Parquet footer length {need} exceeds the file; rewrite the dataset")
+            tail = self.store.read(rel, size - need, size)
+        try:
+            md = pq.ParquetFile(SparseFile(size, [(size - len(tail), tail)], url=url)).metadata
+        except (pa.ArrowException, OSError) as exc:
+            raise ShardFormatError(f"{url}: unreadable Parquet footer ({exc}); rewrite the dataset") from None
+        groups = tuple(md.row_group(g).num_rows for g in range(md.num_row_groups))
+        if groups != m.row_groups[shard]:
+            raise ShardFormatError(
+                f"{url}: row groups {list(groups)[:8]} do not match the manifest's "
+                f"{list(m.row_groups[shard])[:8]}; the shard was replaced: rewrite the dataset"
+            )
+        return md
+
+    def _groups(self, seg: SegmentLike) -> tuple[tuple[int, ...], int]:
+        """Row groups overlapping [start, stop) and the first one's starting row."""
+        starts = self._group_starts[seg.shard]
+        groups = tuple(g for g in range(len(starts) - 1) if starts[g] < seg.stop and starts[g + 1] > seg.start)
+        return groups, (starts[groups[0]] if groups else 0)
+
+    def _columns(self, md: Any) -> list[str] | None:
+        if self.fields is None:
+            return None
+        names = set(md.schema.to_arrow_schema().names)
+        return [c for c in ("__key__", *self.fields) if c in names]
+
+    def _ranges(self, md: Any, groups: Sequence[int]) -> list[tuple[int, int]]:
+        """Merged byte ranges of the projected column chunks of `groups`."""
+        columns = self._columns(md)
+        spans = []
+        for g in groups:
+            rg = md.row_group(g)
+            for i in range(rg.num_columns):
+                cc = rg.column(i)
+                if columns is not None and cc.path_in_schema.split(".")[0] not in columns:
+                    continue
+                begin = cc.dictionary_page_offset if cc.has_dictionary_page else cc.data_page_offset
+                spans.append((begin, begin + cc.total_compressed_size))
+        merged: list[list[int]] = []
+        for begin, end in sorted(spans):
+            if merged and begin - merged[-1][1] <= MERGE_GAP_BYTES:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([begin, end])
+        return [(a, b) for a, b in merged]
+
+    def payload_bytes(self, seg: SegmentLike) -> int:
+        """Exact bytes of the ranges when the footer is loaded, else the shard's size scaled to the groups."""
+        check_segment(self.manifest, seg)
+        if seg.stop <= seg.start:
+            return 0
+        groups, _ = self._groups(seg)
+        md = self._footers.get(seg.shard)
+        if md is None:
+            rows = sum(self.manifest.row_groups[seg.shard][g] for g in groups)
+            return proportional_bytes(self.manifest, seg.shard, rows)
+        return sum(b - a for a, b in self._ranges(md, groups))
+
+    def fetch(self, seg: SegmentLike) -> ParquetPayload:
+        """The column-chunk bytes of the row groups overlapping the segment (few ranged reads)."""
+        check_segment(self.manifest, seg)
+        if seg.stop <= seg.start:
+            return ParquetPayload((), 0, (), None)
+        md = self.metadata(seg.shard)
+        groups, first_row = self._groups(seg)
+        rel, checksum = self.manifest.shard_paths[seg.shard], self.manifest.shard_checksums[seg.shard]
+        chunks = tuple(
+            (a, cached_read(self.store, self.cache, rel, a, b, checksum=checksum))
+            for a, b in self._ranges(md, groups)
+        )
+        return ParquetPayload(groups, first_row, chunks, md)
+
+    def parse(self, seg: SegmentLike, payload: ParquetPayload) -> list[Sample]:
+        """Rows [start, stop) as dicts: __key__, __id__, then one entry per (projected) column."""
+        if not payload.groups:
+            return []
+        rel = self.manifest.shard_paths[seg.shard]
+        url = self.store.url_of(rel)
+        source = SparseFile(self.manifest.shard_num_bytes[seg.shard], payload.chunks, url=url)
+        try:
+            pf = pq.ParquetFile(source, metadata=payload.metadata)
+            table = pf.read_row_groups(list(payload.groups), columns=self._columns(payload.metadata), use_threads=False)
+        except (pa.ArrowException, OSError) as exc:
+            raise ShardFormatError(f"{url}: cannot decode row groups {list(payload.groups)} ({exc}); rewrite the dataset") from None
+        table = table.slice(seg.start - payload.first_row, seg.stop - seg.start)
+        return rows_of(table, first_id=self._offsets[seg.shard] + seg.start)
+
+
+def rows_of(table: pa.Table, *, first_id: int) -> list[Sample]:
+    """Table rows as sample dicts; each column converted once, None (null) cells left out."""
+    n = table.num_rows
+    columns = {name: column_values(table.column(name)) for name in table.column_names if name != "__key__"}
+    if "__key__" in table.column_names:
+        keys = column_values(table.column("__key__"))
+    else:  # plain Parquet without keys: the global sample id stands in
+        keys = [f"{first_id + i:012d}" for i in range(n)]
+    out: list[Sample] = []
+    for i in range(n):
+        d: Sample = {"__key__": keys[i], "__id__": first_id + i}
+        for name, values in columns.items():
+            value = values[i]
+            if value is not None:
+                d[name] = value
+        out.append(d)
+    return out
+
+
+def column_values(column: pa.ChunkedArray) -> list[Any]:
+    """Python values of a column: bytes for binary, str for strings, int/float/bool for numbers."""
+    t = column.type
+    if column.null_count == 0:
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            return column.to_numpy().tolist()
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t) or pa.types.is_large_string(t):
+            values = [v for chunk in column.chunks for v in _binary_values(chunk)]
+            return [v.decode() for v in values] if pa.types.is_string(t) or pa.types.is_large_string(t) else values
+    return column.to_pylist()
+
+
+def _binary_values(chunk: pa.Array) -> list[bytes]:
+    """Slice a null-free binary/string array's data buffer by its offsets: one copy per value."""
+    if len(chunk) == 0:
+        return []
+    large = pa.types.is_large_binary(chunk.type) or pa.types.is_large_string(chunk.type)
+    _, offsets_buf, data_buf = chunk.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if large else np.int32)
+    offsets = offsets[chunk.offset : chunk.offset + len(chunk) + 1].tolist()
+    data = memoryview(data_buf) if data_buf is not None else memoryview(b"")
+    return [data[a:b].tobytes() for a, b in zip(offsets, offsets[1:])]

@@ -1,0 +1,97 @@
+"""Fetch requests ahead of use in background threads, within a byte budget, in request order.
+
+Object-storage latency is hidden by keeping up to `max_in_flight` fetches running while the
+consumer parses and decodes. Bytes count against the budget from submission until the
+consumer comes back for the next result (so the one it holds counts too); a request bigger
+than the whole budget still runs, alone. Threads live only while a `run` is being iterated:
+closing the generator (explicitly, by `close()`, or by garbage collection) cancels what has
+not started and joins the rest.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+THREAD_NAME_PREFIX = "dataio-prefetch"
+
+
+class Prefetcher(Generic[T, R]):
+    """Fetch requests ahead of use in background threads, within a memory budget; yield results in request order."""
+
+    def __init__(
+        self,
+        fetch: Callable[[T], R],
+        *,
+        size_of: Callable[[T], int],
+        budget_bytes: int,
+        max_in_flight: int = 8,
+    ) -> None:
+        if budget_bytes < 1:
+            raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self.fetch = fetch
+        self.size_of = size_of
+        self.budget_bytes = budget_bytes
+        self.max_in_flight = max_in_flight
+        self._runs: weakref.WeakSet[Generator] = weakref.WeakSet()
+
+    def _timed(self, request: T) -> tuple[R, float]:
+        start = time.perf_counter()
+        result = self.fetch(request)
+        return result, time.perf_counter() - start
+
+    def run(self, requests: Iterable[T]) -> Iterator[tuple[T, R, float]]:
+        """(request, result, fetch_seconds) in request order; a fetch's exception is raised at its place."""
+        gen = self._run(iter(requests))
+        self._runs.add(gen)
+        return gen
+
+    def _run(self, requests: Iterator[T]) -> Generator[tuple[T, R, float], None, None]:
+        pending: deque[tuple[T, Future[tuple[R, float]], int]] = deque()
+        pool = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix=THREAD_NAME_PREFIX)
+        in_flight_bytes = 0
+        waiting: list[tuple[T, int]] = []  # the next request, sized but not yet admitted
+        exhausted = False
+        try:
+            while True:
+                while len(pending) < self.max_in_flight and not exhausted:
+                    if not waiting:
+                        try:
+                            request = next(requests)
+                        except StopIteration:
+                            exhausted = True
+                            break
+                        waiting.append((request, max(0, int(self.size_of(request)))))
+                    request, size = waiting[0]
+                    if pending and in_flight_bytes + size > self.budget_bytes:
+                        break  # wait for the consumer to release bytes; alone it may exceed
+                    waiting.pop()
+                    pending.append((request, pool.submit(self._timed, request), size))
+                    in_flight_bytes += size
+                if not pending:
+                    return
+                request, future, size = pending.popleft()
+                result, seconds = future.result()
+                del future
+                yield request, result, seconds
+                del result
+                in_flight_bytes -= size
+        finally:
+            for _, future, _ in pending:
+                future.cancel()
+            pending.clear()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        """Stop every run of this prefetcher (from the consuming thread): pending fetches cancelled, threads joined."""
+        for gen in list(self._runs):
+            gen.close()

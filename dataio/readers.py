@@ -1,0 +1,158 @@
+"""The common shape of shard readers: a segment (samples [start, stop) of one shard) in, samples out.
+
+A reader splits the work in two so a prefetcher can overlap them: `fetch` does the I/O only
+(one ranged read per segment, run in background threads), `parse` does the CPU part (slicing
+samples out of the payload). Samples are dicts keyed like WebDataset's, plus `__id__`, the
+sample's global number (the shard's offset in manifest order + its index in the shard).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from dataio.manifest import Manifest
+from dataio.storage import Store
+
+if TYPE_CHECKING:
+    from dataio.cache import DiskCache
+
+Sample = dict[str, Any]
+V = TypeVar("V")
+
+
+class SegmentLike(Protocol):
+    """Anything naming samples [start, stop) of manifest shard number `shard` (e.g. plan.Segment)."""
+
+    @property
+    def shard(self) -> int: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def stop(self) -> int: ...
+
+
+class SegmentReader(Protocol):
+    """Reads segments of one dataset; safe to call fetch from several threads at once."""
+
+    def payload_bytes(self, seg: SegmentLike) -> int:
+        """Bytes the segment's payload will take in memory (an estimate until its index is known)."""
+        ...
+
+    def fetch(self, seg: SegmentLike) -> Any:
+        """I/O only: the raw payload of the segment, retried and checked for short reads."""
+        ...
+
+    def parse(self, seg: SegmentLike, payload: Any) -> list[Sample]:
+        """CPU only: the samples [start, stop) of the shard, in shard order."""
+        ...
+
+
+def make_reader(
+    store: Store,
+    manifest: Manifest,
+    *,
+    fields: Sequence[str] | None = None,
+    verify_index: bool = True,
+    cache: DiskCache | None = None,
+) -> SegmentReader:
+    """The reader for the manifest's format; `fields` projects samples to those fields (plus __key__)."""
+    if manifest.format == "tar":
+        from dataio.tar_reader import TarReader
+
+        return TarReader(store, manifest, fields=fields, verify_index=verify_index, cache=cache)
+    from dataio.parquet_reader import ParquetReader
+
+    return ParquetReader(store, manifest, fields=fields, cache=cache)
+
+
+def check_fields(manifest: Manifest, fields: Sequence[str] | None) -> tuple[str, ...] | None:
+    """Validate a field projection against the manifest; None means every field."""
+    if fields is None:
+        return None
+    if isinstance(fields, str):
+        raise TypeError(f"fields must be a sequence of names, not the string {fields!r}")
+    wanted = tuple(dict.fromkeys(f for f in fields if f not in ("__key__", "__id__")))
+    known = manifest.field_names
+    unknown = [f for f in wanted if known and f not in known]
+    if unknown:
+        raise ValueError(f"fields {unknown} are not in this dataset; it has {list(known)}")
+    return wanted
+
+
+def check_segment(manifest: Manifest, seg: SegmentLike) -> None:
+    """ValueError unless the segment lies inside its shard."""
+    if not 0 <= seg.shard < manifest.num_shards:
+        raise ValueError(f"segment {seg!r}: shard {seg.shard} is outside 0..{manifest.num_shards - 1}")
+    n = manifest.shard_num_samples[seg.shard]
+    if not 0 <= seg.start <= seg.stop <= n:
+        raise ValueError(f"segment {seg!r}: range [{seg.start}, {seg.stop}) is outside shard of {n} samples")
+
+
+def shard_offsets(manifest: Manifest) -> list[int]:
+    """Global id of each shard's first sample: prefix sums of the shard sizes in manifest order."""
+    return list(itertools.accumulate(manifest.shard_num_samples, initial=0))
+
+
+def proportional_bytes(manifest: Manifest, shard: int, num_samples: int) -> int:
+    """The shard's bytes scaled to `num_samples` of its samples: a fair estimate without I/O."""
+    total = manifest.shard_num_samples[shard]
+    if total == 0 or num_samples <= 0:
+        return 0
+    return -(-manifest.shard_num_bytes[shard] * num_samples // total)
+
+
+class LruCache:
+    """A small thread-safe LRU map for per-shard metadata (indexes, Parquet footers)."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def get_or_load(self, key: Any, load: Callable[[], V]) -> V:
+        """The cached value, or `load()` stored; two threads may both load once (harmless)."""
+        value = self.get(key)
+        if value is None:
+            value = load()
+            with self._lock:
+                self._items[key] = value
+                self._items.move_to_end(key)
+                while len(self._items) > self.capacity:
+                    self._items.popitem(last=False)
+        return value
+
+
+def cached_read(
+    store: Store,
+    cache: DiskCache | None,
+    rel: str,
+    start: int,
+    end: int,
+    *,
+    checksum: str,
+) -> bytes:
+    """Bytes [start, end) of `rel`, through the disk cache when there is one; short reads fail."""
+    if end <= start:
+        return b""
+
+    def read() -> bytes:
+        return store.read(rel, start, end)
+
+    if cache is None:
+        return read()
+    return cache.get_or_fetch(
+        namespace=store.url, path=rel, start=start, end=end, checksum=checksum, fetch=read
+    )
