@@ -283,6 +283,7 @@ class Store:
         self.options = options or StorageOptions()
         self.retry = retry or RetryPolicy()
         self._fs: Any = None
+        self._fs_pid = 0
         self._root = ""
 
     def __getstate__(self) -> dict[str, Any]:
@@ -309,8 +310,11 @@ class Store:
 
     @property
     def fs(self) -> Any:
-        if self._fs is None:
+        # Reopen after a fork: an s3fs client inherited from the parent is not fork-safe.
+        if self._fs is None or self._fs_pid != os.getpid():
             from fsspec.core import url_to_fs
+
+            self._fs_pid = os.getpid()
 
             try:
                 self._fs, self._root = url_to_fs(self.raw_url, **self.options.fsspec_kwargs(self.protocol))

@@ -1,0 +1,306 @@
+"""The sample plan: which samples each (rank, worker) delivers in an epoch, in what order.
+
+A pure function of shard sizes, config, slot and resume state: no I/O, no torch, no environment.
+An epoch is built in levels. Level 0 is the shards permuted by (seed, epoch) and concatenated.
+Each level is split into world_size equal spans of whole batches (the tail dropped or padded),
+each span into num_workers runs of whole batches (worker w owns rank batches k = w mod
+num_workers, as torch's DataLoader deals them), and each worker shuffles its run within windows
+of shuffle_window positions. A resume at a new topology starts a level holding what the one
+below had not delivered, kept as pieces (a position range, or the unread part of one shuffled
+window) of that level, so one worker's plan costs O(shards + pieces + its own share). A resume
+at the topology that saved the state continues that level instead, replaying the uninterrupted
+run. Padding (tail="pad") sits at a level's end, repeats real samples and is never carried into
+the next level; a dropped tail is, so only the last level's tail goes undelivered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dataio.errors import StateError
+from dataio.permute import Resolver, build_levels, num_batches, role_counts, window_perm
+
+PLAN_VERSION = 1
+_TAILS = ("drop", "pad")
+_MAX_U64 = (1 << 64) - 1
+# Within a window, samples of one shard separated by at most this many undelivered ones are
+# read in one segment (the ones between read and skipped). Only resumes leave such gaps: an
+# interrupted shuffled window leaves a scattered remainder. Measured at 1B samples after two
+# resumes (benchmarks/results_plan.md): gap 0 gives ~10 samples per read, gap 2 ~25 for ~8%
+# more samples read, gap 8 ~100 for ~22% more.
+READ_THROUGH_GAP = 2
+
+
+def _int_field(obj: object, name: str, minimum: int, maximum: int = _MAX_U64) -> None:
+    """Check obj.name is an int in [minimum, maximum]; numpy ints are stored as Python ints."""
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{type(obj).__name__}.{name} must be an int, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{type(obj).__name__}.{name} must be in [{minimum}, {maximum}], got {value}")
+    object.__setattr__(obj, name, int(value))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerSlot:
+    """Where one loader worker sits in the job; built by the caller, never detected here."""
+
+    rank: int
+    world_size: int
+    worker_id: int
+    num_workers: int
+
+    def __post_init__(self) -> None:
+        _int_field(self, "world_size", 1)
+        _int_field(self, "num_workers", 1)
+        _int_field(self, "rank", 0, self.world_size - 1)
+        _int_field(self, "worker_id", 0, self.num_workers - 1)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanConfig:
+    """What fixes an epoch's order besides the topology: seed, per-rank batch size, tail, shuffle."""
+
+    seed: int
+    batch_size: int
+    tail: str = "drop"
+    shuffle: bool = True
+    shuffle_window: int = 4096
+
+    def __post_init__(self) -> None:
+        _int_field(self, "seed", 0)
+        _int_field(self, "batch_size", 1)
+        _int_field(self, "shuffle_window", 1)
+        if self.tail not in _TAILS:
+            raise ValueError(f"PlanConfig.tail must be one of {_TAILS}, got {self.tail!r}")
+        if not isinstance(self.shuffle, bool):
+            raise TypeError(f"PlanConfig.shuffle must be a bool, got {self.shuffle!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Progress:
+    """Batches delivered per rank (all ranks alike) while the job ran at one topology."""
+
+    world_size: int
+    num_workers: int
+    batches: int
+
+    def __post_init__(self) -> None:
+        _int_field(self, "world_size", 1)
+        _int_field(self, "num_workers", 1)
+        _int_field(self, "batches", 0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanState:
+    """Where an epoch stands: the epoch and the batches delivered at each topology since its start."""
+
+    epoch: int
+    progress: tuple[Progress, ...] = ()
+    plan_version: int = PLAN_VERSION
+
+    def __post_init__(self) -> None:
+        _int_field(self, "epoch", 0)
+        _int_field(self, "plan_version", 0)
+        progress = tuple(self.progress)
+        for item in progress:
+            if not isinstance(item, Progress):
+                raise TypeError(f"PlanState.progress holds Progress items, got {item!r}")
+        object.__setattr__(self, "progress", progress)
+
+    def advanced(self, *, world_size: int, num_workers: int, batches: int) -> PlanState:
+        """The state after `batches` more delivered batches at this topology."""
+        step = Progress(world_size=world_size, num_workers=num_workers, batches=batches)
+        if step.batches == 0:
+            return self
+        progress = self.progress
+        last = progress[-1] if progress else None
+        if last is not None and (last.world_size, last.num_workers) == (world_size, num_workers):
+            # Same topology: one level, so a same-topology resume replays the uninterrupted run.
+            merged = Progress(world_size=world_size, num_workers=num_workers,
+                              batches=last.batches + step.batches)
+            progress = progress[:-1] + (merged,)
+        else:
+            progress = progress + (step,)
+        return PlanState(epoch=self.epoch, progress=progress, plan_version=self.plan_version)
+
+    def to_dict(self) -> dict:
+        """A JSON-able dict that from_dict reads back."""
+        return {
+            "plan_version": self.plan_version,
+            "epoch": self.epoch,
+            "progress": [
+                {"world_size": p.world_size, "num_workers": p.num_workers, "batches": p.batches}
+                for p in self.progress
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, d: object) -> PlanState:
+        """Read a to_dict() result; StateError on malformed input or another plan version."""
+        if not isinstance(d, Mapping):
+            raise StateError(f"malformed plan state: expected a dict from PlanState.to_dict, got {d!r}")
+        version = d.get("plan_version")
+        if version != PLAN_VERSION or type(version) is not int:
+            raise StateError(
+                f"plan state saved by plan version {version!r}, this shardify uses {PLAN_VERSION}: "
+                "resume with the shardify that saved it, or start the epoch over")
+        _check_keys(d, {"plan_version", "epoch", "progress"}, "plan state")
+        items = d["progress"]
+        if not isinstance(items, list | tuple):
+            raise StateError(f"malformed plan state: progress must be a list, got {items!r}")
+        try:
+            progress = []
+            for item in items:
+                if not isinstance(item, Mapping):
+                    raise TypeError(f"progress items must be dicts, got {item!r}")
+                _check_keys(item, {"world_size", "num_workers", "batches"}, "plan state progress")
+                progress.append(Progress(**item))
+            return cls(epoch=d["epoch"], progress=tuple(progress), plan_version=version)
+        except (TypeError, ValueError) as exc:
+            raise StateError(f"malformed plan state {dict(d)!r}: {exc}; start the epoch over") from exc
+
+
+def _check_keys(d: Mapping, expected: set[str], what: str) -> None:
+    if set(d) != expected:
+        raise StateError(f"malformed {what}: keys {sorted(map(str, d))}, expected {sorted(expected)}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Segment:
+    """Samples [start, stop) of manifest shard number `shard`, read front to back."""
+
+    shard: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Window:
+    """One shuffle window: what to read, then the ids to deliver from it in order."""
+
+    segments: tuple[Segment, ...]  # read order; may hold a few samples not delivered (gaps)
+    sample_ids: np.ndarray  # (m,) int64 global ids, delivery order
+    is_pad: np.ndarray  # (m,) bool: padding repeats; their ids lie in `segments` too
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerPlan:
+    """One worker's batches from the state's position to the epoch's end."""
+
+    num_steps: int  # batches every rank delivers from the state's position on
+    batch_numbers: np.ndarray  # (n,) int64 ascending; batch j comes from worker j % num_workers
+    windows: tuple[Window, ...]  # their ids, concatenated, are the n batches in order
+
+
+def shard_offsets(shard_sizes: Sequence[int]) -> np.ndarray:
+    """(S+1,) int64 cumulative sizes: global id = offsets[shard] + local index (manifest order)."""
+    sizes = _sizes(shard_sizes)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return offsets
+
+
+def _sizes(shard_sizes: Sequence[int]) -> np.ndarray:
+    sizes = np.asarray(shard_sizes)
+    if sizes.ndim != 1:
+        raise ValueError(f"shard_sizes must be one-dimensional, got shape {sizes.shape}")
+    if sizes.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if not np.issubdtype(sizes.dtype, np.integer):
+        raise TypeError(f"shard_sizes must be integers, got dtype {sizes.dtype}")
+    if (sizes < 0).any():
+        raise ValueError(f"shard_sizes must be >= 0, got {int(sizes.min())} at {int(sizes.argmin())}")
+    return sizes.astype(np.int64, copy=False)
+
+
+def _check_version(state: PlanState) -> None:
+    if state.plan_version != PLAN_VERSION:
+        raise StateError(
+            f"plan state saved by plan version {state.plan_version}, this shardify uses "
+            f"{PLAN_VERSION}: resume with the shardify that saved it, or start the epoch over")
+
+
+def num_steps(shard_sizes: Sequence[int], *, config: PlanConfig, world_size: int, state: PlanState) -> int:
+    """Batches every rank delivers from the state's position to the epoch end (no per-sample work)."""
+    _check_version(state)
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    world_size = int(world_size)
+    total = int(_sizes(shard_sizes).sum())
+    # Continuing the last level or starting a new one gives the same count (whole global batches
+    # are gone either way), so num_workers is not needed.
+    levels = build_levels(total, state.progress, config, state.epoch)
+    return num_batches(levels.lengths[-1], world_size, config)
+
+
+def _window(resolver: Resolver, ids: np.ndarray, is_pad: np.ndarray) -> Window:
+    """A Window delivering ids; its segments follow the epoch's shard order, each front to back."""
+    offsets = resolver.offsets
+    uniq = np.sort(ids)
+    uniq = uniq[np.concatenate([[True], uniq[1:] != uniq[:-1]])]  # pads repeat ids
+    shard = np.searchsorted(offsets, uniq, side="right") - 1
+    # A new read starts at a new shard or after a gap too long to read through.
+    cut = np.flatnonzero((np.diff(uniq) > READ_THROUGH_GAP + 1) | (np.diff(shard) != 0)) + 1
+    heads = np.concatenate([[0], cut]).astype(np.int64)
+    seg_shard = shard[heads]
+    seg_start = uniq[heads] - offsets[seg_shard]
+    seg_stop = uniq[np.append(cut - 1, len(uniq) - 1)] + 1 - offsets[seg_shard]
+    order = np.lexsort((seg_start, resolver.place[seg_shard]))
+    segments = tuple(Segment(shard=s, start=a, stop=b) for s, a, b in
+                     zip(seg_shard[order].tolist(), seg_start[order].tolist(), seg_stop[order].tolist()))
+    return Window(segments=segments, sample_ids=ids, is_pad=is_pad)
+
+
+def plan_worker(shard_sizes: Sequence[int], *, config: PlanConfig, slot: WorkerSlot, state: PlanState) -> WorkerPlan:
+    """The windows one worker reads and delivers from the state's position to the epoch end."""
+    _check_version(state)
+    sizes = _sizes(shard_sizes)
+    W, K, B, win = slot.world_size, slot.num_workers, config.batch_size, config.shuffle_window
+    progress, done = state.progress, 0
+    if progress and (progress[-1].world_size, progress[-1].num_workers) == (W, K):
+        progress, done = progress[:-1], progress[-1].batches  # continue that level, same order
+    levels = build_levels(int(sizes.sum()), progress, config, state.epoch)
+    level, n = len(progress), levels.lengths[-1]
+    steps = num_batches(n, W, config)
+    if done > steps:
+        raise StateError(
+            f"plan state says {done} batches were delivered at world_size {W}, but the epoch has "
+            f"only {steps}: the state belongs to another dataset, batch size or tail policy; "
+            "start the epoch over")
+    # A fresh DataLoader hands batch 0 after the state to worker 0, so worker w takes the role
+    # of the run that produces absolute batch done + w.
+    role = (slot.worker_id + done) % K
+    counts = role_counts(steps, K) * B
+    run_start = slot.rank * steps * B + int(np.sum(counts[:role]))
+    run_stop = run_start + int(counts[role])
+    delivered = len(range(role, done, K))
+    batch_numbers = np.arange(role + K * delivered, steps, K, dtype=np.int64) - done
+    first_window = run_start + delivered * B // win * win
+    skip = run_start + delivered * B - first_window
+    resolver = Resolver(sizes, levels, config, state.epoch)
+    real_ids = resolver.ids(level, np.arange(first_window, max(first_window, min(run_stop, n)), dtype=np.int64))
+    windows = []
+    for ws in range(first_window, run_stop, win):
+        wl = min(win, run_stop - ws)
+        seq_ids = real_ids[ws - first_window: ws - first_window + max(0, min(wl, n - ws))]
+        ids = np.concatenate([seq_ids, _pad_ids(resolver, level, n, ws, wl, seq_ids)])
+        perm = window_perm(config, state.epoch, level, ws, wl)[skip if ws == first_window else 0:]
+        if len(perm) == 0:  # the worker's last window was delivered completely
+            continue
+        windows.append(_window(resolver, ids[perm], perm >= len(seq_ids)))
+    return WorkerPlan(num_steps=steps - done, batch_numbers=batch_numbers, windows=tuple(windows))
+
+
+def _pad_ids(resolver: Resolver, level: int, n: int, ws: int, wl: int, seq_ids: np.ndarray) -> np.ndarray:
+    """Ids repeated at a window's padding positions: its own samples, or the level's first ones."""
+    num_pad = wl - len(seq_ids)
+    if num_pad == 0:
+        return np.zeros(0, dtype=np.int64)
+    if len(seq_ids):  # no extra read: repeat this window's samples
+        return seq_ids[np.arange(num_pad) % len(seq_ids)]
+    pad_pos = np.arange(ws, ws + wl, dtype=np.int64)
+    return resolver.ids(level, (pad_pos - n) % n)
