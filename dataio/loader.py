@@ -1,0 +1,372 @@
+"""The torch-facing loader: `make_loader(url, batch_size=...)` -> a ShardLoader iterated once per epoch.
+
+The main process sends each DataLoader worker tickets ("batch k of this iteration, from plan
+state S"); each worker computes its own plan and streams whole batches back (see
+loader_worker.py). The state counts batches as they leave `__iter__` here, in the main process,
+so it reflects what the training loop received, never what workers prefetched; every rank's
+state is the same and loads into a loader of any world size and number of workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dataio.decode_cpu import DecodeConfig
+from dataio.errors import StateError
+from dataio.images import DEFAULT_MAX_PIXELS
+from dataio.loader_state import agree_on_dataset, check_state, fields_to_read, make_state, open_dataset, resolve_topology
+from dataio.loader_worker import SKIPPED_KEY, BatchDataset, SampleUrls, Ticket, WorkerJob
+from dataio.manifest import Manifest
+from dataio.plan import PlanConfig, PlanState, num_steps
+from dataio.storage import StorageOptions, Store
+
+DECODES = ("cpu", "dali", None)
+TAILS = ("drop", "pad")
+ON_CORRUPT = ("raise", "skip")
+START_METHODS = (None, "fork", "spawn", "forkserver")
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """Everything make_loader takes besides the URL; batch_size is per rank."""
+
+    batch_size: int
+    num_workers: int = 2
+    seed: int = 0
+    rank: int | None = None  # None: from torch.distributed when initialised, else 0
+    world_size: int | None = None
+    decode: str | None = "cpu"  # "cpu": uint8 N3HW images; None: raw bytes; "dali": DALI in the main process
+    image_size: int = 224
+    train: bool = True  # random resized crop + flip; False: resize + centre crop
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    tail: str = "drop"  # "pad": every sample once, repeats flagged False in batch["mask"]
+    shuffle: bool = True
+    shuffle_window: int = 4096
+    fields: tuple[str, ...] | None = None  # project samples to these fields (None: all)
+    transform: Callable[..., Any] | None = None  # cpu: per image (3,H,W) uint8 tensor; else per sample dict
+    collate: Callable[[list[dict[str, Any]]], Any] | None = None
+    on_corrupt: str = "raise"
+    prefetch_bytes: int = 256 * MiB
+    max_in_flight: int = 8
+    cache_dir: str | None = None
+    cache_limit_bytes: int | None = None
+    storage: StorageOptions | None = None
+    verify_index: bool = True
+    check_shards: bool = True  # one listing of the prefix at start-up: missing shards fail early
+    pin_memory: bool = False
+    multiprocessing_context: str | None = None
+    prefetch_factor: int = 2  # batches in flight per worker (DataLoader's own queue)
+    startup_timeout_s: float = 300.0  # how long ranks wait for each other to open the dataset
+    dali_threads: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "image_size", "shuffle_window", "prefetch_bytes", "max_in_flight",
+                     "prefetch_factor", "max_pixels", "dali_threads"):
+            _check_int(name, getattr(self, name), minimum=1)
+        for name in ("num_workers", "seed"):
+            _check_int(name, getattr(self, name), minimum=0)
+        if (self.rank is None) != (self.world_size is None):
+            raise ValueError("give both rank and world_size, or neither (then torch.distributed decides)")
+        if self.world_size is not None:
+            _check_int("world_size", self.world_size, minimum=1)
+            _check_int("rank", self.rank, minimum=0)
+            if self.rank >= self.world_size:  # type: ignore[operator]
+                raise ValueError(f"rank {self.rank} must be below world_size {self.world_size}")
+        _check_choice("decode", self.decode, DECODES)
+        _check_choice("tail", self.tail, TAILS)
+        _check_choice("on_corrupt", self.on_corrupt, ON_CORRUPT)
+        _check_choice("multiprocessing_context", self.multiprocessing_context, START_METHODS)
+        if isinstance(self.fields, str):
+            raise TypeError(f"fields must be a sequence of names, not the string {self.fields!r}")
+        if self.fields is not None:
+            object.__setattr__(self, "fields", tuple(self.fields))
+        for name in ("transform", "collate"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise TypeError(f"{name} must be callable")
+        if (self.cache_dir is None) != (self.cache_limit_bytes is None):
+            raise ValueError("give cache_dir and cache_limit_bytes together (or neither: no disk cache)")
+        if self.cache_limit_bytes is not None:
+            _check_int("cache_limit_bytes", self.cache_limit_bytes, minimum=1)
+        if self.storage is not None and not isinstance(self.storage, StorageOptions):
+            raise TypeError("storage must be a dataio.storage.StorageOptions")
+        if not self.startup_timeout_s > 0:
+            raise ValueError("startup_timeout_s must be positive")
+        if self.decode == "dali" and (self.transform is not None or self.collate is not None):
+            raise ValueError("decode='dali' decodes in the main process: transform/collate hooks need decode='cpu' or None")
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+@dataclass
+class LoaderStats:
+    """What the loader counted in the main process: corrupt samples replaced under on_corrupt='skip'."""
+
+    corrupt_skipped: int = 0
+    corrupt_keys: list[str] = field(default_factory=list)  # "shard URL#sample key", first 1000
+
+    def add_skipped(self, keys: Sequence[str]) -> None:
+        self.corrupt_skipped += len(keys)
+        self.corrupt_keys.extend(keys[: max(0, 1000 - len(self.corrupt_keys))])
+
+
+def make_loader(
+    url: str,
+    *,
+    batch_size: int,
+    num_workers: int = 2,
+    seed: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    decode: str | None = "cpu",
+    image_size: int = 224,
+    train: bool = True,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    tail: str = "drop",
+    shuffle: bool = True,
+    shuffle_window: int = 4096,
+    fields: Sequence[str] | None = None,
+    transform: Callable[..., Any] | None = None,
+    collate: Callable[[list[dict[str, Any]]], Any] | None = None,
+    on_corrupt: str = "raise",
+    prefetch_bytes: int = 256 * MiB,
+    max_in_flight: int = 8,
+    cache_dir: str | None = None,
+    cache_limit_bytes: int | None = None,
+    storage: StorageOptions | None = None,
+    verify_index: bool = True,
+    check_shards: bool = True,
+    pin_memory: bool = False,
+    multiprocessing_context: str | None = None,
+    prefetch_factor: int = 2,
+    startup_timeout_s: float = 300.0,
+    dali_threads: int = 2,
+) -> ShardLoader:
+    """Open the dataset at `url` and return a ShardLoader; batch_size is per rank (see LoaderConfig)."""
+    options = dict(locals())
+    del options["url"]
+    return ShardLoader(url, LoaderConfig(**options))
+
+
+class ShardLoader:
+    """Iterate once per epoch (`set_epoch(e)` first); `len()` is the steps per rank; Stateful.
+
+    Iterating again without set_epoch repeats a finished epoch, or continues one left early;
+    set_epoch(e) with the epoch of a loaded state keeps its position, any other epoch starts fresh.
+    """
+
+    def __init__(self, url: str, config: LoaderConfig) -> None:
+        self.config = config
+        self.rank, self.world_size, in_group = resolve_topology(config)
+
+        def opener() -> tuple[tuple[Store, Manifest], str]:
+            store, manifest = open_dataset(url, config)
+            return (store, manifest), manifest.fingerprint
+
+        if in_group and self.world_size > 1:
+            self.store, self.manifest = agree_on_dataset(
+                opener, rank=self.rank, world_size=self.world_size, timeout_s=config.startup_timeout_s
+            )
+        else:
+            self.store, self.manifest = opener()[0]
+        self.plan_config = PlanConfig(
+            seed=config.seed, batch_size=config.batch_size, tail=config.tail, shuffle=config.shuffle,
+            shuffle_window=config.shuffle_window,
+        )
+        self.image_field, self.read_fields = fields_to_read(self.manifest, config, self.store.url)
+        self.num_plan_workers = max(1, config.num_workers)
+        self.stats = LoaderStats()
+        self._sizes = tuple(self.manifest.shard_num_samples)
+        self._state = PlanState(epoch=0)  # where the current (or next) iteration starts
+        self._delivered = 0  # batches handed to the caller since `_state`
+        self._finished = False  # the last iteration ran to its end
+        self._active_steps: int | None = None
+        self._token = 0  # the iteration in progress (or last started): older generators stop
+        self._sampler = _TicketSampler()
+        self._dataloader: torch.utils.data.DataLoader | None = None
+        self._dali: Any = None
+
+    # --- epochs and length ----------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._state.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration delivers; a resumed epoch keeps its position."""
+        _check_int("epoch", epoch, minimum=0)
+        if epoch != self._state.epoch or self._finished:
+            self._state, self._delivered, self._finished = PlanState(epoch=epoch), 0, False
+
+    def _position(self) -> Any:
+        """The PlanState after everything delivered so far."""
+        if self._delivered == 0:
+            return self._state
+        return self._state.advanced(
+            world_size=self.world_size, num_workers=self.num_plan_workers, batches=self._delivered
+        )
+
+    def _next_start(self) -> Any:
+        return PlanState(epoch=self._state.epoch) if self._finished else self._position()
+
+    def _steps_from(self, state: Any) -> int:
+        return int(num_steps(self._sizes, config=self.plan_config, world_size=self.world_size, state=state))
+
+    def __len__(self) -> int:
+        """Batches this rank gets in the current iteration (or the next one, between iterations)."""
+        if self._active_steps is not None:
+            return self._active_steps
+        return self._steps_from(self._next_start())
+
+    # --- iteration --------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        start = self._next_start()
+        self._state, self._delivered, self._finished = start, 0, False
+        steps = self._steps_from(start)
+        self._token += 1
+        self._sampler.start(self._token, start.to_dict(), steps)
+        self._active_steps = steps
+        return self._deliver(self._get_dataloader(), self._token, steps)
+
+    def _deliver(self, dataloader: Any, token: int, steps: int) -> Iterator[dict[str, Any]]:
+        if token != self._token:
+            raise RuntimeError("this loader started a newer iteration before this one began; use that one")
+        batches: Iterator[Any] = iter(dataloader)
+        if self.config.decode == "dali":
+            batches = self._dali_decoder().map(batches)  # a few batches in flight inside DALI
+        try:
+            for batch in batches:
+                if token != self._token:
+                    raise RuntimeError("this loader started a newer iteration; an old iterator cannot continue")
+                if isinstance(batch, dict):
+                    skipped = batch.pop(SKIPPED_KEY, None)
+                    if skipped:
+                        self.stats.add_skipped(skipped)
+                    if self.config.decode == "dali":
+                        batch.pop("__id__", None), batch.pop("epoch", None)
+                self._delivered += 1  # counted as it leaves: the state is what the caller got
+                yield batch
+            self._finished = self._delivered == steps
+        finally:
+            if hasattr(batches, "close"):
+                batches.close()  # stops DALI's queue (or the DataLoader iterator) of this iteration
+            if token == self._token:
+                self._active_steps = None
+            if self.config.num_workers == 0 and self._dataloader is not None:
+                self._dataloader.dataset.close()  # in-process streams: stop their prefetch threads
+
+    def _get_dataloader(self) -> torch.utils.data.DataLoader:
+        if self._dataloader is None:
+            workers = self.config.num_workers
+            self._dataloader = torch.utils.data.DataLoader(
+                BatchDataset(self._worker_job()),
+                batch_size=None,
+                sampler=self._sampler,
+                collate_fn=_identity,
+                num_workers=workers,
+                persistent_workers=workers > 0,
+                prefetch_factor=self.config.prefetch_factor if workers > 0 else None,
+                pin_memory=self.config.pin_memory,
+                multiprocessing_context=self.config.multiprocessing_context if workers > 0 else None,
+            )
+        return self._dataloader
+
+    def _decode_config(self) -> Any:
+        """The DecodeConfig for decode='cpu' or 'dali' (None for raw batches)."""
+        c = self.config
+        if c.decode is None:
+            return None
+        return DecodeConfig(size=c.image_size, train=c.train, max_pixels=c.max_pixels)
+
+    def _worker_job(self) -> WorkerJob:
+        c = self.config
+        decode_config = self._decode_config()
+        return WorkerJob(
+            store=self.store, manifest=self.manifest, plan_config=self.plan_config, rank=self.rank,
+            world_size=self.world_size, num_plan_workers=self.num_plan_workers, batch_size=c.batch_size,
+            fields=self.read_fields, verify_index=c.verify_index, decode=c.decode, decode_config=decode_config,
+            image_field=self.image_field, transform=c.transform, collate=c.collate, on_corrupt=c.on_corrupt,
+            prefetch_bytes=c.prefetch_bytes, max_in_flight=c.max_in_flight, cache_dir=c.cache_dir,
+            cache_limit_bytes=c.cache_limit_bytes,
+        )
+
+    def _dali_decoder(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        if self._dali is None:
+            from dataio.decode_dali import DaliDecoder
+
+            self._dali = DaliDecoder(
+                self._decode_config(), batch_size=self.config.batch_size, seed=self.config.seed,
+                num_threads=self.config.dali_threads, prefetch_queue_depth=2,
+                on_corrupt=self.config.on_corrupt, url_of=SampleUrls(self.store, self.manifest),
+            )
+        return self._dali
+
+    # --- Stateful (torch.distributed.checkpoint) -------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What has been delivered so far, in a form any rank of any topology can load."""
+        position = self._position()
+        return make_state(
+            position.to_dict(), epoch=position.epoch, fingerprint=self.manifest.fingerprint,
+            plan_config=self.plan_config,
+        )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
+        if self._active_steps is not None:
+            raise RuntimeError("load_state_dict during an iteration; call it between epochs")
+        plan = check_state(state_dict, fingerprint=self.manifest.fingerprint, plan_config=self.plan_config)
+        state = PlanState.from_dict(plan)
+        if state.epoch != state_dict["epoch"]:
+            raise StateError(f"loader state is inconsistent: epoch {state_dict['epoch']} vs plan epoch {state.epoch}")
+        try:
+            self._steps_from(state)  # replays the saved progress: refuses positions past the epoch
+        except (ValueError, IndexError) as exc:
+            raise StateError(f"loader state does not fit this dataset: {exc}") from None
+        self._state, self._delivered, self._finished = state, 0, False
+
+    def close(self) -> None:
+        """Stop the worker processes now (they also stop when the loader is garbage collected)."""
+        if self._dataloader is not None:
+            self._dataloader.dataset.close()
+            iterator = getattr(self._dataloader, "_iterator", None)
+            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+            self._dataloader = None
+
+    def __enter__(self) -> ShardLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _TicketSampler(torch.utils.data.Sampler):
+    """Yields the current iteration's tickets in order; lives in the main process only."""
+
+    def __init__(self) -> None:
+        self._token, self._plan, self._steps = 0, {}, 0
+
+    def start(self, token: int, plan: dict[str, Any], steps: int) -> None:
+        self._token, self._plan, self._steps = token, plan, steps
+
+    def __iter__(self) -> Iterator[Ticket]:
+        token, plan = self._token, self._plan
+        return (Ticket(token, plan, k) for k in range(self._steps))
+
+    def __len__(self) -> int:
+        return self._steps
+
+
+def _identity(batch: Any) -> Any:
+    return batch

@@ -1,0 +1,186 @@
+"""The loader's start-up (topology, dataset checks, the ranks' agreement) and its saved state.
+
+State is small and versioned: the plan's position (epoch + batches delivered per topology) plus
+what must match for the plan to replay (dataset fingerprint, seed, batch size, tail, shuffle).
+Agreement goes through torch.distributed's key-value store with a timeout, so a rank that cannot
+open the dataset (or opens a different one) makes every rank fail at once instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dataio.errors import ManifestError, ShardifyError, StateError
+from dataio.images import IMAGE_EXTS
+from dataio.manifest import Manifest, read_manifest
+from dataio.readers import check_fields
+from dataio.storage import Store
+
+if TYPE_CHECKING:
+    from dataio.loader import LoaderConfig
+
+STATE_FORMAT_VERSION = 1
+# Saved keys that must equal this loader's own for the plan to replay; (key, what to tell the user).
+_MUST_MATCH = (
+    ("fingerprint", "dataset fingerprint (the state comes from another dataset or a rewritten one)"),
+    ("seed", "seed"),
+    ("batch_size", "batch size (per rank)"),
+    ("tail", "tail policy"),
+    ("shuffle", "shuffle setting"),
+    ("shuffle_window", "shuffle window"),
+)
+
+
+def make_state(plan: dict[str, Any], *, epoch: int, fingerprint: str, plan_config: Any) -> dict[str, Any]:
+    """The state dict a loader saves: flat, JSON-able scalars only.
+
+    The plan (PlanState.to_dict()) is stored as JSON text: torch.distributed.checkpoint loads
+    into the structure of a fresh loader's state_dict, whose progress list would be empty.
+    """
+    return {
+        "format_version": STATE_FORMAT_VERSION,
+        "epoch": int(epoch),
+        "plan": json.dumps(plan, sort_keys=True),
+        "fingerprint": fingerprint,
+        "seed": int(plan_config.seed),
+        "batch_size": int(plan_config.batch_size),
+        "tail": plan_config.tail,
+        "shuffle": bool(plan_config.shuffle),
+        "shuffle_window": int(plan_config.shuffle_window),
+    }
+
+
+def check_state(state: Any, *, fingerprint: str, plan_config: Any) -> dict[str, Any]:
+    """Return the saved plan dict if `state` fits this loader; StateError saying what differs otherwise."""
+    if not isinstance(state, dict):
+        raise StateError(f"a loader state must be a dict from ShardLoader.state_dict(), got {type(state).__name__}")
+    version = state.get("format_version")
+    if version != STATE_FORMAT_VERSION:
+        raise StateError(
+            f"loader state format version {version!r} is not {STATE_FORMAT_VERSION}; it was saved by "
+            "another shardify version: resume with that version, or start the epoch afresh"
+        )
+    missing = [k for k, _ in _MUST_MATCH if k not in state] + [k for k in ("plan", "epoch") if k not in state]
+    if missing:
+        raise StateError(f"loader state lacks {missing}; pass the dict ShardLoader.state_dict() returned")
+    mine = make_state({}, epoch=0, fingerprint=fingerprint, plan_config=plan_config)
+    for key, what in _MUST_MATCH:
+        if state[key] != mine[key]:
+            raise StateError(
+                f"cannot resume: the saved {what} is {state[key]!r} but this loader has {mine[key]!r}; "
+                f"build the loader with the same {key} (or start afresh without load_state_dict)"
+            )
+    plan = state["plan"]
+    if isinstance(plan, (str, bytes)):
+        try:
+            plan = json.loads(plan)
+        except ValueError as exc:
+            raise StateError(f"loader state's 'plan' is not valid JSON ({exc}); start the epoch afresh") from None
+    if not isinstance(plan, dict):
+        raise StateError("loader state's 'plan' must be PlanState.to_dict() or its JSON text")
+    return plan
+
+
+def default_store() -> Any:
+    """torch.distributed's key-value store of the default process group."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+def agree_on_dataset(
+    open_dataset: Any, *, rank: int, world_size: int, timeout_s: float, kv_store: Any = None
+) -> Any:
+    """Run `open_dataset() -> (result, fingerprint)` on every rank and check they all got the same.
+
+    Each rank publishes its fingerprint, or its error, under a key of its own, then waits for all
+    the others: a rank that failed raises its own error; the others raise one naming it.
+    """
+    kv = kv_store if kv_store is not None else default_store()
+    # Every rank starts its loaders in the same order: the n-th loader of each rank meets the
+    # n-th of the others. The counter lives in the store, one per rank, so nothing is global here.
+    call = kv.add(f"shardify/loader/calls/{rank}", 1)
+    prefix = f"shardify/loader/{call}"
+    try:
+        result, fingerprint = open_dataset()
+    except BaseException as exc:
+        kv.set(f"{prefix}/{rank}", f"error:{type(exc).__name__}: {exc}"[:2000])
+        raise
+    kv.set(f"{prefix}/{rank}", f"ok:{fingerprint}")
+    keys = [f"{prefix}/{r}" for r in range(world_size)]
+    try:
+        kv.wait(keys, timedelta(seconds=timeout_s))
+    except Exception as exc:  # noqa: BLE001 - the store raises its own timeout types
+        waiting = [r for r in range(world_size) if not kv.check([keys[r]])]
+        raise ShardifyError(
+            f"rank {rank}: ranks {waiting} did not open the dataset within {timeout_s:.0f} s ({exc}); "
+            "check that every rank can reach the dataset URL"
+        ) from None
+    values = {r: kv.get(keys[r]).decode() for r in range(world_size)}
+    for r, value in values.items():
+        if value.startswith("error:"):
+            raise ShardifyError(f"rank {rank}: rank {r} could not open the dataset: {value[6:]}")
+    mismatched = {r: v[3:] for r, v in values.items() if v[3:] != fingerprint}
+    if mismatched:
+        raise ManifestError(
+            f"rank {rank}: ranks see different datasets: fingerprint {fingerprint} here, "
+            f"{mismatched} elsewhere; point every rank at the same dataset URL"
+        )
+    return result
+
+
+def resolve_topology(config: LoaderConfig) -> tuple[int, int, bool]:
+    """(rank, world_size, in_group): the arguments, else torch.distributed, else (0, 1).
+
+    in_group is True when this loader is this process's rank of the initialised default process
+    group, so the ranks can check at start-up that they all opened the same dataset.
+    """
+    dist = torch.distributed
+    initialised = dist.is_available() and dist.is_initialized()
+    if config.world_size is not None:
+        rank, world_size = int(config.rank), int(config.world_size)  # type: ignore[arg-type]
+        in_group = initialised and (rank, world_size) == (dist.get_rank(), dist.get_world_size())
+        return rank, world_size, in_group
+    if initialised:
+        return dist.get_rank(), dist.get_world_size(), True
+    return 0, 1, False
+
+
+def open_dataset(url: str, config: LoaderConfig) -> tuple[Store, Manifest]:
+    """The Store and its manifest, with the start-up checks; ManifestError names the URL and the fix."""
+    store = Store(url, config.storage)
+    manifest = read_manifest(store)
+    check_fields(manifest, config.fields)
+    if config.check_shards and manifest.num_shards:
+        present = set(store.list())
+        needed = list(manifest.shard_paths) + list(manifest.index_paths if manifest.format == "tar" else ())
+        missing = [p for p in needed if p not in present]
+        if missing:
+            raise ManifestError(
+                f"{store.url}: {len(missing)} file(s) listed in the manifest are missing, e.g. "
+                f"{[store.url_of(p) for p in missing[:3]]}; restore them or rewrite the dataset "
+                "(check_shards=False skips this listing)"
+            )
+    return store, manifest
+
+
+def fields_to_read(manifest: Manifest, config: LoaderConfig, url: str) -> tuple[str | None, tuple[str, ...] | None]:
+    """(image field, reader projection): the first image-typed field; a projection keeps `cls`."""
+    names = [f.name for f in manifest.fields if f.type == "image"]
+    names += [n for n in manifest.field_names if n in IMAGE_EXTS and n not in names]
+    fields = config.fields
+    if fields is not None:
+        names = [n for n in names if n in fields]
+        if "cls" in manifest.field_names and "cls" not in fields:
+            fields = (*fields, "cls")  # the label is part of every batch
+    image_field = names[0] if names else None
+    if config.decode is not None and image_field is None:
+        raise ValueError(
+            f"{url}: decode={config.decode!r} but no image field is read (dataset fields "
+            f"{list(manifest.field_names)}, fields={config.fields}); pass decode=None for raw fields"
+        )
+    return image_field, fields

@@ -1,0 +1,386 @@
+"""What runs inside one DataLoader worker: its own plan, its own storage client, whole batches out.
+
+The main process hands each worker small tickets ("batch k of iteration t, starting from plan
+state S"); the worker computes its plan for its WorkerSlot with `plan_worker` (no shared memory,
+no locks: every worker can compute its own), streams its windows' segments through a Prefetcher,
+and assembles batches per the contract in dataio/batch.py. Everything here is picklable, so the
+`spawn` start method works: the Store opens its fsspec client lazily inside the worker.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dataio.batch import PackedBytes
+from dataio.cache import DiskCache
+from dataio.decode_cpu import CpuDecoder, DecodeConfig
+from dataio.errors import CorruptSampleError
+from dataio.manifest import Manifest
+from dataio.plan import PlanConfig, PlanState, WorkerSlot, plan_worker, shard_offsets
+from dataio.prefetch import Prefetcher
+from dataio.readers import make_reader
+from dataio.storage import Store
+from dataio.transforms import sample_seed
+
+# Keys of a sample dict that are bookkeeping, not fields.
+_META_KEYS = ("__key__", "__id__", "__url__")
+LABEL_FIELD = "cls"
+SKIPPED_KEY = "__skipped__"  # worker -> main only: URL#key of corrupt samples replaced; popped in main
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """One unit of work the main process sends: batch `batch_index` of iteration `token`."""
+
+    token: int
+    plan_state: dict[str, Any]  # PlanState.to_dict() at the start of the iteration
+    batch_index: int  # rank-level batch number counted from that state's position
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerJob:
+    """Everything a worker needs, picklable; built once in the main process."""
+
+    store: Store
+    manifest: Manifest
+    plan_config: PlanConfig
+    rank: int
+    world_size: int
+    num_plan_workers: int  # max(1, num_workers): num_workers=0 plans as one worker
+    batch_size: int
+    fields: tuple[str, ...] | None
+    verify_index: bool
+    decode: str | None  # "cpu", "dali" or None (dali decodes in the main process)
+    decode_config: DecodeConfig | None
+    image_field: str | None
+    transform: Callable[..., Any] | None
+    collate: Callable[[list[dict[str, Any]]], Any] | None
+    on_corrupt: str
+    prefetch_bytes: int
+    max_in_flight: int
+    cache_dir: str | None
+    cache_limit_bytes: int | None
+
+
+class BatchDataset(torch.utils.data.Dataset):
+    """A map-style dataset over tickets: `ds[ticket]` is one whole batch (a dict per the contract)."""
+
+    def __init__(self, job: WorkerJob) -> None:
+        self.job = job
+        self._reader: Any = None
+        self._decoder: Any = None
+        self._urls: SampleUrls | None = None
+        self._token = -1
+        self._streams: dict[int, WorkerStream] = {}
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"job": self.job}  # readers, prefetch threads and decoders are per process
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["job"])  # type: ignore[misc]
+
+    def __len__(self) -> int:  # not used by the DataLoader (the sampler has the length)
+        return 0
+
+    def __getitem__(self, ticket: Ticket) -> dict[str, Any]:
+        if self._pid != os.getpid():
+            # Forked workers inherit this object without pickling: drop the parent's clients
+            # (s3fs refuses to cross a fork) and open fresh ones here.
+            self.__init__(self.job)  # type: ignore[misc]
+        if ticket.token != self._token:
+            self.close()
+            self._token = ticket.token
+        # Batch k belongs to worker k % num_workers; torch hands tickets out round-robin, so this
+        # is normally our own slot. Should that ever differ, the owner's stream is replayed here.
+        worker_id = ticket.batch_index % self.job.num_plan_workers
+        stream = self._streams.get(worker_id)
+        if stream is None:
+            stream = WorkerStream(self, worker_id, ticket.plan_state)
+            self._streams[worker_id] = stream
+        return stream.batch(ticket.batch_index)
+
+    def close(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
+
+    # --- per-process lazies -------------------------------------------------------------
+    @property
+    def reader(self) -> Any:
+        if self._reader is None:
+            cache = None
+            if self.job.cache_dir is not None:
+                cache = DiskCache(self.job.cache_dir, limit_bytes=self.job.cache_limit_bytes)
+            store = self.job.store
+            self._reader = make_reader(
+                Store(store.raw_url, store.options, store.retry), self.job.manifest, fields=self.job.fields,
+                verify_index=self.job.verify_index, cache=cache,
+            )
+        return self._reader
+
+    @property
+    def decoder(self) -> Any:
+        if self._decoder is None:
+            self._decoder = CpuDecoder(self.job.decode_config, transform=self.job.transform)
+        return self._decoder
+
+    def url_of_sample(self, sample_id: int) -> str:
+        """Redacted URL of the shard holding global sample `sample_id`."""
+        if self._urls is None:
+            self._urls = SampleUrls(self.job.store, self.job.manifest)
+        return self._urls(sample_id)
+
+
+class SampleUrls:
+    """sample id -> redacted URL of its shard, for error messages and corrupt-sample reports."""
+
+    def __init__(self, store: Store, manifest: Manifest) -> None:
+        self.store, self.paths = store, manifest.shard_paths
+        self.offsets = [int(x) for x in shard_offsets(manifest.shard_num_samples)]
+
+    def __call__(self, sample_id: int) -> str:
+        shard = bisect.bisect_right(self.offsets, int(sample_id)) - 1
+        return self.store.url_of(self.paths[shard])
+
+
+class WorkerStream:
+    """The batches of one WorkerSlot for one iteration, produced front to back with prefetch."""
+
+    def __init__(self, owner: BatchDataset, worker_id: int, plan_state: dict[str, Any]) -> None:
+        job = owner.job
+        self.owner = owner
+        slot = WorkerSlot(
+            rank=job.rank, world_size=job.world_size, worker_id=worker_id, num_workers=job.num_plan_workers
+        )
+        state = PlanState.from_dict(plan_state)
+        self.epoch = state.epoch
+        # batch_number counts rank-level batches from the epoch's start, across earlier topologies.
+        self.numbers_before = sum(p.batches for p in state.progress)
+        self.plan = plan_worker(
+            tuple(job.manifest.shard_num_samples), config=job.plan_config, slot=slot, state=state
+        )
+        self._prefetcher: Any = None
+        self._last = int(self.plan.batch_numbers[-1]) if len(self.plan.batch_numbers) else -1
+        self._batches = self._generate()
+
+    def batch(self, batch_index: int) -> dict[str, Any]:
+        """The batch numbered `batch_index`; earlier ones of this slot not asked for are skipped."""
+        for number, batch in self._batches:
+            if number == batch_index:
+                if batch_index == self._last:
+                    self.close()  # the slot is done: stop its prefetch threads now
+                return batch
+            if number > batch_index:
+                break
+        raise RuntimeError(
+            f"internal: worker plan has no batch {batch_index} (it holds "
+            f"{self.plan.batch_numbers.tolist()[:8]}...); please report this"
+        )
+
+    def close(self) -> None:
+        self._batches.close()
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+
+    def _windows(self) -> Iterator[tuple[Any, dict[int, dict[str, Any]], float]]:
+        """(window, samples by global id, seconds spent reading and parsing it), in plan order."""
+        reader = self.owner.reader
+        segments = [seg for window in self.plan.windows for seg in window.segments]
+        self._prefetcher = Prefetcher(
+            reader.fetch, size_of=reader.payload_bytes, budget_bytes=self.owner.job.prefetch_bytes,
+            max_in_flight=self.owner.job.max_in_flight,
+        )
+        results = iter(self._prefetcher.run(segments))
+        for window in self.plan.windows:
+            by_id: dict[int, dict[str, Any]] = {}
+            read_s = 0.0
+            for seg in window.segments:
+                _, payload, fetch_s = next(results)
+                start = time.perf_counter()
+                for sample in reader.parse(seg, payload):
+                    by_id[int(sample["__id__"])] = sample
+                read_s += fetch_s + time.perf_counter() - start
+            yield window, by_id, read_s
+
+    def _generate(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        job = self.owner.job
+        numbers = self.plan.batch_numbers.tolist()
+        pending: list[tuple[dict[str, Any], bool]] = []
+        pending_read_s = 0.0
+        produced = 0
+        for window, by_id, read_s in self._windows():
+            ids = window.sample_ids.tolist()
+            pads = window.is_pad.tolist()
+            per_sample_s = read_s / max(1, len(ids))  # a window's reading cost, shared by its samples
+            for sample_id, is_pad in zip(ids, pads):
+                pending.append((by_id[sample_id], is_pad))
+                pending_read_s += per_sample_s
+                if len(pending) == job.batch_size:
+                    number = numbers[produced]
+                    yield number, self._assemble(pending, self.numbers_before + number, pending_read_s)
+                    produced += 1
+                    pending, pending_read_s = [], 0.0
+        assert not pending and produced == len(numbers), "plan windows must hold whole batches"
+
+    def _assemble(self, pending: list[tuple[dict[str, Any], bool]], number: int, read_s: float) -> dict[str, Any]:
+        samples = [s for s, _ in pending]
+        mask = [not p for _, p in pending]
+        return assemble(self.owner, samples, mask, epoch=self.epoch, batch_number=number, read_s=read_s)
+
+
+def label_of(sample: dict[str, Any], url_of: Callable[[int], str]) -> int:
+    """The sample's integer label from its `cls` field (ASCII bytes or an int); -1 when absent."""
+    value = sample.get(LABEL_FIELD)
+    if value is None:
+        return -1
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    try:
+        return int(bytes(value).strip() if not isinstance(value, str) else value)
+    except ValueError:
+        key = sample.get("__key__", "?")
+        url = url_of(int(sample["__id__"]))
+        raise CorruptSampleError(
+            f"{url}: sample {key!r}: label field 'cls' is {bytes(value)[:20]!r}, not an integer; "
+            "fix the source labels and rewrite the shard", url=url, key=str(key),
+        ) from None
+
+
+def assemble(
+    owner: BatchDataset, samples: list[dict[str, Any]], mask: list[bool], *, epoch: int,
+    batch_number: int, read_s: float,
+) -> dict[str, Any]:
+    """One batch dict per the contract in dataio/batch.py (or the user's collate output)."""
+    job = owner.job
+    skipped: list[str] = []
+    images = None
+    start = time.perf_counter()
+    if job.decode == "cpu":
+        samples, mask, skipped, images = decode_images(owner, samples, mask, epoch=epoch)
+    elif job.transform is not None:
+        samples = [job.transform(s) for s in samples]
+    decode_s = time.perf_counter() - start if job.decode == "cpu" else 0.0
+    if job.collate is not None:
+        if images is not None:  # the hook sees each sample's decoded (3, H, W) image
+            samples = [{**s, "image": images[i]} for i, s in enumerate(samples)]
+        batch = job.collate(samples)
+    else:
+        batch = default_collate(samples, url_of=owner.url_of_sample, images=images, image_field=job.image_field)
+    if isinstance(batch, dict):
+        if job.decode == "dali":  # DALI seeds each sample's crop like the CPU path: (seed, epoch, id)
+            batch["__id__"] = torch.tensor([int(s["__id__"]) for s in samples], dtype=torch.int64)
+            batch["epoch"] = epoch
+        batch.setdefault("mask", torch.tensor(mask, dtype=torch.bool))
+        batch.setdefault("read_s", read_s)
+        batch.setdefault("decode_s", decode_s)
+        batch.setdefault("batch_number", batch_number)
+        if skipped:
+            batch[SKIPPED_KEY] = skipped
+    return batch
+
+
+def default_collate(
+    samples: Sequence[dict[str, Any]], *, url_of: Callable[[int], str], images: torch.Tensor | None,
+    image_field: str | None,
+) -> dict[str, Any]:
+    """Keys, labels, the decoded images (N, 3, H, W) or raw fields packed into one tensor each."""
+    batch: dict[str, Any] = {
+        "__key__": [str(s["__key__"]) for s in samples],
+        "label": torch.tensor([label_of(s, url_of) for s in samples], dtype=torch.int64),
+    }
+    if images is not None:
+        batch["image"] = images
+    for name in [k for k in samples[0] if k not in _META_KEYS and k != LABEL_FIELD]:
+        if images is not None and name == image_field:
+            continue  # decoded: the bytes stay in the worker
+        batch[name] = pack_field([s.get(name) for s in samples])
+    return batch
+
+
+def pack_field(values: list[Any]) -> Any:
+    """Bytes -> PackedBytes (one tensor + offsets), numbers -> a tensor, anything else -> a list."""
+    if all(isinstance(v, (bytes, bytearray, memoryview)) for v in values):
+        return PackedBytes.pack([bytes(v) for v in values])
+    if all(isinstance(v, str) for v in values):
+        return PackedBytes.pack([v.encode() for v in values])
+    if all(isinstance(v, (bool, np.bool_)) for v in values):
+        return torch.tensor(values, dtype=torch.bool)
+    if all(isinstance(v, (int, np.integer)) for v in values):
+        return torch.tensor([int(v) for v in values], dtype=torch.int64)
+    if all(isinstance(v, (float, int, np.floating, np.integer)) for v in values):
+        return torch.tensor([float(v) for v in values], dtype=torch.float64)
+    return values
+
+
+def decode_images(
+    owner: BatchDataset, samples: list[dict[str, Any]], mask: list[bool], *, epoch: int
+) -> tuple[list[dict[str, Any]], list[bool], list[str], torch.Tensor]:
+    """(samples, mask, skipped, images (N, 3, H, W)): corrupt samples raise or get a substitute."""
+    job = owner.job
+    seeds = [sample_seed(job.plan_config.seed, epoch, int(s["__id__"])) for s in samples]
+    items = [s.get(job.image_field) for s in samples]
+    if all(isinstance(x, bytes) for x in items):
+        try:  # the common case: one call filling one preallocated batch tensor
+            images = owner.decoder.decode_batch(
+                items, seeds=seeds, keys=[str(s["__key__"]) for s in samples],
+                url=owner.url_of_sample(int(samples[0]["__id__"])),
+            )
+            return samples, mask, [], images
+        except CorruptSampleError:
+            pass  # sample by sample below: the error names the sample's own shard
+    decoded: list[np.ndarray | None] = []
+    for sample, seed in zip(samples, seeds):
+        try:
+            decoded.append(decode_one(owner, sample, seed))
+        except CorruptSampleError:
+            if job.on_corrupt == "raise":
+                raise
+            decoded.append(None)
+    samples, mask, skipped = substitute(owner, samples, decoded, mask)
+    return samples, mask, skipped, torch.from_numpy(np.stack(decoded))  # type: ignore[arg-type]
+
+
+def decode_one(owner: BatchDataset, sample: dict[str, Any], seed: int) -> np.ndarray:
+    """One sample's image as (3, H, W); CorruptSampleError names its shard URL and key."""
+    key, field = str(sample.get("__key__", "?")), owner.job.image_field
+    url = owner.url_of_sample(int(sample["__id__"]))
+    data = sample.get(field) if field else None
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise CorruptSampleError(
+            f"{url}: sample {key!r} has no {field!r} bytes; pass decode=None to read raw fields, or "
+            "fix the shard", url=url, key=key,
+        )
+    return owner.decoder.decode(bytes(data), seed=seed, key=key, url=url)
+
+
+def substitute(
+    owner: BatchDataset, samples: list[dict[str, Any]], decoded: list[np.ndarray | None], mask: list[bool]
+) -> tuple[list[dict[str, Any]], list[bool], list[str]]:
+    """Replace each corrupt sample (None in `decoded`, in place) by the next good one of the batch, masked out."""
+    good = [i for i, image in enumerate(decoded) if image is not None]
+    bad = [i for i, image in enumerate(decoded) if image is None]
+    if not bad:
+        return samples, mask, []
+    if not good:
+        first = samples[bad[0]]
+        url = owner.url_of_sample(int(first["__id__"]))
+        raise CorruptSampleError(
+            f"{url}: every sample of a batch is corrupt (first {first.get('__key__')!r}); nothing to "
+            "substitute with on_corrupt='skip': check the dataset", url=url, key=str(first.get("__key__")),
+        )
+    samples, mask, skipped = list(samples), list(mask), []
+    for i in bad:
+        skipped.append(f"{owner.url_of_sample(int(samples[i]['__id__']))}#{samples[i].get('__key__')}")
+        j = good[bisect.bisect_right(good, i) % len(good)]  # deterministic: the next good one, cyclically
+        decoded[i], samples[i], mask[i] = decoded[j], samples[j], False
+    return samples, mask, skipped

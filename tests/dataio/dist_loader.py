@@ -1,0 +1,66 @@
+"""Run under torchrun by tests/dataio/test_loader_dist.py: one rank of a real gloo job using the loader.
+
+usage: dist_loader.py MODE DATASET OUT_DIR
+  epoch     one epoch (2 workers); rank 0 writes the keys and steps gathered from every rank
+  stop      deliver STOP_AFTER batches (2 workers); rank 0 saves its state; every rank writes its keys
+  resume    load OUT_DIR/state.json (1 worker), deliver the rest; every rank writes its keys
+  mismatch  the last rank opens a prefix without a manifest: every rank must fail, none hang
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from dataio import make_loader
+
+BATCH_SIZE = 3
+STOP_AFTER = 2
+
+
+def real_keys(batch: dict) -> list[str]:
+    return [k for k, m in zip(batch["__key__"], batch["mask"].tolist()) if m]
+
+
+def write(out_dir: str, name: str, doc: object) -> None:
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(doc, f)
+
+
+def main(mode: str, url: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    options = dict(batch_size=BATCH_SIZE, decode=None, shuffle_window=5, startup_timeout_s=30)
+    if mode == "mismatch" and rank == dist.get_world_size() - 1:
+        url = os.path.join(out_dir, "not-a-dataset")
+    try:
+        loader = make_loader(url, num_workers=1 if mode == "resume" else 2, **options)
+    except Exception as exc:  # noqa: BLE001 - the test reads what each rank saw
+        write(out_dir, f"error-{rank}.json", {"type": type(exc).__name__, "message": str(exc)})
+        raise
+    with loader:
+        if mode == "resume":
+            with open(os.path.join(out_dir, "state.json")) as f:
+                loader.load_state_dict(json.load(f))
+        steps, keys = len(loader), []
+        for batch in loader:
+            keys += real_keys(batch)
+            if mode == "stop" and batch["batch_number"] + 1 == STOP_AFTER:
+                break
+        if mode == "stop" and rank == 0:
+            write(out_dir, "state.json", loader.state_dict())
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, {"rank": rank, "keys": keys, "steps": steps,
+                                          "world_size": loader.world_size})
+    if rank == 0:
+        write(out_dir, f"{mode}.json", gathered)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,303 @@
+"""The torch-facing loader in one process: batch contract, exactly once per (rank, worker), state."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+import torch
+
+from dataio import (
+    CorruptSampleError, LoaderConfig, ManifestError, ShardFormatError, StorageError, make_loader,
+)
+from dataio.batch import PackedBytes
+from dataio.manifest import Manifest, checksum_bytes, write_manifest
+from dataio.storage import Store
+from dataio.tar_index import build_index
+from tests.dataio.shardgen import TAR_FIELDS, make_samples, tar_bytes, write_parquet_dataset, write_tar_dataset
+
+SIZES = [13, 0, 7, 1, 22, 5]  # deliberately uneven, with an empty and a one-sample shard
+TOTAL = sum(SIZES)
+ALL_KEYS = {f"{i:06d}" for i in range(TOTAL)}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = str(tmp_path_factory.mktemp("loader") / "ds")
+    write_tar_dataset(Store(root), SIZES, real_images=True)
+    return root
+
+
+def real_keys(batches: list[dict]) -> list[str]:
+    """Keys of the real (mask True) samples, in delivery order."""
+    return [k for b in batches for k, m in zip(b["__key__"], b["mask"].tolist()) if m]
+
+
+def run_epoch(url: str, **options) -> tuple[list[dict], int]:
+    """(batches, len before iterating) of one whole epoch of a fresh loader."""
+    with make_loader(url, **options) as loader:
+        steps = len(loader)
+        return list(loader), steps
+
+
+def take(loader, num_batches: int) -> list[dict]:
+    """The first num_batches batches of an iteration, then break out of it."""
+    out = []
+    for batch in loader:
+        out.append(batch)
+        if len(out) == num_batches:
+            break
+    return out
+
+
+def write_tar_shards(store: Store, shards: list[list[dict]]) -> None:
+    """Publish given samples as tar shards + indexes + manifest (shardgen's layout)."""
+    cols: dict[str, list] = {k: [] for k in ("paths", "sizes", "sums", "idx", "idx_sizes", "idx_sums")}
+    for i, samples in enumerate(shards):
+        data = tar_bytes(samples)
+        index = build_index(io.BytesIO(data)).dumps()
+        rel = f"shards/shard-{i:06d}.tar"
+        store.write_bytes(rel, data)
+        store.write_bytes(rel + ".idx", index)
+        for name, value in zip(cols, (rel, len(data), checksum_bytes(data), rel + ".idx", len(index),
+                                      checksum_bytes(index))):
+            cols[name].append(value)
+    write_manifest(store, Manifest(
+        format="tar", fields=TAR_FIELDS, shard_paths=tuple(cols["paths"]),
+        shard_num_samples=tuple(len(s) for s in shards), shard_num_bytes=tuple(cols["sizes"]),
+        shard_checksums=tuple(cols["sums"]), index_paths=tuple(cols["idx"]),
+        index_num_bytes=tuple(cols["idx_sizes"]), index_checksums=tuple(cols["idx_sums"]),
+    ))
+
+
+# --- the batch contract ---------------------------------------------------------------------
+
+
+def test_raw_batches_follow_the_contract(tmp_path) -> None:
+    store = Store(str(tmp_path / "ds"))
+    _, shards = write_tar_dataset(store, SIZES)
+    by_key = {s["__key__"]: s for shard in shards for s in shard}
+    batches, steps = run_epoch(store.raw_url, batch_size=4, num_workers=0, decode=None)
+    assert steps == len(batches) == TOTAL // 4
+    for number, batch in enumerate(batches):
+        keys = batch["__key__"]
+        assert isinstance(keys, list) and len(keys) == 4
+        assert batch["label"].dtype == torch.int64
+        assert batch["label"].tolist() == [int(by_key[k]["cls"]) for k in keys]
+        assert isinstance(batch["jpg"], PackedBytes) and batch["jpg"].to_list() == [by_key[k]["jpg"] for k in keys]
+        assert batch["json"].to_list() == [by_key[k]["json"] for k in keys]
+        assert batch["mask"].dtype == torch.bool and batch["mask"].all()
+        assert batch["read_s"] >= 0 and batch["decode_s"] == 0
+        assert batch["batch_number"] == number
+
+
+def test_decoded_batches_are_uint8_images(dataset) -> None:
+    batches, _ = run_epoch(dataset, batch_size=3, num_workers=1, image_size=8)
+    assert batches
+    for batch in batches:
+        assert batch["image"].shape == (3, 3, 8, 8) and batch["image"].dtype == torch.uint8
+        assert "jpg" not in batch and isinstance(batch["json"], PackedBytes)
+        assert batch["decode_s"] > 0
+
+
+def test_field_projection_keeps_the_label(dataset) -> None:
+    batches, _ = run_epoch(dataset, batch_size=4, num_workers=0, decode=None, fields=("json",))
+    assert set(batches[0]) == {"__key__", "label", "json", "mask", "read_s", "decode_s", "batch_number"}
+    assert batches[0]["label"].tolist() == [int(k) % 10 for k in batches[0]["__key__"]]
+
+
+def test_dali_decode_hook(dataset) -> None:
+    pytest.importorskip("nvidia.dali")
+    dali, _ = run_epoch(dataset, batch_size=4, num_workers=1, image_size=8, decode="dali")
+    cpu, _ = run_epoch(dataset, batch_size=4, num_workers=1, image_size=8, decode="cpu")
+    assert [b["__key__"] for b in dali] == [b["__key__"] for b in cpu]
+    for batch in dali:
+        assert batch["image"].shape == (4, 3, 8, 8) and batch["image"].dtype == torch.uint8
+        assert "jpg" not in batch and "__id__" not in batch and batch["mask"].all()
+
+
+def test_parquet_dataset_raw(tmp_path) -> None:
+    store = Store(str(tmp_path / "pq"))
+    write_parquet_dataset(store, [5, 9, 2], row_group_size=3)
+    batches, _ = run_epoch(store.raw_url, batch_size=4, num_workers=0, decode=None, tail="pad")
+    assert sorted(real_keys(batches)) == [f"{i:06d}" for i in range(16)]
+    for batch in batches:
+        assert batch["label"].tolist() == [int(k) % 10 for k in batch["__key__"]]
+        assert json.loads(batch["json"][0])["i"] == int(batch["__key__"][0])
+
+
+def test_pad_tail_delivers_everything_and_masks_the_repeats(dataset) -> None:
+    per_rank = [run_epoch(dataset, batch_size=5, num_workers=0, decode=None, tail="pad", rank=r, world_size=2)[0]
+                for r in range(2)]
+    seen = [k for batches in per_rank for k in real_keys(batches)]
+    assert sorted(seen) == sorted(ALL_KEYS)
+    num_pad = sum(int((~b["mask"]).sum()) for batches in per_rank for b in batches)
+    assert num_pad == 2 * 5 * len(per_rank[0]) - TOTAL > 0
+
+
+def test_collate_hook_gets_the_sample_dicts(dataset) -> None:
+    def collate(samples):
+        return {"keys": [s["__key__"] for s in samples], "ids": [s["__id__"] for s in samples]}
+
+    batches, _ = run_epoch(dataset, batch_size=4, num_workers=0, decode=None, collate=collate)
+    for batch in batches:
+        assert [int(k) for k in batch["keys"]] == batch["ids"]
+        assert set(batch) == {"keys", "ids", "mask", "read_s", "decode_s", "batch_number"}
+
+    def stack(samples):  # decode="cpu": each sample arrives with its decoded (3, H, W) image
+        return {"x": torch.stack([s["image"] for s in samples]), "n": len(samples)}
+
+    batches, _ = run_epoch(dataset, batch_size=4, num_workers=0, image_size=8, collate=stack)
+    assert all(b["x"].shape == (4, 3, 8, 8) and b["decode_s"] > 0 for b in batches)
+
+
+def test_transform_hooks(dataset) -> None:
+    batches, _ = run_epoch(dataset, batch_size=4, num_workers=0, image_size=8, transform=lambda t: t.fill_(7))
+    assert all(bool((b["image"] == 7).all()) for b in batches)
+    batches, _ = run_epoch(dataset, batch_size=4, num_workers=0, decode=None,
+                           transform=lambda s: {**s, "json": b"{}"})
+    assert all(b["json"].to_list() == [b"{}"] * 4 for b in batches)
+
+
+# --- exactly once, equal steps ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size,num_workers,batch_size,tail", [
+    (1, 0, 4, "drop"), (2, 2, 3, "drop"), (3, 1, 5, "pad"), (4, 0, 2, "drop"), (4, 1, 20, "drop"),
+])
+def test_epoch_is_exactly_once_over_every_rank_and_worker(dataset, world_size, num_workers, batch_size, tail) -> None:
+    per_rank = {}
+    for rank in range(world_size):
+        batches, steps = run_epoch(dataset, batch_size=batch_size, num_workers=num_workers, decode=None,
+                                   tail=tail, rank=rank, world_size=world_size, shuffle_window=6)
+        assert steps == len(batches)
+        per_rank[rank] = batches
+    seen = [k for batches in per_rank.values() for k in real_keys(batches)]
+    assert len(seen) == len(set(seen))  # nothing twice
+    assert TOTAL - len(seen) < (world_size * batch_size if tail == "drop" else 1)
+    assert len({len(b) for b in per_rank.values()}) == 1  # equal steps: DDP cannot hang
+
+
+def test_disk_cache(dataset, tmp_path) -> None:
+    options = dict(batch_size=4, num_workers=1, decode=None, cache_dir=str(tmp_path / "cache"),
+                   cache_limit_bytes=1 << 20)
+    first, _ = run_epoch(dataset, **options)
+    second, _ = run_epoch(dataset, **options)  # served from the cache
+    assert [b["jpg"].to_list() for b in first] == [b["jpg"].to_list() for b in second]
+    assert any(files for _, _, files in os.walk(tmp_path / "cache"))
+
+
+def test_spawn_start_method(dataset) -> None:
+    batches, _ = run_epoch(dataset, batch_size=4, num_workers=1, decode=None, tail="pad",
+                           multiprocessing_context="spawn")
+    assert sorted(real_keys(batches)) == sorted(ALL_KEYS)
+
+
+def test_epochs_reshuffle_and_repeat(dataset) -> None:
+    with make_loader(dataset, batch_size=4, num_workers=2, decode=None, tail="pad") as loader:
+        first = real_keys(list(loader))
+        again = real_keys(list(loader))  # no set_epoch: the same epoch again, like DistributedSampler
+        loader.set_epoch(1)
+        second = real_keys(list(loader))
+        assert loader.state_dict()["epoch"] == 1
+    assert first == again and sorted(first) == sorted(second) and first != second
+
+
+# --- corrupt samples --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corrupt_dataset(tmp_path_factory) -> tuple[str, str]:
+    shards = make_samples([6, 5], real_images=True)
+    shards[1][2]["jpg"] = b"\xff\xd8 this is not a jpeg"
+    root = str(tmp_path_factory.mktemp("corrupt") / "ds")
+    write_tar_shards(Store(root), shards)
+    return root, shards[1][2]["__key__"]
+
+
+def test_corrupt_sample_raises_naming_url_and_key(corrupt_dataset) -> None:
+    url, bad_key = corrupt_dataset
+    with make_loader(url, batch_size=4, num_workers=1, image_size=8) as loader:
+        with pytest.raises(CorruptSampleError, match=f"shard-000001.tar.*{bad_key}"):
+            list(loader)
+
+
+def test_corrupt_sample_skipped_keeps_equal_steps(corrupt_dataset) -> None:
+    url, bad_key = corrupt_dataset
+    with make_loader(url, batch_size=4, num_workers=1, image_size=8, tail="pad", on_corrupt="skip") as loader:
+        steps = len(loader)
+        batches = list(loader)
+        assert len(batches) == steps == 3
+        assert loader.stats.corrupt_skipped == 1
+        assert loader.stats.corrupt_keys[0].endswith(f"shard-000001.tar#{bad_key}")
+    assert sorted(real_keys(batches)) == sorted(f"{i:06d}" for i in range(11) if f"{i:06d}" != bad_key)
+
+
+# --- bad input and arguments ------------------------------------------------------------------
+
+
+def test_missing_or_bad_manifest(tmp_path) -> None:
+    with pytest.raises(ManifestError, match="manifest.json does not exist"):
+        make_loader(str(tmp_path), batch_size=2)
+    (tmp_path / "manifest.json").write_text(json.dumps({"shardify_manifest": 99}))
+    with pytest.raises(ManifestError, match="version 99"):
+        make_loader(str(tmp_path), batch_size=2)
+
+
+def test_missing_shard(tmp_path) -> None:
+    root = str(tmp_path / "ds")
+    write_tar_dataset(Store(root), [3, 4])
+    os.remove(os.path.join(root, "shards", "shard-000001.tar"))
+    with pytest.raises(ManifestError, match="shard-000001.tar"):
+        make_loader(root, batch_size=2)
+    with make_loader(root, batch_size=2, decode=None, num_workers=0, check_shards=False) as loader:
+        with pytest.raises(StorageError, match="shard-000001.tar"):
+            list(loader)
+
+
+def test_damaged_index_fails_with_its_url(tmp_path) -> None:
+    root = str(tmp_path / "ds")
+    write_tar_dataset(Store(root), [3, 4])
+    path = os.path.join(root, "shards", "shard-000001.tar.idx")
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data.replace(b"jpg", b"JPG"))  # same size, other checksum
+    with make_loader(root, batch_size=2, decode=None, num_workers=1) as loader:
+        with pytest.raises(ShardFormatError, match="shard-000001.tar.idx: index checksum"):
+            list(loader)
+
+
+@pytest.mark.parametrize("options,error", [
+    (dict(batch_size=0), ValueError),
+    (dict(batch_size=2, tail="wrap"), ValueError),
+    (dict(batch_size=2, decode="gpu"), ValueError),
+    (dict(batch_size=2, rank=1), ValueError),
+    (dict(batch_size=2, rank=2, world_size=2), ValueError),
+    (dict(batch_size=2, on_corrupt="ignore"), ValueError),
+    (dict(batch_size=2, cache_dir="/tmp/x"), ValueError),
+    (dict(batch_size=2, fields="jpg"), TypeError),
+    (dict(batch_size=2, transform=3), TypeError),
+])
+def test_bad_arguments(options, error) -> None:
+    with pytest.raises(error):
+        LoaderConfig(**options)
+
+
+def test_make_loader_takes_exactly_the_config_fields_with_the_same_defaults() -> None:
+    import dataclasses
+    import inspect
+
+    params = inspect.signature(make_loader).parameters
+    fields = {f.name: f.default for f in dataclasses.fields(LoaderConfig)}
+    assert set(params) - {"url"} == set(fields)
+    assert all(params[name].default == default for name, default in fields.items() if name != "batch_size")
+
+
+def test_unknown_option_and_field(dataset) -> None:
+    with pytest.raises(TypeError, match="batchsize"):
+        make_loader(dataset, batch_size=2, batchsize=3)
+    with pytest.raises(ValueError, match="png"):
+        make_loader(dataset, batch_size=2, fields=("png",))
