@@ -1,0 +1,244 @@
+"""Write throughput: `shardify write` (tar, Parquet; local disk and S3) against webdataset's ShardWriter.
+
+    python -m benchmarks.bench_write [--num-images 2000] [--repeats 3] [--shard-size 16MB] [--no-s3]
+
+Every contender reads the same ImageNet-like folder (tools.make_synthetic, cached under out/bench,
+page cache warmed first) and writes shards of the same size to the same disk. Runs are interleaved
+(each repeat runs every contender once) and the median is reported, because the machine is shared.
+Times are wall clock from the command's start to its last byte, scan and worker start-up included.
+Results go to benchmarks/results_write.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.machine import machine_markdown
+from sharding.cli import main as shardify, parse_size
+
+HERE = Path(__file__).resolve().parent
+TARGET_RATIO = 1.3
+
+
+@dataclass
+class Contender:
+    name: str
+    run: Callable[[Path], None]  # writes into the given empty directory
+    seconds: list[float] = field(default_factory=list)
+
+
+def ensure_data(out: Path, num_images: int, num_classes: int, seed: int) -> tuple[int, int]:
+    """Create the synthetic folder once (it is reused while the parameters match); (files, bytes)."""
+    from tools.make_synthetic import SyntheticConfig, make_synthetic
+
+    stamp = out / ".params"
+    params = f"{num_images} {num_classes} {seed}"
+    if not (stamp.exists() and stamp.read_text() == params):
+        shutil.rmtree(out, ignore_errors=True)
+        print(f"generating {num_images} images in {out} (once) ...", flush=True)
+        make_synthetic(out, SyntheticConfig(num_images=num_images, num_classes=num_classes, seed=seed))
+        stamp.write_text(params)
+    files = [p for p in out.rglob("*.jpg")]
+    total = 0
+    for p in files:  # warm the page cache so that nobody pays for the first read
+        total += len(p.read_bytes())
+    return len(files), total
+
+
+def shardwriter_run(src: Path, shard_size_bytes: int) -> Callable[[Path], None]:
+    """webdataset's usual loop: read each file's bytes, write {"__key__", "jpg", "cls"}."""
+
+    def run(dest: Path) -> None:
+        import webdataset as wds
+
+        classes = sorted(d.name for d in src.iterdir() if d.is_dir())
+        with wds.ShardWriter(str(dest / "shard-%06d.tar"), maxsize=shard_size_bytes, maxcount=10**9,
+                             verbose=0) as sink:
+            key = 0
+            for label, name in enumerate(classes):
+                for path in sorted((src / name).iterdir()):
+                    with open(path, "rb") as f:
+                        data = f.read()
+                    sink.write({"__key__": f"{key:06d}", "jpg": data, "cls": label})
+                    key += 1
+
+    return run
+
+
+def shardify_run(src: Path, flags: list[str], url_of: Callable[[Path], str] | None = None) -> Callable[[Path], None]:
+    def run(dest: Path) -> None:
+        target = url_of(dest) if url_of else str(dest)
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = shardify(["write", str(src), target, "--quiet", *flags])
+        if code != 0:
+            raise RuntimeError(f"shardify write {' '.join(flags)} failed with exit code {code}")
+
+    return run
+
+
+def s3_contenders(src: Path, common: list[str], workers: int, shard_size: str, num_bytes: int,
+                  stack: contextlib.ExitStack) -> list[Contender]:
+    """shardify to a local SeaweedFS server, if tools.s3_server can start one."""
+    try:
+        from tools.s3_server import S3Server
+
+        server = stack.enter_context(S3Server())
+    except Exception as exc:  # noqa: BLE001 - the benchmark runs on without S3
+        print(f"no S3 figure: cannot start SeaweedFS ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return []
+    bucket = server.new_bucket()
+    flags = [*common, "--workers", str(workers), "--endpoint-url", server.endpoint_url, "--access-key", server.key,
+             "--secret-key", server.secret, "--region", "us-east-1", "--overwrite"]
+    return [
+        Contender(f"shardify tar -> S3 (SeaweedFS), header check, {workers} workers",
+                  shardify_run(src, flags, lambda dest: f"s3://{bucket}/{dest.name}")),
+        Contender("upload ceiling: boto3 put_object of the same bytes (1 process, not a writer)",
+                  upload_ceiling(server, bucket, num_bytes, parse_size(shard_size))),
+    ]
+
+
+def upload_ceiling(server, bucket: str, num_bytes: int, object_bytes: int) -> Callable[[Path], None]:  # noqa: ANN001
+    """What this S3 server takes at most: the dataset's bytes as plain objects, no reading or checking."""
+    blob = os.urandom(object_bytes)
+
+    def run(dest: Path) -> None:
+        for i in range(-(-num_bytes // object_bytes)):
+            server.client().put_object(Bucket=bucket, Key=f"{dest.name}/raw-{i}", Body=blob)
+
+    return run
+
+
+def contenders(src: Path, shard_size: str, workers: int, s3: bool, num_bytes: int,
+               stack: contextlib.ExitStack) -> list[Contender]:
+    common = ["--shard-size", shard_size]
+    out = [
+        Contender("webdataset ShardWriter (1 process)", shardwriter_run(src, parse_size(shard_size))),
+        Contender(f"shardify tar, header check, {workers} workers",
+                  shardify_run(src, [*common, "--validate", "header", "--workers", str(workers)])),
+        Contender("shardify tar, header check, 1 worker", shardify_run(src, [*common, "--validate", "header", "--workers", "1"])),
+        Contender(f"shardify tar, full decode check (default), {workers} workers",
+                  shardify_run(src, [*common, "--workers", str(workers)])),
+        Contender(f"shardify parquet, header check, {workers} workers",
+                  shardify_run(src, [*common, "--format", "parquet", "--validate", "header", "--workers", str(workers)])),
+    ]
+    if s3:
+        out += s3_contenders(src, [*common, "--validate", "header"], workers, shard_size, num_bytes, stack)
+    return out
+
+
+def measure(items: list[Contender], repeats: int, work: Path) -> None:
+    for r in range(repeats):
+        for i, c in enumerate(items):
+            dest = work / f"c{i}-r{r}"
+            dest.mkdir(parents=True)
+            # Start every run with no dirty pages: nobody pays for the previous writer's writeback.
+            os.sync()
+            start = time.perf_counter()
+            c.run(dest)
+            c.seconds.append(time.perf_counter() - start)
+            shutil.rmtree(dest, ignore_errors=True)
+            print(f"  repeat {r + 1}/{repeats}  {c.name:<62} {c.seconds[-1]:6.2f} s", flush=True)
+
+
+def paired_ratio(peer: Contender, c: Contender) -> float:
+    """Median over repeats of peer seconds / contender seconds (> 1: the contender is faster)."""
+    return statistics.median(p / x for p, x in zip(peer.seconds, c.seconds))
+
+
+def report(items: list[Contender], num_files: int, num_bytes: int, args: argparse.Namespace) -> str:
+    base = statistics.median(items[0].seconds)
+    lines = [
+        "# Write throughput: shardify vs webdataset's ShardWriter",
+        "",
+        machine_markdown(),
+        "",
+        f"Data: {num_files} synthetic ImageNet-like JPEGs (tools.make_synthetic, {args.num_classes} classes, "
+        f"{num_bytes / 1e6:.0f} MB, page cache warm); shards of {args.shard_size}; median of {args.repeats} "
+        "interleaved repeats; wall time including the scan and worker start-up. Command: "
+        "`.venv/bin/python -m benchmarks.bench_write`.",
+        "",
+        "| writer | median s | samples/s | MB/s | vs ShardWriter (medians) | vs ShardWriter (median of per-repeat ratios) | all runs (s) |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for c in items:
+        s = statistics.median(c.seconds)
+        lines.append(f"| {c.name} | {s:.2f} | {num_files / s:.0f} | {num_bytes / 1e6 / s:.0f} | {base / s:.2f}x | "
+                     f"{paired_ratio(items[0], c):.2f}x | {', '.join(f'{x:.2f}' for x in c.seconds)} |")
+    # Runs of one repeat sit next to each other in time, so their ratio is the least disturbed by
+    # the load of a shared machine drifting during the benchmark.
+    ratio = paired_ratio(items[0], items[1])
+    met = "MET" if ratio >= TARGET_RATIO else "NOT MET"
+    lines += [
+        "",
+        f"**Target** (tar from an image folder without re-encoding, all cores, >= {TARGET_RATIO}x ShardWriter's "
+        f"samples/s): **{met}** on this machine: {ratio:.2f}x ({items[1].name}; median of per-repeat ratios).",
+        "",
+        "Notes:",
+        "- The target is measured with `--validate header` (format and pixel limit read from the header: "
+        "decompression bombs and non-images are refused, bytes are copied unchanged). shardify's default, "
+        "`--validate full`, decodes every image to catch truncated or corrupt files; that costs a JPEG "
+        "decode per sample (a few ms here), so it runs at decode speed, far below a plain byte copy. "
+        "ShardWriter checks nothing.",
+        "- shardify also does what ShardWriter does not: an xxh3 checksum of every shard, the .idx index "
+        "beside each shard, fsync + atomic rename of every shard, and the manifest.",
+        f"- Load average when the benchmark started: {args.load_start}, on {os.cpu_count()} cores (other "
+        "jobs share the machine); the spread between repeats is large (see the last column), which is why "
+        "the target is judged on the median of per-repeat ratios (the runs of one repeat sit next to each "
+        "other in time). `os.sync()` runs before every timed run, so no writer pays for another's writeback.",
+        "- S3: shardify uploads each shard (one multipart upload per shard) to a SeaweedFS server on this "
+        "same machine, which competes with the writers for the cores; the 'upload ceiling' row is what "
+        "the server takes at most (the same bytes put from memory). ShardWriter has no S3 writer of its "
+        "own, so there is no S3 peer figure.",
+    ]
+    one_worker = next((c for c in items if c.name.endswith(", 1 worker")), None)
+    if one_worker is not None and paired_ratio(items[0], one_worker) >= ratio:
+        lines.append(
+            "- Here the all-cores run is no faster than the 1-worker run: with the machine this loaded, "
+            "a second process finds no idle core. The lead over ShardWriter comes from a lower cost per "
+            "sample (ustar headers built directly, a header-only check, one pass with no re-encoding), "
+            "not from parallelism; on an idle many-core machine the workers add to it."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-images", type=int, default=2000)
+    parser.add_argument("--num-classes", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shard-size", default="16MB", help="small enough that every worker gets shards")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--data", default="out/bench/synthetic", help="cached synthetic image folder")
+    parser.add_argument("--no-s3", action="store_true")
+    parser.add_argument("--out", default=str(HERE / "results_write.md"))
+    args = parser.parse_args(argv)
+    args.load_start = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    src = Path(args.data)
+    num_files, num_bytes = ensure_data(src, args.num_images, args.num_classes, args.seed)
+    work = Path(tempfile.mkdtemp(prefix="bench-write-", dir=src.parent))
+    try:
+        with contextlib.ExitStack() as stack:
+            items = contenders(src, args.shard_size, args.workers, not args.no_s3, num_bytes, stack)
+            measure(items, args.repeats, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = report(items, num_files, num_bytes, args)
+    Path(args.out).write_text(text)
+    print("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

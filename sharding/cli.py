@@ -1,0 +1,217 @@
+"""The `shardify` command: write, inspect and verify datasets of tar or Parquet shards.
+
+Exit codes: 0 fine, 1 `verify` found data problems, 2 bad input or usage (one message, no
+traceback), 130 interrupted. Credentials never print: every message passes `redact`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
+
+from dataio.errors import ShardifyError
+from dataio.images import DEFAULT_MAX_PIXELS
+from dataio.manifest import read_manifest
+from dataio.storage import RetryPolicy, StorageOptions, Store, redact
+
+def _num_cores() -> int:
+    """Cores this process may run on (a container's CPU set, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'256MB' -> 256_000_000, '1GiB' -> 1_073_741_824, '4096' -> 4096."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) * _UNITS[m.group(2).lower()] < 1:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: give a positive number with an optional unit B, KB, MB, GB, TB, "
+            "KiB, MiB, GiB or TiB, e.g. 256MB or 1GiB"
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give a whole number >= 1")
+    return value
+
+
+def _storage_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("object storage (else the AWS_* environment variables)")
+    g.add_argument("--endpoint-url", help="S3 endpoint, e.g. http://127.0.0.1:8333")
+    g.add_argument("--access-key", help="S3 access key id")
+    g.add_argument("--secret-key", help="S3 secret access key")
+    g.add_argument("--region", help="S3 region")
+    g.add_argument("--storage-config", metavar="TOML", help="a TOML file with an [s3] table of the same keys")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardify", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    w = sub.add_parser("write", help="turn an image folder, a table or tar shards into a dataset")
+    w.add_argument("src", help="image folder (ROOT/CLASS/IMG), table (.csv/.jsonl/.parquet), .tar, dir of .tar, or brace pattern")
+    w.add_argument("dest", help="dataset prefix: a local directory or a URL (s3://bucket/prefix)")
+    w.add_argument("--format", choices=("tar", "parquet"), default="tar")
+    w.add_argument("--shard-size", type=parse_size, default=parse_size("256MB"), help="bytes per shard (default 256MB)")
+    w.add_argument("--max-samples-per-shard", type=_positive_int)
+    w.add_argument("--shuffle", action="store_true", help="shuffle samples across shards at write time")
+    w.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    w.add_argument("--workers", type=_positive_int, default=_num_cores(), help="processes (default: all cores)")
+    w.add_argument("--max-side", type=_positive_int, help="downscale images so the longer side is at most this")
+    w.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS, help="refuse larger images")
+    w.add_argument("--validate", choices=("full", "header"), default="full",
+                   help="full: decode every image (default); header: format and pixel limit only")
+    w.add_argument("--on-error", choices=("fail", "skip"), default="fail", help="unreadable samples: stop, or skip and list them")
+    w.add_argument("--overwrite", action="store_true", help="replace the dataset at DEST")
+    w.add_argument("--image-column", help="table column with image paths or bytes (default: guessed)")
+    w.add_argument("--label-column", help="table column with labels (default: label/cls/class/target if present)")
+    w.add_argument("--key-column", help="table column with unique sample keys (default: row number)")
+    w.add_argument("--quiet", action="store_true", help="no progress bar, only a summary")
+    _storage_flags(w)
+
+    i = sub.add_parser("inspect", help="show a dataset's shards, fields and label histogram")
+    i.add_argument("url")
+    i.add_argument("--max-rows", type=_positive_int, default=20, help="shard and skipped rows to show")
+    i.add_argument("--no-labels", action="store_true", help="skip the label histogram (it reads the labels)")
+    _storage_flags(i)
+
+    v = sub.add_parser("verify", help="check every shard, index, sample and image against the manifest")
+    v.add_argument("url")
+    v.add_argument("--workers", type=_positive_int, default=_num_cores())
+    v.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS)
+    v.add_argument("--quiet", action="store_true")
+    _storage_flags(v)
+    return parser
+
+
+def _options(args: argparse.Namespace) -> StorageOptions:
+    return StorageOptions.resolve(
+        endpoint_url=args.endpoint_url, key=args.access_key, secret=args.secret_key, region=args.region,
+        config_path=args.storage_config, env=os.environ,
+    )
+
+
+def _check_reachable(store: Store) -> None:
+    """Fail fast (two quick tries) when a remote prefix's endpoint, bucket or credentials are wrong."""
+    if store.is_local:
+        return
+    options = replace(store.options, connect_timeout_s=min(store.options.connect_timeout_s, 3.0))
+    probe = Store(store.raw_url, options, RetryPolicy(max_attempts=2, base_delay_s=0.2, max_delay_s=0.5))
+    bucket = store.raw_url.split("://", 1)[1].split("/", 1)[0]
+    try:
+        probe.list()
+        if not probe._retry(lambda: probe.fs.exists(bucket), f"checking bucket {bucket}"):
+            raise ShardifyError(f"{store.url}: bucket {bucket!r} does not exist; create it first")
+    except ShardifyError as exc:
+        raise ShardifyError(
+            f"{exc}; check --endpoint-url (is the server up?), the bucket name and --access-key/--secret-key"
+        ) from None
+
+
+def _write(args: argparse.Namespace) -> int:
+    from sharding.progress import Progress
+    from sharding.sources import open_source
+    from sharding.writer import WriteConfig, write_dataset
+
+    options = _options(args)
+    config = WriteConfig(
+        format=args.format, shard_size_bytes=args.shard_size, max_samples_per_shard=args.max_samples_per_shard,
+        shuffle=args.shuffle, seed=args.seed, num_workers=args.workers, max_side=args.max_side,
+        max_pixels=args.max_pixels, validate=args.validate, on_error=args.on_error, overwrite=args.overwrite,
+    )
+    dest = Store(args.dest, options)
+    _check_reachable(dest)
+    source = open_source(args.src, storage=options, image_column=args.image_column,
+                         label_column=args.label_column, key_column=args.key_column)
+    total = sum(r.size_bytes for r in source.refs)
+    progress = Progress(total_samples=len(source.refs), total_bytes=total, what="write", quiet=args.quiet)
+    try:
+        report = write_dataset(source, dest, config, progress)
+    finally:
+        progress.close()
+    m = report.manifest
+    print(f"wrote {m.num_samples} samples in {m.num_shards} {m.format} shards ({m.num_bytes / 1e6:.1f} MB) to "
+          f"{dest.url} in {report.seconds:.1f} s ({m.num_samples / max(report.seconds, 1e-9):.0f} samples/s)"
+          + (f"; skipped {len(m.skipped)} (listed in the manifest)" if m.skipped else ""))
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sharding.inspect import print_inspect
+
+    store = Store(args.url, _options(args))
+    _check_reachable(store)
+    print_inspect(store, read_manifest(store), Console(), max_rows=args.max_rows, labels=not args.no_labels)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from sharding.progress import Progress
+    from sharding.verify import verify_dataset
+
+    store = Store(args.url, _options(args))
+    _check_reachable(store)
+    manifest = read_manifest(store)
+    progress = Progress(total_samples=manifest.num_samples, total_bytes=manifest.num_bytes, what="verify",
+                        quiet=args.quiet)
+    try:
+        problems = verify_dataset(store, manifest, max_pixels=args.max_pixels, num_workers=args.workers,
+                                  on_shard=progress.update)
+    finally:
+        progress.close()
+    for p in problems:
+        print(f"PROBLEM {p}")
+    if problems:
+        print(f"{store.url}: {len(problems)} problem(s) in {manifest.num_shards} shards; rewrite the dataset "
+              "with `shardify write ... --overwrite` or restore the damaged shards", file=sys.stderr)
+        return 1
+    print(f"{store.url}: OK: {manifest.num_shards} shards, {manifest.num_samples} samples, "
+          f"{manifest.num_bytes} bytes, every checksum matches and every image decodes")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `shardify` console script; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed usage and the reason
+        return int(exc.code or 0)
+    secrets = tuple(s for s in (getattr(args, "access_key", None), getattr(args, "secret_key", None),
+                                os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")) if s)
+    try:
+        return {"write": _write, "inspect": _inspect, "verify": _verify}[args.command](args)
+    except KeyboardInterrupt:
+        if args.command == "write":
+            print(f"shardify: interrupted; no manifest was written, so {redact(args.dest, secrets)} is not a "
+                  "dataset; rerun with --overwrite", file=sys.stderr)
+        return 130
+    except BrokenProcessPool:
+        print(f"shardify {args.command}: error: a worker process died (out of memory, or killed); no manifest "
+              "was written; rerun with --overwrite, with fewer --workers if memory is short", file=sys.stderr)
+        return 2
+    except (ShardifyError, ValueError, OSError) as exc:
+        print(f"shardify {args.command}: error: {redact(str(exc), secrets)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

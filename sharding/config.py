@@ -1,0 +1,87 @@
+"""The settings of one `shardify write` and the shapes passed between the parent and its workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dataio import images
+from dataio.manifest import Field
+from sharding.sources import Source
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WriteConfig:
+    """How `shardify write` lays samples out; validated on construction."""
+
+    format: str = "tar"
+    shard_size_bytes: int = 256 * 1000**2
+    max_samples_per_shard: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    num_workers: int = 1
+    max_side: int | None = None
+    max_pixels: int = images.DEFAULT_MAX_PIXELS
+    validate: str = "full"
+    on_error: str = "fail"
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.format not in ("tar", "parquet"):
+            raise ValueError(f"format {self.format!r}: choose tar or parquet")
+        if self.shard_size_bytes < 1:
+            raise ValueError("shard size must be at least 1 byte")
+        if self.max_samples_per_shard is not None and self.max_samples_per_shard < 1:
+            raise ValueError("max samples per shard must be at least 1")
+        if self.num_workers < 1:
+            raise ValueError("workers must be at least 1")
+        if self.max_side is not None and self.max_side < 1:
+            raise ValueError("max side must be a positive number of pixels")
+        if self.max_pixels < 1:
+            raise ValueError("max pixels must be positive")
+        if self.validate not in ("full", "header"):
+            raise ValueError(f"validate {self.validate!r}: choose full (decode every pixel) or header")
+        if self.on_error not in ("fail", "skip"):
+            raise ValueError(f"on_error {self.on_error!r}: choose fail or skip")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layout:
+    """What every shard of one dataset holds (the Parquet schema and the manifest's fields)."""
+
+    image_exts: tuple[str, ...]
+    has_labels: bool
+    extra_fields: tuple[Field, ...]
+
+    def fields(self, fmt: str) -> tuple[Field, ...]:
+        out = [Field(name=e, type="image") for e in self.image_exts]
+        if self.has_labels:
+            out.append(Field(name="cls", type="int"))
+        if fmt == "parquet":
+            return (*out, *self.extra_fields)
+        out += [f for f in self.extra_fields if f.type in ("bytes", "npy") or f.name == "json"]
+        if any(f.type not in ("bytes", "npy") and f.name != "json" for f in self.extra_fields):
+            out.append(Field(name="json", type="json"))
+        return tuple(out)
+
+
+def layout_of(source: Source, config: WriteConfig) -> Layout:
+    exts = set(source.image_exts)
+    if config.max_side is not None and exts - {"jpg"}:
+        exts.add("png")  # downscale re-encodes everything but JPEG as PNG
+    return Layout(image_exts=tuple(sorted(exts)), has_labels=source.has_labels, extra_fields=source.extra_fields)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShardResult:
+    """What one worker wrote: a manifest row plus the samples it skipped."""
+
+    index: int
+    path: str
+    num_samples: int
+    num_bytes: int
+    checksum: str
+    index_path: str | None = None
+    index_bytes: int | None = None
+    index_checksum: str | None = None
+    row_groups: tuple[int, ...] | None = None
+    skipped: tuple[dict[str, str], ...] = ()

@@ -1,0 +1,118 @@
+"""`shardify inspect`: what a dataset holds, as rich tables: totals, fields, shards, labels, skipped samples."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+
+from dataio.manifest import Manifest
+from dataio.storage import Store
+from dataio.tar_index import parse_index
+
+
+def label_counts(store: Store, manifest: Manifest) -> Counter[int]:
+    """Samples per label, read from the shards (Parquet: the `cls` column; tar: each `.cls` member)."""
+    counts: Counter[int] = Counter()
+    if "cls" not in manifest.field_names:
+        return counts
+    for i in range(manifest.num_shards):
+        shard = manifest.shard(i)
+        if manifest.format == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            # A BufferReader, not io.BytesIO: pyarrow's threaded read of a Python file object can abort
+            # the interpreter at exit ("terminate called without an active exception").
+            table = pq.read_table(pa.BufferReader(store.read(shard.path)), columns=["cls"])
+            counts.update(v for v in table.column("cls").to_pylist() if v is not None)
+            continue
+        index = parse_index(store.read(shard.index_path or "", expect_size=shard.index_bytes),
+                            url=store.url_of(shard.index_path or ""))
+        # Members are read in file order through one handle, so remote stores stream (readahead).
+        with store.fs.open(store.path(shard.path), "rb") as f:
+            for sample in index.samples:
+                for m in sample.members:
+                    if m.ext == "cls":
+                        f.seek(m.offset)
+                        text = f.read(m.size).strip()
+                        counts[int(text) if text.isdigit() else -1] += 1
+    return counts
+
+
+def _human(num_bytes: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if num_bytes < 1000 or unit == "TB":
+            return f"{num_bytes:.1f} {unit}" if unit != "B" else f"{int(num_bytes)} B"
+        num_bytes /= 1000
+    raise AssertionError("unreachable")
+
+
+def summary_table(store: Store, m: Manifest) -> Table:
+    t = Table(title=f"dataset {store.url}", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    rows = [
+        ("format", m.format), ("shards", str(m.num_shards)), ("samples", str(m.num_samples)),
+        ("bytes", f"{m.num_bytes} ({_human(m.num_bytes)})"),
+        ("fields", ", ".join(f"{f.name}:{f.type}" for f in m.fields)),
+        ("labels", "-" if m.label_names is None else f"{len(m.label_names)} names"),
+        ("skipped", str(len(m.skipped))), ("source", m.source or "-"),
+        ("written by", f"shardify {m.tool_version} at {m.created_utc}"),
+    ]
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def shards_table(store: Store, m: Manifest, max_rows: int) -> Table:
+    t = Table(title=f"shards ({m.num_shards})")
+    for name in ("#", "path", "samples", "bytes", "checksum", "index" if m.format == "tar" else "row groups"):
+        # Paths never wrap or shorten: people copy them into other commands.
+        t.add_column(name, justify="right" if name in ("#", "samples", "bytes") else "left",
+                     no_wrap=name in ("path", "index", "checksum"), overflow="fold")
+    show = list(range(m.num_shards))
+    if len(show) > max_rows:
+        show = show[: max_rows // 2] + [-1] + show[-(max_rows - max_rows // 2) :]
+    for i in show:
+        if i < 0:
+            t.add_row("...", f"{m.num_shards - max_rows} more", "", "", "", "")
+            continue
+        s = m.shard(i)
+        extra = s.index_path or "" if m.format == "tar" else ",".join(map(str, s.row_groups or ()))
+        t.add_row(str(i), s.path, str(s.num_samples), _human(s.num_bytes), s.checksum, extra)
+    return t
+
+
+def labels_table(m: Manifest, counts: Counter[int]) -> Table:
+    t = Table(title="label histogram")
+    for name, justify in (("label", "right"), ("name", "left"), ("samples", "right"), ("share", "right")):
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    total = max(1, sum(counts.values()))
+    names = m.label_names or ()
+    for label, n in sorted(counts.items()):
+        name = names[label] if 0 <= label < len(names) else ("(not an int)" if label < 0 else "")
+        t.add_row(str(label), name, str(n), f"{100 * n / total:.1f}%")
+    return t
+
+
+def skipped_table(m: Manifest, max_rows: int) -> Table:
+    t = Table(title=f"skipped samples ({len(m.skipped)})")
+    for name in ("key", "source", "reason"):
+        t.add_column(name, overflow="fold")
+    for s in m.skipped[:max_rows]:
+        t.add_row(s.get("key", ""), s.get("source", ""), s.get("reason", ""))
+    if len(m.skipped) > max_rows:
+        t.add_row("...", f"{len(m.skipped) - max_rows} more", "")
+    return t
+
+
+def print_inspect(store: Store, m: Manifest, console: Console, *, max_rows: int = 20, labels: bool = True) -> None:
+    """Print every table; the label histogram reads the labels from the shards (skip with labels=False)."""
+    console.print(summary_table(store, m))
+    console.print(shards_table(store, m, max_rows))
+    if labels and "cls" in m.field_names:
+        console.print(labels_table(m, label_counts(store, m)))
+    if m.skipped:
+        console.print(skipped_table(m, max_rows))

@@ -1,0 +1,121 @@
+"""Existing WebDataset tar shards (ShardWriter's, or a shardify dataset's) as a source to re-shard."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dataio.manifest import Field
+from dataio.storage import Store
+from dataio.tar_index import build_index
+from sharding.sources import IMAGE_EXT_SET, RawSample, Ref, Source, SourceError, normalize_ext
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """WebDataset's brace patterns: `a-{000..009}.tar`, `{a,b}.tar` (nested allowed)."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    head, body, tail = pattern[: m.start()], m.group(1), pattern[m.end() :]
+    rng = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if rng:
+        lo, hi = rng.group(1), rng.group(2)
+        width = len(lo) if lo.startswith("0") else 0
+        items = [f"{i:0{width}d}" for i in range(int(lo), int(hi) + 1)]
+    else:
+        items = body.split(",")
+    return [out for item in items for out in expand_braces(head + item + tail)]
+
+
+@dataclass(kw_only=True)
+class TarSource(Source):
+    store: Store
+    names: tuple[str, ...]
+
+    def load(self, refs: Sequence[Ref]) -> Iterator[tuple[Ref, RawSample | Exception]]:
+        handles: dict[int, Any] = {}
+        try:
+            for ref in refs:
+                shard, members = ref.loc
+                where = self.store.url_of(self.names[shard])
+                try:
+                    f = handles.get(shard)
+                    if f is None:
+                        f = handles[shard] = self.store.fs.open(self.store.path(self.names[shard]), "rb")
+                    fields: dict[str, bytes] = {}
+                    for ext, offset, size in members:
+                        f.seek(offset)
+                        fields[ext] = f.read(size)
+                except OSError as exc:
+                    yield ref, SourceError(f"{where}: sample {ref.key!r}: cannot read ({exc})")
+                    continue
+                image_ext = next((e for e in fields if _is_image_ext(e)), None)
+                image = fields.pop(image_ext) if image_ext else None
+                fields.pop("cls", None)
+                yield ref, RawSample(ref.key, ref.label, image_ext, image, fields, f"{where} sample {ref.key}")
+        finally:
+            for f in handles.values():
+                f.close()
+
+
+def _is_image_ext(ext: str) -> bool:
+    """`jpg`, and also WebDataset's compound extensions such as `img.jpg` or `left.png`."""
+    return normalize_ext(ext.rsplit(".", 1)[-1]) in IMAGE_EXT_SET
+
+
+def _tar_label(store: Store, name: str, handle: Any, members: dict[str, tuple[int, int]], key: str) -> int | None:
+    if "cls" not in members:
+        return None
+    offset, size = members["cls"]
+    handle.seek(offset)
+    text = handle.read(size).decode(errors="replace").strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise SourceError(f"{store.url_of(name)}: sample {key!r}: .cls holds {text[:20]!r}, not an integer label") from None
+
+
+def open_tars(store: Store, names: list[str], description: str) -> TarSource:
+    """Existing WebDataset tar shards, indexed with dataio.tar_index.build_index (labels from .cls)."""
+    refs: list[Ref] = []
+    exts: set[str] = set()
+    extra: dict[str, None] = {}
+    seen: set[str] = set()
+    for shard, name in enumerate(names):
+        with store.fs.open(store.path(name), "rb") as f:
+            index = build_index(f)
+            for sample in index.samples:
+                members = {m.ext: (m.offset, m.size) for m in sample.members}
+                if sample.key in seen:
+                    raise SourceError(f"{store.url_of(name)}: sample key {sample.key!r} appears twice in the source shards")
+                seen.add(sample.key)
+                label = _tar_label(store, name, f, members, sample.key)
+                image = [e for e in members if _is_image_ext(e)][:1]
+                exts.update(image)
+                extra.update((e, None) for e in members if e not in image and e != "cls")
+                size = sum(s for _, s in members.values())
+                locs = tuple((e, o, s) for e, (o, s) in members.items())
+                refs.append(Ref(sample.key.rsplit("/", 1)[-1], label, (shard, locs), size, len(members)))
+    if not refs:
+        raise SourceError(f"{description}: the tar shards hold no samples")
+    has_labels = any(r.label is not None for r in refs)
+    extra_fields = tuple(Field(name=e, type="json" if e == "json" else "bytes") for e in extra)
+    return TarSource(
+        description=description, refs=refs, label_names=None, image_exts=tuple(sorted(exts)),
+        extra_fields=extra_fields, has_labels=has_labels, store=store, names=tuple(names),
+    )
+
+
+def open_dataset(store: Store, description: str) -> TarSource:
+    """A shardify tar dataset (its manifest's shards, label names kept) as a source to re-shard."""
+    from dataio.manifest import read_manifest
+
+    manifest = read_manifest(store)
+    if manifest.format != "tar":
+        raise SourceError(f"{description}: re-sharding a {manifest.format} dataset is not supported; use its tar twin or source")
+    source = open_tars(store, list(manifest.shard_paths), description)
+    source.label_names = manifest.label_names
+    return source
+

@@ -1,0 +1,129 @@
+"""`shardify verify`: every shard and index against the manifest, every sample parsed, every image decoded.
+
+Problems are collected, not raised, so one run lists all of them, each naming the shard URL and,
+where there is one, the sample key.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from dataio import images
+from dataio.errors import ShardifyError
+from dataio.manifest import Manifest, checksum_bytes
+from dataio.storage import Store
+from dataio.tar_index import TarIndex, build_index, parse_index
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a dataset: where (shard URL), which sample (or ""), what."""
+
+    url: str
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.url}" + (f" sample {self.key!r}" if self.key else "") + f": {self.message}"
+
+
+def _check_bytes(store: Store, rel: str, size: int, checksum: str, problems: list[Problem]) -> bytes | None:
+    url = store.url_of(rel)
+    try:
+        data = store.read(rel)
+    except ShardifyError as exc:
+        problems.append(Problem(url, "", f"cannot read ({exc}); restore it or rewrite the dataset"))
+        return None
+    if len(data) != size:
+        problems.append(Problem(url, "", f"size {len(data)} bytes, manifest says {size}: truncated or replaced"))
+    elif checksum_bytes(data) != checksum:
+        problems.append(Problem(url, "", f"checksum {checksum_bytes(data)} != manifest's {checksum}: content changed"))
+    return data
+
+
+def _check_image(data: bytes, url: str, key: str, max_pixels: int, problems: list[Problem]) -> None:
+    try:
+        images.validate(data, max_pixels=max_pixels, url=url, key=key)
+    except ShardifyError as exc:
+        problems.append(Problem(url, key, str(exc).split(": ", 2)[-1]))
+
+
+def _compare_index(stored: TarIndex, actual: TarIndex, url: str, problems: list[Problem]) -> None:
+    if len(stored) != len(actual):
+        problems.append(Problem(url, "", f"index lists {len(stored)} samples, the tar holds {len(actual)}"))
+    for want, got in zip(stored.samples, actual.samples):
+        if want != got:
+            problems.append(Problem(url, got.key, f"tar members {got.members} do not match the index {want.members}"))
+            return
+
+
+def _verify_tar(store: Store, m: Manifest, i: int, max_pixels: int) -> list[Problem]:
+    shard, problems = m.shard(i), []
+    url = store.url_of(shard.path)
+    idx = _check_bytes(store, shard.index_path, shard.index_bytes, shard.index_checksum, problems)  # type: ignore[arg-type]
+    data = _check_bytes(store, shard.path, shard.num_bytes, shard.checksum, problems)
+    if data is None:
+        return problems
+    try:
+        actual = build_index(io.BytesIO(data))
+    except ShardifyError as exc:
+        return [*problems, Problem(url, "", str(exc))]
+    if len(actual) != shard.num_samples:
+        problems.append(Problem(url, "", f"holds {len(actual)} samples, manifest says {shard.num_samples}"))
+    if idx is not None:
+        try:
+            _compare_index(parse_index(idx, url=store.url_of(shard.index_path or "")), actual, url, problems)
+        except ShardifyError as exc:
+            problems.append(Problem(store.url_of(shard.index_path or ""), "", str(exc)))
+    for sample in actual.samples:
+        for member in sample.members:
+            body = data[member.offset : member.offset + member.size]
+            if member.ext.rsplit(".", 1)[-1].lower() in images.IMAGE_EXTS:
+                _check_image(body, url, sample.key, max_pixels, problems)
+            elif member.ext == "cls" and not body.strip().isdigit():
+                problems.append(Problem(url, sample.key, f".cls holds {body[:20]!r}, not an integer label"))
+    return problems
+
+
+def _verify_parquet(store: Store, m: Manifest, i: int, max_pixels: int) -> list[Problem]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shard, problems = m.shard(i), []
+    url = store.url_of(shard.path)
+    data = _check_bytes(store, shard.path, shard.num_bytes, shard.checksum, problems)
+    if data is None:
+        return problems
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data))  # not io.BytesIO: see inspect.label_counts
+        groups = tuple(pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups))
+        table = pf.read()
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ...
+        return [*problems, Problem(url, "", f"not a readable Parquet file ({type(exc).__name__}: {exc})")]
+    if groups != shard.row_groups:
+        problems.append(Problem(url, "", f"row groups {groups} != manifest's {shard.row_groups}"))
+    image_cols = [f.name for f in m.fields if f.type == "image" and f.name in table.column_names]
+    keys = table.column("__key__").to_pylist() if "__key__" in table.column_names else [""] * table.num_rows
+    for col in image_cols:
+        for key, value in zip(keys, table.column(col).to_pylist()):
+            if value is not None:
+                _check_image(value, url, key, max_pixels, problems)
+    return problems
+
+
+def verify_dataset(store: Store, manifest: Manifest, *, max_pixels: int = images.DEFAULT_MAX_PIXELS,
+                   num_workers: int = 1, on_shard: Callable[[int, int], None] | None = None) -> list[Problem]:
+    """Check every shard (threads: reads and decodes release the GIL); `on_shard(samples, bytes)` per shard."""
+    check = _verify_tar if manifest.format == "tar" else _verify_parquet
+
+    def one(i: int) -> list[Problem]:
+        found = check(store, manifest, i, max_pixels)
+        if on_shard:
+            on_shard(manifest.shard_num_samples[i], manifest.shard_num_bytes[i])
+        return found
+
+    with ThreadPoolExecutor(max(1, num_workers)) as pool:
+        return [p for found in pool.map(one, range(manifest.num_shards)) for p in found]
