@@ -7,6 +7,7 @@ how large the image claims to be.
 from __future__ import annotations
 
 import io
+import re
 import warnings
 
 from PIL import Image
@@ -32,10 +33,17 @@ def probe(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = "", k
         ) from None
     except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
         raise CorruptSampleError(
-            f"{url}: sample {key!r}: not a readable image ({type(exc).__name__}: {exc})", url=url, key=key
+            f"{url}: sample {key!r}: not a readable image ({_describe(exc)}); "
+            "re-export it or write with --on-error skip", url=url, key=key
         ) from None
     check_pixels(width, height, max_pixels=max_pixels, url=url, key=key)
     return fmt, width, height
+
+
+def _describe(exc: Exception) -> str:
+    """PIL's message without the in-memory file's repr (`<_io.BytesIO object at 0x...>`)."""
+    text = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "the data", str(exc))
+    return f"{type(exc).__name__}: {text}"
 
 
 def check_pixels(width: int, height: int, *, max_pixels: int, url: str = "", key: str = "") -> None:
