@@ -1,0 +1,46 @@
+"""Model factories with a known cost per step, for the truthfulness tests (`--model tests.trainer.fakes:sleepy`).
+
+The cost comes from the environment the test sets (torchrun passes it to every rank):
+FAKE_COMPUTE_S seconds of sleep in every forward, plus FAKE_SLOW_EXTRA_S on rank FAKE_SLOW_RANK.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch import nn
+
+
+class Sleepy(nn.Module):
+    """A linear classifier over channel means whose forward takes a known time on this rank."""
+
+    def __init__(self, num_classes: int, sleep_s: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, num_classes)
+        self.sleep_s = sleep_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def sleepy(*, num_classes: int, image_size: int) -> nn.Module:
+    del image_size
+    sleep_s = float(os.environ.get("FAKE_COMPUTE_S", "0"))
+    if os.environ.get("RANK", "0") == os.environ.get("FAKE_SLOW_RANK", "-1"):
+        sleep_s += float(os.environ.get("FAKE_SLOW_EXTRA_S", "0"))
+    return Sleepy(num_classes, sleep_s)
+
+
+def not_a_module(*, num_classes: int, image_size: int) -> object:
+    return object()
+
+
+def fails_on_rank1(*, num_classes: int, image_size: int) -> nn.Module:
+    """Builds on rank 0, raises on rank 1: only one rank fails set-up."""
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("this factory refuses to build on rank 1")
+    return Sleepy(num_classes, 0.0)

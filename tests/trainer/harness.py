@@ -1,0 +1,92 @@
+"""Run the trainer as users do (torchrun with gloo, or python -m trainer) in a subprocess, never leaving it behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def trainer_cmd(args: list[str], *, nproc: int | None, max_restarts: int = 0) -> list[str]:
+    """`torchrun --standalone --nproc_per_node=N -m trainer ARGS`, or `python -m trainer ARGS` when nproc is None."""
+    if nproc is None:
+        return [sys.executable, "-m", "trainer", *args]
+    return [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={max_restarts}",
+            "--monitor-interval=0.2", "-m", "trainer", *args]
+
+
+def env_for(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def start(args: list[str], *, nproc: int | None = 2, env: dict[str, str] | None = None,
+          max_restarts: int = 0) -> subprocess.Popen[str]:
+    return subprocess.Popen(trainer_cmd(args, nproc=nproc, max_restarts=max_restarts), cwd=REPO,
+                            env=env_for(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen[str], *, timeout_s: float) -> Result:
+    """Wait for the run; on timeout kill its whole process group (torchrun and every rank) and fail."""
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"trainer did not finish in {timeout_s} s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
+    finally:
+        kill_group(proc)
+    return Result(proc.returncode, out, err)
+
+
+def kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL everything left in the run's session (torchrun, ranks, loader workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+
+
+def run_trainer(args: list[str], *, nproc: int | None = 2, env: dict[str, str] | None = None,
+                timeout_s: float = 90, max_restarts: int = 0) -> Result:
+    return finish(start(args, nproc=nproc, env=env, max_restarts=max_restarts), timeout_s=timeout_s)
+
+
+def ok(result: Result) -> Result:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
+    return result
+
+
+def summary(out: Path) -> dict[str, Any]:
+    return json.loads((out / "summary.json").read_text())
+
+
+def committed_keys(out: Path) -> dict[int, list[str]]:
+    """step -> keys of every rank's committed steps (the key files are truncated on resume)."""
+    steps: dict[int, list[str]] = {}
+    for path in sorted(out.glob("keys-rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            steps.setdefault(rec["step"], []).extend(rec["keys"])
+    return steps

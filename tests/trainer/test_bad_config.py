@@ -1,0 +1,91 @@
+"""Bad configuration: one clear message from rank 0, every rank exits non-zero promptly, never a hang."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dataio.storage import Store
+from tests.dataio.shardgen import write_tar_dataset
+from tests.trainer.harness import ok, run_trainer
+from trainer.__main__ import main
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+SYNTH = "synthetic:?samples=64&classes=4"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("ds") / "train"
+    write_tar_dataset(Store(str(root)), [30, 20], real_images=True)
+    return str(root)
+
+
+def _fails(args: list[str], message: str, *, nproc: int = 2) -> str:
+    start = time.monotonic()
+    result = run_trainer(args, nproc=nproc, timeout_s=90)
+    assert result.returncode != 0
+    assert time.monotonic() - start < 60  # far below any default process-group timeout
+    return _one_error(result.stderr, message)
+
+
+def _fails_here(args: list[str], message: str, capsys) -> str:
+    """One process, in this interpreter (no torchrun): main() returns 2 and prints one error line."""
+    capsys.readouterr()
+    assert main(args) == 2
+    return _one_error(capsys.readouterr().err, message)
+
+
+def _one_error(stderr: str, message: str) -> str:
+    lines = [x for x in stderr.splitlines() if x.startswith("trainer: error:")]
+    assert len(lines) == 1, stderr[-3000:]  # rank 0 only
+    assert message in lines[0], lines[0]
+    return lines[0]
+
+
+def test_unknown_model_stops_every_rank(tmp_path):
+    line = _fails(["--data", SYNTH, "--model", "nope", "--out", str(tmp_path)], "unknown model 'nope'")
+    assert "resnet" in line  # names the choices
+
+
+def test_a_failure_on_one_rank_only_stops_every_rank(tmp_path):
+    _fails(["--data", SYNTH, "--model", "tests.trainer.fakes:fails_on_rank1", "--out", str(tmp_path)],
+           "refuses to build on rank 1 (on rank 1)")
+
+
+def test_missing_manifest_names_the_url(tmp_path):
+    empty = tmp_path / "nothing-here"
+    empty.mkdir()
+    _fails(["--data", str(empty), "--num-classes", "3", "--out", str(tmp_path / "o")], str(empty))
+
+
+def test_batch_larger_than_a_ranks_share(tmp_path, dataset):
+    _fails(["--data", dataset, "--num-classes", "10", "--batch-size", "40", "--num-workers", "0",
+            "--out", str(tmp_path)], "--batch-size")
+
+
+def test_bad_flag_and_bad_value(capsys):
+    _fails_here(["--data", SYNTH, "--nope", "1"], "unknown flags ['--nope', '1']", capsys)
+    _fails_here(["--data", SYNTH, "--epochs", "many"], "--epochs", capsys)
+    _fails_here(["--data", SYNTH, "--optimizer", "lion"], "--optimizer must be one of", capsys)
+
+
+def test_checkpoint_from_another_model_or_dataset_is_refused(tmp_path, capsys):
+    out = tmp_path / "o"
+    base = ["--model", "tests.trainer.fakes:sleepy", "--max-steps", "2", "--batch-size", "8", "--image-size", "4",
+            "--out", str(out), "--no-live"]
+    assert main(["--data", SYNTH, *base]) == 0
+    assert list((out / "checkpoints").glob("ckpt-*.pt"))
+    other_model = [a if a != "tests.trainer.fakes:sleepy" else "mlp" for a in base]
+    _fails_here(["--data", SYNTH, *other_model], "written with model='tests.trainer.fakes:sleepy'", capsys)
+    _fails_here(["--data", "synthetic:?samples=80&classes=4", *base], "written with dataset=", capsys)
+    assert main(["--data", "synthetic:?samples=80&classes=4", *base, "--resume", "none"]) == 0
+
+
+def test_help_lists_every_flag_with_its_default():
+    result = ok(run_trainer(["--help"], nproc=None))
+    for text in ("--batch-size", "--grad-accum", "--resume", "--checkpoint-every", "--dist-timeout-s",
+                 "(default: 120.0)", "--config"):
+        assert text in result.stdout

@@ -1,0 +1,62 @@
+"""Entry point: `torchrun --nproc_per_node=N -m trainer [flags]`, or `python -m trainer` for one process.
+
+Exit codes: 0 done, 2 bad configuration or data (rank 0 prints the message; every rank exits).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from trainer import runtime
+from trainer.config import parse_config
+
+
+def _say(rank0: bool, text: str) -> None:
+    if rank0:
+        print(f"trainer: error: {text}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, join the group, set up (all ranks agree it worked), train; returns the exit code."""
+    rank0 = os.environ.get("RANK", "0") == "0"
+    try:
+        cfg = parse_config(argv)
+    except ValueError as exc:
+        _say(rank0, str(exc))  # every rank parses the same flags, so every rank stops here too
+        return 2
+    try:
+        rt = runtime.start(device=cfg.device, timeout_s=cfg.dist_timeout_s)
+    except (ValueError, RuntimeError) as exc:
+        _say(rank0, f"cannot join the process group: {exc}")
+        return 2
+    from trainer.train import setup, train, wrap
+
+    run = None
+    try:
+        error = None
+        try:
+            run = setup(cfg, rt)
+        except Exception as exc:  # noqa: BLE001 - any setup failure must reach every rank, not hang them
+            error = str(exc) if isinstance(exc, ValueError | OSError) else f"{type(exc).__name__}: {exc}"
+        runtime.agree(rt, error)
+        assert run is not None
+        wrap(run)
+        train(run)
+        return 0
+    except runtime.SetupFailed as exc:
+        where = f" (on rank {exc.failed_rank})" if rt.world_size > 1 else ""
+        _say(rt.is_main, f"{exc.message}{where}")
+        return 2
+    finally:
+        if run is not None:
+            from trainer.data import close
+
+            close(run.loader)
+            if run.val_loader is not None:
+                close(run.val_loader)
+        runtime.stop(rt)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The trainer's one config: a frozen dataclass filled from a TOML file, then CLI flags.
+
+Every field is a flag (`--batch-size` for `batch_size`); `--config FILE` reads the same names
+from TOML (top level, or a [trainer] table). Unknown keys are an error, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tomllib
+from dataclasses import dataclass, fields
+from typing import Any
+
+OPTIMIZERS = ("sgd", "adamw")
+DECODES = ("cpu", "dali")  # the trainer needs decoded images
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """Everything one training run needs; validated on construction."""
+
+    data: str = ""  # train dataset URL (a shardify prefix) or synthetic:?samples=...
+    val_data: str = ""  # validation dataset URL; empty: no validation
+    model: str = "resnet"  # registry name (resnet, mlp) or package.module:function
+    num_classes: int = 0  # 0: from the dataset (manifest label names / synthetic classes)
+    epochs: int = 1
+    max_steps: int = 0  # 0: no limit; else stop after this many optimizer steps in total
+    batch_size: int = 32  # per rank, per micro-step
+    grad_accum: int = 1  # micro-steps per optimizer step
+    lr: float = 0.1
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
+    features: str = ""  # comma-separated numeric columns: train on table rows instead of images
+    image_size: int = 32
+    augment: bool = True  # train split: random resized crop + flip; --no-augment: resize + centre crop
+    num_workers: int = 2
+    decode: str = "cpu"
+    seed: int = 0
+    log_every: int = 10  # optimizer steps between gathered reports
+    out: str = "runs/latest"  # output directory: metrics.jsonl, trace.json, chart, summary
+    checkpoint_dir: str = ""  # local path or fsspec URL; empty: OUT/checkpoints
+    checkpoint_every: int = 0  # optimizer steps; 0: only at epoch end
+    keep_checkpoints: int = 3
+    resume: str = "auto"  # auto | none | PATH-or-URL of one checkpoint
+    record_keys: bool = False  # write OUT/keys-rankR.jsonl: sample keys of every committed step
+    dist_timeout_s: float = 120.0  # process-group timeout: a broken rank never hangs the rest
+    device: str = "auto"  # auto | cpu | cuda
+    trace_steps: int = 2000  # steps per rank kept for trace.json and the chart
+    live: bool = True  # live table on rank 0 when stdout is a terminal
+    s3_endpoint_url: str = ""
+    s3_region: str = ""
+    storage_config: str = ""  # TOML with an [s3] table (endpoint_url, key, secret, region)
+
+    def __post_init__(self) -> None:
+        positive = ("epochs", "batch_size", "grad_accum", "image_size", "log_every", "keep_checkpoints",
+                    "trace_steps")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "warmup_steps", "checkpoint_every", "num_workers", "num_classes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0 or not 0 <= self.min_lr_ratio <= 1 or self.momentum < 0:
+            raise ValueError("--weight-decay and --momentum must be >= 0, --min-lr-ratio in [0, 1]")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.decode not in DECODES:
+            raise ValueError(f"--decode must be one of {DECODES}, got {self.decode!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        if not self.dist_timeout_s > 0:
+            raise ValueError("--dist-timeout-s must be > 0")
+        if not self.data:
+            raise ValueError("--data is required: a dataset URL made by `shardify`, e.g. --data runs/digits/train")
+        if not self.out:
+            raise ValueError("--out must name a directory")
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return tuple(f.strip() for f in self.features.split(",") if f.strip())
+
+    @property
+    def checkpoint_url(self) -> str:
+        return self.checkpoint_dir or f"{self.out.rstrip('/')}/checkpoints"
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+_HELP = {
+    "data": "train dataset URL (local path, s3://..., or synthetic:?samples=N&classes=C&delay_s=S)",
+    "val_data": "held-out dataset URL (its own manifest); every sample seen once per validation; empty: none",
+    "model": "registry name (resnet, mlp) or a factory package.module:function(num_classes=, image_size=)",
+    "num_classes": "classes of the classifier; 0: from the manifest's label names",
+    "epochs": "passes over the training set",
+    "max_steps": "stop after this many optimizer steps in total (0: no limit)",
+    "batch_size": "samples per rank per micro-step",
+    "grad_accum": "micro-steps per optimizer step (no all-reduce on the others)",
+    "lr": "peak learning rate (after warmup)",
+    "optimizer": f"one of {OPTIMIZERS}",
+    "momentum": "SGD momentum (Nesterov when > 0)",
+    "weight_decay": "weight decay (decoupled for adamw)",
+    "warmup_steps": "linear warmup, in optimizer steps of the first start (converted to samples)",
+    "min_lr_ratio": "cosine decays to lr x this",
+    "features": "comma-separated numeric columns (Parquet tables): rows of these go to the model, no image decode",
+    "image_size": "side of the square images fed to the model",
+    "augment": "random resized crop + flip on training images; use --no-augment for tiny images (8x8 digits)",
+    "num_workers": "loader worker processes per rank",
+    "decode": f"image decode: one of {DECODES} (dali: NVIDIA DALI, on the GPU when there is one)",
+    "seed": "seed of the data order, weights and every RNG (a run repeats exactly)",
+    "log_every": "optimizer steps between reports gathered from all ranks",
+    "out": "output directory: metrics.jsonl, trace.json, steps.png, summary.json (rank 0)",
+    "checkpoint_dir": "local path or fsspec URL (s3://...) for checkpoints; empty: OUT/checkpoints",
+    "checkpoint_every": "optimizer steps between checkpoints (0: only at epoch end)",
+    "keep_checkpoints": "newest checkpoints kept",
+    "resume": "auto: newest complete checkpoint in --checkpoint-dir; none; or one checkpoint path/URL",
+    "record_keys": "write OUT/keys-rankR.jsonl: the sample keys of every committed step (audits exactly-once)",
+    "dist_timeout_s": "torch.distributed timeout: a rank that breaks stops the others within this",
+    "device": "auto (cuda:LOCAL_RANK when CUDA is present, else cpu), cpu or cuda",
+    "trace_steps": "steps per rank kept for trace.json and steps.png",
+    "live": "redraw the table in place on a terminal (rank 0)",
+    "s3_endpoint_url": "S3 endpoint (else [s3] of --storage-config, else AWS_ENDPOINT_URL)",
+    "s3_region": "S3 region (else AWS_REGION)",
+    "storage_config": "TOML file with an [s3] table: endpoint_url, key, secret, region, anon",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """An argparse parser with one flag per TrainConfig field; defaults are None (= not given)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="DDP trainer with a per-step, per-rank data-wait vs compute report. "
+        "Run with torchrun --nproc_per_node=N -m trainer [flags].",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        argument_default=None,
+    )
+    parser.add_argument("--config", default=None, help="TOML file with any of the flags below (as snake_case keys)")
+    defaults = TrainConfig.__dataclass_fields__
+    for f in fields(TrainConfig):
+        default = defaults[f.name].default
+        help_text = f"{_HELP.get(f.name, '')} (default: {default!r})".strip()
+        if isinstance(default, bool):
+            parser.add_argument(f"--{_flag(f.name)}", dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text)
+        else:
+            kind = type(default)
+            parser.add_argument(f"--{_flag(f.name)}", dest=f.name, type=kind, default=None,
+                                metavar=f.name.upper(), help=help_text)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    return parser
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """Keys of a TOML config file (top level or [trainer]); unknown keys raise ValueError."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"config file {path!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path!r} is not valid TOML: {exc}") from None
+    table = dict(raw.get("trainer", {}))
+    table.update({k: v for k, v in raw.items() if k not in ("trainer", "s3")})
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ValueError(f"unknown keys {unknown} in config file {path!r}; run `python -m trainer --help` for the list")
+    for key, value in table.items():
+        want = type(TrainConfig.__dataclass_fields__[key].default)
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            table[key] = float(value)
+        elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise ValueError(f"{key!r} in {path!r} must be {want.__name__}, got {value!r}")
+    return table
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """TrainConfig from defaults < TOML file < flags. Bad flags raise ValueError (not SystemExit)."""
+    parser = build_parser()
+    parser.exit_on_error = False
+    try:
+        ns, extra = parser.parse_known_args(argv)
+    except argparse.ArgumentError as exc:
+        raise ValueError(f"bad flag: {exc}") from None
+    if extra:
+        raise ValueError(f"unknown flags {extra}; run `python -m trainer --help` for the list")
+    values: dict[str, Any] = load_toml(ns.config) if ns.config else {}
+    values.update({k: v for k, v in vars(ns).items() if v is not None and k != "config"})
+    return TrainConfig(**values)
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The config as plain data, for metrics.jsonl and checkpoints."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}

@@ -1,0 +1,92 @@
+"""Rank 0's terminal output: a live table of log intervals and the final summary table (rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from trainer.report import STAGE_LABELS
+from trainer.timing import PHASES
+
+_COLUMNS = ("step", "epoch", "loss", "lr", "samples/s", "data wait", "hidden load", "slowest stage",
+            "slowest rank")
+
+
+class LiveTable:
+    """Interval rows, redrawn in place on a terminal; printed one per line when piped."""
+
+    def __init__(self, console: Console, *, live: bool, keep_rows: int = 15) -> None:
+        self.console, self.keep_rows = console, keep_rows
+        self.rows: list[tuple[str, ...]] = []
+        self._live = Live(self._table(), console=console, auto_refresh=False) if live and console.is_terminal else None
+        if self._live is not None:
+            self._live.start()
+
+    def _table(self) -> Table:
+        table = Table(title="training (all ranks gathered per interval)")
+        for name in _COLUMNS:
+            table.add_column(name, justify="right")
+        for row in self.rows[-self.keep_rows:]:
+            table.add_row(*row)
+        return table
+
+    def add(self, rep: dict[str, Any], *, step: int, epoch: int, loss: float, lr: float) -> None:
+        row = (str(step), str(epoch), f"{loss:.4f}", f"{lr:.2e}", f"{rep['samples_per_s']:.1f}",
+               f"{rep['wait_share']:.1%}", f"{rep['hidden_load_share']:.0%}",
+               STAGE_LABELS[rep["slowest_stage"]],
+               f"r{rep['slowest_rank']} {rep['slowest_rank_vs_median']:.2f}x")
+        self.rows.append(row)
+        if self._live is not None:
+            self._live.update(self._table(), refresh=True)
+        else:
+            self.console.print("  ".join(f"{c}={v}" for c, v in zip(_COLUMNS, row, strict=True)))
+
+    def note(self, text: str) -> None:
+        self.console.print(text)
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+
+def summary_table(rep: dict[str, Any], *, title: str) -> Table:
+    """Per rank: samples/s, time per step in each stage, data-wait share, hidden loading."""
+    table = Table(title=title)
+    table.add_column("rank", justify="right")
+    table.add_column("samples/s", justify="right")
+    for p in PHASES:
+        table.add_column(f"{STAGE_LABELS[p]} ms/step", justify="right")
+    table.add_column("step ms", justify="right")
+    table.add_column("comm overlapped* ms", justify="right")
+    table.add_column("data wait", justify="right")
+    table.add_column("load hidden", justify="right")
+    for r in rep["ranks"]:
+        n = max(1, r["steps"])
+        cells = [f"{1000 * r[f'{p}_s'] / n:.1f}" for p in PHASES]
+        mark = " (slowest)" if r["rank"] == rep["slowest_rank"] and rep["world_size"] > 1 else ""
+        table.add_row(f"{r['rank']}{mark}", f"{r['samples_per_s']:.1f}", *cells,
+                      f"{1000 * r['step_s'] / n:.1f}", f"{1000 * r['comm_overlapped_s'] / n:.1f}",
+                      f"{r['wait_share']:.1%}", f"{r['hidden_load_share']:.0%}")
+    table.caption = ("* comm overlapped ran during forward+backward and is already inside it: "
+                     "do not add it to the step. step = stages + bookkeeping.")
+    return table
+
+
+def print_summary(console: Console, rep: dict[str, Any], *, outputs: dict[str, str],
+                  val: dict[str, float] | None) -> None:
+    """The final summary: table, global line, verdict, validation, where the files are."""
+    console.print(summary_table(rep, title=f"overlap summary: {rep['steps']} steps x {rep['world_size']} ranks"))
+    console.print(f"global: {rep['samples_per_s']:.1f} samples/s | data wait {rep['wait_share']:.1%} of step time"
+                  f" | loading hidden {rep['hidden_load_share']:.0%} | slowest stage "
+                  f"{STAGE_LABELS[rep['slowest_stage']]} | slowest rank {rep['slowest_rank']} "
+                  f"({rep['slowest_rank_vs_median']:.2f}x median)")
+    console.print(f"verdict: {rep['verdict']}")
+    if val:
+        console.print(f"validation: loss {val['loss']:.4f}, accuracy {val['accuracy']:.2%} "
+                      f"over {val['samples']} samples")
+    for name, path in outputs.items():
+        console.print(f"{name}: {path}")

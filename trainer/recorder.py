@@ -1,0 +1,150 @@
+"""Everything the run writes: per-step keys, gathered interval reports, metrics.jsonl, trace, chart, summary.
+
+Every rank calls `step()` for every step (the gathers at log intervals are collectives);
+only rank 0 prints and writes the shared files. keys-rankR.jsonl is written by each rank.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+
+from trainer import runtime
+from trainer.config import TrainConfig, config_dict
+from trainer.display import LiveTable, print_summary
+from trainer.report import combine, metrics_line, summarize
+from trainer.timing import StepRecord
+from trainer.trace import write_chart, write_trace
+
+_SUM_KEYS = ("steps", "step_s", "wait_s", "h2d_s", "compute_s", "comm_exposed_s", "comm_overlapped_s",
+             "opt_s", "read_s", "decode_s", "samples", "hidden_load_s")
+
+
+class Recorder:
+    """Collects one rank's step records; reports at every --log-every steps and at the end."""
+
+    def __init__(self, cfg: TrainConfig, rt: runtime.Runtime) -> None:
+        self.cfg, self.rt = cfg, rt
+        os.makedirs(cfg.out, exist_ok=True)
+        self.interval: list[StepRecord] = []
+        self.total: dict[str, Any] | None = None  # sums over the run, the first step of each start excluded
+        self.trace: list[dict[str, Any]] = []
+        self.first: dict[str, Any] | None = None  # the first step's sums: start-up, used only if alone
+        self.last_loss = 0.0
+        self.keys_path = os.path.join(cfg.out, f"keys-rank{rt.rank}.jsonl")
+        # Piped output (CI logs, tests) gets wide tables instead of rich's 80-column default.
+        self.console = (Console() if sys.stdout.isatty() else Console(width=150)) if rt.is_main else None
+        self.table = LiveTable(self.console, live=cfg.live) if self.console is not None else None
+        if rt.is_main:
+            self.event({"kind": "start", "time": time.time(), "world_size": rt.world_size,
+                        "device": str(rt.device), "config": config_dict(cfg)})
+
+    # --- files ---------------------------------------------------------------------------------
+    def event(self, record: dict[str, Any]) -> None:
+        """Append one record to metrics.jsonl (rank 0 only)."""
+        if self.rt.is_main:
+            with open(os.path.join(self.cfg.out, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def note(self, text: str) -> None:
+        if self.table is not None:
+            self.table.note(text)
+        self.event({"kind": "note", "text": text})
+
+    def truncate_keys(self, step: int) -> None:
+        """Keep only committed steps (<= step) in every rank's key file (rank 0, before training starts)."""
+        if not self.cfg.record_keys:
+            return
+        for path in glob.glob(os.path.join(self.cfg.out, "keys-rank*.jsonl")):
+            kept = []
+            with open(path) as f:
+                for line in f:
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a line cut short by a killed rank
+                    if rec["step"] <= step:
+                        kept.append(line if line.endswith("\n") else line + "\n")
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as f:
+                f.writelines(kept)
+            os.replace(tmp, path)
+
+    # --- per step ------------------------------------------------------------------------------
+    def step(self, rec: StepRecord, loss: float, keys: list[str], *, lr: float) -> None:
+        """Record one step; at a log interval gather all ranks and report (a collective)."""
+        if self.cfg.record_keys:
+            with open(self.keys_path, "a") as f:
+                f.write(json.dumps({"step": rec.step, "epoch": rec.epoch, "keys": keys}) + "\n")
+        self.interval.append(rec)
+        if rec.slices:
+            self.trace.append({**rec.as_dict(), "slices": rec.slices})
+        if self.first is None:
+            self.first = summarize([rec], rank=self.rt.rank)
+        else:
+            self.total = _add(self.total, summarize([rec], rank=self.rt.rank))
+        self.last_loss = loss
+        if rec.step % self.cfg.log_every == 0:
+            self._report(rec.step, rec.epoch, lr)
+
+    def _report(self, step: int, epoch: int, lr: float) -> None:
+        mine = summarize(self.interval, rank=self.rt.rank)
+        mine["loss"] = self.last_loss
+        gathered = runtime.gather(self.rt, mine)
+        self.interval = []
+        if not self.rt.is_main:
+            return
+        rep = combine(gathered, num_workers=self.cfg.num_workers, decode=self.cfg.decode)
+        loss = sum(g["loss"] for g in gathered) / len(gathered)
+        self.event(metrics_line(rep, step=step, epoch=epoch, loss=loss, lr=lr))
+        assert self.table is not None
+        self.table.add(rep, step=step, epoch=epoch, loss=loss, lr=lr)
+
+    def validation(self, val: dict[str, float], *, step: int, epoch: int) -> None:
+        self.event({"kind": "validation", "step": step, "epoch": epoch, **val})
+        if self.table is not None:
+            self.table.note(f"validation after epoch {epoch}: loss {val['loss']:.4f}, "
+                            f"accuracy {val['accuracy']:.2%} ({val['samples']} samples)")
+
+    # --- the end -------------------------------------------------------------------------------
+    def finish(self, val: dict[str, float] | None) -> dict[str, Any] | None:
+        """Gather totals and traces; rank 0 writes trace.json, the chart, summary.json and prints."""
+        total = self.total or self.first or summarize([], rank=self.rt.rank)
+        totals = runtime.gather(self.rt, total)
+        traces = runtime.gather(self.rt, self.trace)
+        if self.table is not None:
+            self.table.close()
+        if not self.rt.is_main:
+            return None
+        if not any(t["steps"] for t in totals) and self.first is None:
+            self.note(f"nothing left to train (--epochs {self.cfg.epochs}, --max-steps {self.cfg.max_steps}); "
+                      "earlier outputs in --out are kept")
+            return None
+        rep = combine(totals, num_workers=self.cfg.num_workers, decode=self.cfg.decode)
+        out = self.cfg.out
+        outputs = {"metrics": os.path.join(out, "metrics.jsonl"), "trace (ui.perfetto.dev)": os.path.join(out, "trace.json"),
+                   "chart": os.path.join(out, "steps.png"), "summary": os.path.join(out, "summary.json")}
+        write_trace(outputs["trace (ui.perfetto.dev)"], traces)
+        write_chart(outputs["chart"], traces)
+        final = {"kind": "summary", **{k: v for k, v in rep.items()}, "validation": val}
+        with open(outputs["summary"], "w") as f:
+            json.dump(final, f, indent=1)
+        self.event(final)
+        assert self.console is not None
+        print_summary(self.console, rep, outputs=outputs, val=val)
+        return rep
+
+
+def _add(total: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
+    if total is None:
+        return dict(part)
+    out = dict(total)
+    for key in _SUM_KEYS:
+        out[key] = total[key] + part[key]
+    return out

@@ -1,0 +1,109 @@
+"""The overlap report: per-rank step records summed per interval, gathered, judged, printed.
+
+`summarize(records)` runs on every rank; `combine(per_rank)` on the gathered list says the
+global and per-rank samples/s, the data-wait share, how much loading work was hidden behind
+compute, the slowest rank (by its own time: step minus time spent waiting for peers in
+all-reduce) against the median, the slowest stage, and a verdict with what to try first.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from trainer.timing import PHASES, StepRecord
+
+INPUT_BOUND_SHARE = 0.10  # more than this share of step time blocked on data: input-bound
+STRAGGLER_RATIO = 1.15  # a rank's own time this much above the median: named as a straggler
+STAGE_LABELS = {"wait": "data wait", "h2d": "host->device", "compute": "forward+backward",
+                "comm_exposed": "comm (exposed)", "opt": "optimizer"}
+
+
+def summarize(records: Sequence[StepRecord], *, rank: int) -> dict[str, Any]:
+    """Sums of one rank's records over an interval (plain data, cheap to gather)."""
+    out: dict[str, Any] = {"rank": rank, "steps": len(records)}
+    for key in ("step_s", "wait_s", "h2d_s", "compute_s", "comm_exposed_s", "comm_overlapped_s",
+                "opt_s", "read_s", "decode_s"):
+        out[key] = float(sum(getattr(r, key) for r in records))
+    out["samples"] = int(sum(r.samples for r in records))
+    out["hidden_load_s"] = float(sum(max(0.0, r.load_work_s - r.wait_s) for r in records))
+    return out
+
+
+def combine(per_rank: Sequence[dict[str, Any]], *, num_workers: int = 0, decode: str = "cpu") -> dict[str, Any]:
+    """The gathered report of one interval: global numbers, per-rank rows, straggler, verdict."""
+    rows = [dict(r) for r in sorted(per_rank, key=lambda r: r["rank"])]
+    for r in rows:
+        step_s = r["step_s"] or 1e-12
+        r["samples_per_s"] = r["samples"] / step_s
+        r["wait_share"] = r["wait_s"] / step_s
+        r["own_s"] = max(0.0, r["step_s"] - r["comm_exposed_s"])  # not counting waits for peers
+        load = r["read_s"] + r["decode_s"]
+        r["hidden_load_share"] = r["hidden_load_s"] / load if load > 0 else 1.0
+    wall_s = max(r["step_s"] for r in rows) or 1e-12
+    total_step = sum(r["step_s"] for r in rows) or 1e-12
+    stage_s = {p: sum(r[f"{p}_s"] for r in rows) for p in PHASES}
+    own = [r["own_s"] for r in rows]
+    median_own = statistics.median(own)
+    slow = max(rows, key=lambda r: r["own_s"])
+    load_work = sum(r["read_s"] + r["decode_s"] for r in rows)
+    out = {
+        "steps": rows[0]["steps"],
+        "world_size": len(rows),
+        "samples": sum(r["samples"] for r in rows),
+        "samples_per_s": sum(r["samples"] for r in rows) / wall_s,
+        "wait_share": sum(r["wait_s"] for r in rows) / total_step,
+        "stage_share": {p: s / total_step for p, s in stage_s.items()},
+        "comm_overlapped_share": sum(r["comm_overlapped_s"] for r in rows) / total_step,
+        "slowest_stage": max(stage_s, key=stage_s.__getitem__),
+        "slowest_rank": slow["rank"],
+        "slowest_rank_vs_median": slow["own_s"] / median_own if median_own > 0 else 1.0,
+        "load_work_s": load_work,
+        "hidden_load_share": sum(r["hidden_load_s"] for r in rows) / load_work if load_work > 0 else 1.0,
+        "read_share_of_load": sum(r["read_s"] for r in rows) / load_work if load_work > 0 else 0.0,
+        "ranks": rows,
+    }
+    out["straggler"] = slow["rank"] if len(rows) > 1 and out["slowest_rank_vs_median"] >= STRAGGLER_RATIO else None
+    out["verdict"] = verdict(out, num_workers=num_workers, decode=decode)
+    return out
+
+
+def verdict(rep: dict[str, Any], *, num_workers: int, decode: str) -> str:
+    """One line: input- or compute-bound, from the measured shares, and what to try first."""
+    wait, share = rep["wait_share"], rep["stage_share"]
+    parts = []
+    if wait > INPUT_BOUND_SHARE:
+        if rep["read_share_of_load"] >= 0.5:
+            tip = ("reads dominate loading: raise prefetch / read-ahead and --num-workers"
+                   f" (now {num_workers}), or move the data closer")
+        elif decode == "cpu":
+            tip = f"decode dominates loading: try --decode dali, or more --num-workers (now {num_workers})"
+        else:
+            tip = (f"decode is DALI already (it runs inside next(), so it is never hidden): try more "
+                   f"--num-workers (now {num_workers}) for reads, or more prefetch")
+        parts.append(f"INPUT-BOUND: {wait:.0%} of step time waits for data, "
+                     f"{rep['hidden_load_share']:.0%} of loading work hidden; {tip}")
+    else:
+        compute = share["compute"] + share["opt"]
+        comm = share["comm_exposed"]
+        if comm > 0.25 and rep.get("straggler") is not None:
+            tip = f"exposed comm is mostly waiting for rank {rep['straggler']}: fix that rank first"
+        elif comm > 0.25:
+            tip = "exposed all-reduce is large: try --grad-accum or a bigger --batch-size"
+        else:
+            tip = "the input pipeline keeps up; try a bigger --batch-size (or a faster model / bf16) first"
+        parts.append(f"COMPUTE-BOUND: data wait {wait:.0%}, compute {compute:.0%}, "
+                     f"exposed comm {comm:.0%} of step time; {tip}")
+    if rep.get("straggler") is not None:
+        parts.append(f"straggler: rank {rep['straggler']} is {rep['slowest_rank_vs_median']:.2f}x "
+                     "the median rank's own time (others wait for it in all-reduce)")
+    return " | ".join(parts)
+
+
+def metrics_line(rep: dict[str, Any], *, step: int, epoch: int, loss: float, lr: float) -> dict[str, Any]:
+    """One metrics.jsonl record for a log interval."""
+    keys = ("steps", "world_size", "samples_per_s", "wait_share", "stage_share", "comm_overlapped_share",
+            "slowest_stage", "slowest_rank", "slowest_rank_vs_median", "straggler", "hidden_load_share",
+            "load_work_s", "verdict", "ranks")
+    return {"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr, **{k: rep[k] for k in keys}}

@@ -1,0 +1,55 @@
+"""Warmup + cosine learning-rate schedule driven by samples seen, so it survives a world-size change.
+
+Progress is samples trained / samples planned (epochs x the epoch's size at the first start),
+not optimizer steps: after a resume at another world size each step is bigger or smaller, but
+the LR at a given point of the data is the same. --warmup-steps is converted to samples once,
+at the first start's global batch, and saved.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+class WarmupCosine:
+    """Sets each param group's lr from samples seen: linear warmup, then cosine to base_lr * min_ratio."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, base_lr: float, total_samples: int,
+                 warmup_samples: int, min_ratio: float) -> None:
+        self.optimizer, self.base_lr, self.min_ratio = optimizer, base_lr, min_ratio
+        self.total_samples, self.warmup_samples = max(1, total_samples), warmup_samples
+        self.samples_seen = 0
+        self._apply()
+
+    def lr_at(self, samples: int) -> float:
+        if samples < self.warmup_samples:
+            return self.base_lr * (samples + 1) / (self.warmup_samples + 1)
+        span = max(1, self.total_samples - self.warmup_samples)
+        progress = min(1.0, (samples - self.warmup_samples) / span)
+        return self.base_lr * (self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    @property
+    def lr(self) -> float:
+        return self.lr_at(self.samples_seen)
+
+    def step(self, samples: int) -> None:
+        """Account for `samples` trained (all ranks together) and set the next lr."""
+        self.samples_seen += samples
+        self._apply()
+
+    def _apply(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"samples_seen": self.samples_seen, "total_samples": self.total_samples,
+                "warmup_samples": self.warmup_samples, "base_lr": self.base_lr, "min_ratio": self.min_ratio}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # The plan (total, warmup) of the first start wins: the curve over the data stays the same.
+        self.samples_seen, self.total_samples = int(state["samples_seen"]), int(state["total_samples"])
+        self.warmup_samples = int(state["warmup_samples"])
+        self._apply()

@@ -1,0 +1,225 @@
+"""The training run: build everything (setup), resume, train epochs with timed steps, finish.
+
+A step is one optimizer step over grad_accum micro-batches; DDP's all-reduce runs only on the
+last micro-batch (no_sync on the others) through the timing comm hook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dataio.storage import Store
+from trainer import checkpoint as ckpt_io
+from trainer import data, runtime
+from trainer.config import TrainConfig, config_dict
+from trainer.models import build_model
+from trainer.recorder import Recorder
+from trainer.schedule import WarmupCosine
+from trainer.timing import StepRecord, StepTimer
+from trainer.validate import evaluate
+
+
+@dataclass
+class Run:
+    """Everything one rank's training needs, built by `setup`."""
+
+    cfg: TrainConfig
+    rt: runtime.Runtime
+    loader: Any
+    val_loader: Any
+    model: nn.Module  # unwrapped: what checkpoints and validation use
+    net: nn.Module  # DDP-wrapped when distributed
+    optimizer: torch.optim.Optimizer
+    schedule: WarmupCosine
+    scaler: torch.amp.GradScaler
+    timer: StepTimer
+    store: Store
+    identity: dict[str, Any]
+    steps_per_epoch: int
+    recorder: Recorder
+    step: int = 0
+    epoch: int = 0
+    last_saved_step: int = -1
+    val: dict[str, float] | None = field(default=None)
+
+
+def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                               weight_decay=cfg.weight_decay, nesterov=cfg.momentum > 0)
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | None = None) -> Run:
+    """Open loaders (or take `loaders` = (train, val or None)), build model/optimizer/schedule and
+    resume; raises on bad config. No collectives here: ranks agree it worked first, then `wrap`."""
+    ckpt_io.seed_all(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts them)
+    if loaders is None:
+        pin = rt.device.type == "cuda"  # page-locked batches make the host->device copy asynchronous
+        loader = data.open_loader(cfg, cfg.data, rank=rt.rank, world_size=rt.world_size, train=True, pin_memory=pin)
+        val_loader = (data.open_loader(cfg, cfg.val_data, rank=rt.rank, world_size=rt.world_size, train=False,
+                                       pin_memory=pin) if cfg.val_data else None)
+    else:
+        loader, val_loader = loaders
+    loader.set_epoch(0)
+    steps_per_epoch = len(loader) // cfg.grad_accum
+    if steps_per_epoch < 1:
+        raise ValueError(
+            f"{cfg.data}: one optimizer step needs {rt.world_size} ranks x {cfg.batch_size} x "
+            f"{cfg.grad_accum} micro-steps, more than the dataset gives (a rank's share is "
+            f"{len(loader)} batches); use a smaller --batch-size or --grad-accum, or fewer ranks"
+        )
+    num_classes = data.num_classes_of(cfg, loader)
+    model = build_model(cfg.model, num_classes=num_classes, image_size=cfg.image_size,
+                        in_features=len(cfg.feature_names)).to(rt.device)
+    ckpt_io.seed_all(cfg.seed + 7919 * (rt.rank + 1))  # same weights, but each rank its own random stream
+    timer = StepTimer(rt.device, keep_slices=cfg.trace_steps)
+    optimizer = make_optimizer(cfg, model)
+    global_batch = rt.world_size * cfg.batch_size * cfg.grad_accum
+    total_steps = cfg.epochs * steps_per_epoch if not cfg.max_steps else min(cfg.max_steps, cfg.epochs * steps_per_epoch)
+    schedule = WarmupCosine(optimizer, base_lr=cfg.lr, total_samples=total_steps * global_batch,
+                            warmup_samples=cfg.warmup_steps * global_batch, min_ratio=cfg.min_lr_ratio)
+    identity = {"model": cfg.model, "num_classes": num_classes, "dataset": data.fingerprint_of(loader),
+                "image_size": cfg.image_size, "features": cfg.features}
+    store = Store(cfg.checkpoint_url, data.storage_options(cfg))
+    recorder = Recorder(cfg, rt)
+    run = Run(cfg=cfg, rt=rt, loader=loader, val_loader=val_loader, model=model, net=model, optimizer=optimizer,
+              schedule=schedule, scaler=torch.amp.GradScaler(enabled=False), timer=timer, store=store,
+              identity=identity, steps_per_epoch=steps_per_epoch, recorder=recorder)
+    resume(run)
+    return run
+
+
+def wrap(run: Run) -> None:
+    """Wrap the model in DDP (collectives: after every rank's setup succeeded) with the timing comm hook."""
+    if run.rt.distributed:
+        device_ids = [run.rt.device.index] if run.rt.device.type == "cuda" else None
+        run.net = DDP(run.model, device_ids=device_ids)
+        run.net.register_comm_hook(None, run.timer.hook.function())
+
+
+def resume(run: Run) -> None:
+    """Load the checkpoint --resume names (auto: the newest), on every rank; no-op when there is none."""
+    cfg, rt = run.cfg, run.rt
+    found = ckpt_io.locate(cfg.resume, run.store, data.storage_options(cfg))
+    if found is None:
+        if rt.is_main:
+            run.recorder.truncate_keys(0)
+        return
+    store, name = found
+    ckpt = ckpt_io.load(store, name)
+    ckpt_io.check_identity(ckpt, run.identity, where=store.url_of(name))
+    run.model.load_state_dict(ckpt["model"])
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    run.schedule.load_state_dict(ckpt["schedule"])
+    run.scaler.load_state_dict(ckpt["scaler"])
+    run.step, run.epoch, run.last_saved_step = int(ckpt["step"]), int(ckpt["epoch"]), int(ckpt["step"])
+    if ckpt["epoch_done"]:
+        run.epoch += 1
+    else:
+        run.loader.load_state_dict(ckpt["loader"])
+    rngs = ckpt["rng"]
+    if len(rngs) == rt.world_size:
+        ckpt_io.set_rng_state(rngs[rt.rank])
+    else:  # another world size: fresh, deterministic per-rank streams
+        ckpt_io.seed_all(cfg.seed + 1000 * run.step + rt.rank)
+    if rt.is_main:
+        run.recorder.truncate_keys(run.step)
+        run.recorder.note(f"resumed from {store.url_of(name)}: step {run.step}, epoch {run.epoch} "
+                          f"(saved by {ckpt['world_size']} ranks, now {rt.world_size})")
+
+
+def save(run: Run, *, epoch_done: bool) -> None:
+    """Write a checkpoint (rank 0), with every rank's RNG state; all ranks take part."""
+    rngs = runtime.gather(run.rt, ckpt_io.rng_state())
+    if run.rt.is_main:
+        payload = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                   "schedule": run.schedule.state_dict(), "scaler": run.scaler.state_dict(),
+                   "step": run.step, "epoch": run.epoch, "epoch_done": epoch_done,
+                   "loader": run.loader.state_dict(), "rng": rngs, "identity": run.identity,
+                   "world_size": run.rt.world_size, "config": config_dict(run.cfg)}
+        url = ckpt_io.save(run.store, run.step, payload, keep=run.cfg.keep_checkpoints)
+        run.recorder.event({"kind": "checkpoint", "step": run.step, "epoch": run.epoch, "url": url})
+    runtime.barrier(run.rt)
+    run.last_saved_step = run.step
+
+
+def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
+    """One optimizer step over grad_accum micro-batches; returns its record, loss and real sample keys."""
+    cfg, rt, timer = run.cfg, run.rt, run.timer
+    timer.begin()
+    loss_total, samples, read_s, decode_s, keys = 0.0, 0, 0.0, 0.0, []
+    for micro in range(cfg.grad_accum):
+        batch = next(batches, None)
+        if batch is None:
+            raise RuntimeError(f"{cfg.data}: the loader ended before the {len(run.loader)} batches it promised "
+                               f"(step {run.step + 1}); this is a loader bug, not a data problem")
+        read_s += float(batch.get("read_s", 0.0))
+        decode_s += float(batch.get("decode_s", 0.0))
+        with timer.phase("h2d"):
+            inputs, labels, mask = data.to_device(batch, rt.device, cfg.feature_names)
+        keep = mask.cpu().tolist()
+        keys.extend(k for k, m in zip(batch["__key__"], keep, strict=True) if m)
+        samples += sum(keep)
+        last = micro == cfg.grad_accum - 1
+        sync = run.net.no_sync() if (rt.distributed and not last) else _nullcontext()
+        with timer.phase("fwd_bwd"), sync:
+            with torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=rt.device.type == "cuda"):
+                logits = run.net(inputs)
+            target = labels.masked_fill(~mask, -1)
+            loss = nn.functional.cross_entropy(logits.float(), target, ignore_index=-1) / cfg.grad_accum
+            loss.backward()
+        loss_total += float(loss.detach())
+    with timer.phase("opt"):
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        run.schedule.step(rt.world_size * cfg.batch_size * cfg.grad_accum)
+    run.step += 1
+    rec = timer.end(step=run.step, epoch=run.epoch, samples=samples, read_s=read_s, decode_s=decode_s)
+    return rec, loss_total, keys
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def train(run: Run) -> None:
+    """Epochs from the resumed position to --epochs (or --max-steps), then validation and the summary."""
+    cfg = run.cfg
+    run.net.train()
+    while run.epoch < cfg.epochs and not _at_max(run):
+        run.loader.set_epoch(run.epoch)
+        steps = len(run.loader) // cfg.grad_accum  # what is left of this epoch (all of it unless resumed)
+        batches = run.timer.batches(run.loader)
+        done = 0
+        try:
+            for done in range(1, steps + 1):
+                rec, loss, keys = train_step(run, batches)
+                run.recorder.step(rec, loss, keys, lr=run.schedule.lr)
+                if _at_max(run):
+                    break
+                if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0 and done < steps:
+                    save(run, epoch_done=False)
+        finally:
+            batches.close()  # ends the loader's iteration now: its state and workers are consistent again
+        # Leftover micro-batches (fewer than --grad-accum) are part of the documented dropped tail.
+        save(run, epoch_done=done == steps)
+        if run.val_loader is not None:
+            run.val = evaluate(run.model, run.val_loader, run.rt, epoch=run.epoch,
+                               autocast=run.rt.device.type == "cuda", features=cfg.feature_names)
+            run.recorder.validation(run.val, step=run.step, epoch=run.epoch)
+        run.epoch += 1
+    run.recorder.finish(run.val)
+
+
+def _at_max(run: Run) -> bool:
+    return bool(run.cfg.max_steps) and run.step >= run.cfg.max_steps
