@@ -22,13 +22,15 @@ def probe(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = "", k
     """(format, width, height) from the header only; raises CorruptSampleError / ImageTooLargeError."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            # PIL's warning threshold is its own global; our max_pixels decides below.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as img:
                 width, height = img.size
                 fmt = (img.format or "").lower()
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+    except Image.DecompressionBombError:
         raise ImageTooLargeError(
-            f"{url}: sample {key!r}: image exceeds PIL's pixel limit; refusing to decode (decompression bomb?)",
+            f"{url}: sample {key!r}: image exceeds twice PIL's pixel limit (Image.MAX_IMAGE_PIXELS); "
+            "refusing to decode (decompression bomb?)",
             url=url, key=key,
         ) from None
     except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data

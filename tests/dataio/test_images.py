@@ -103,3 +103,11 @@ def test_downscale_png_stays_lossless_with_its_mode():
     gray, ext = downscale(_encode(100, 100, "JPEG", "L"), 10)
     with Image.open(io.BytesIO(gray)) as img:
         assert (ext, img.size, img.mode) == ("jpg", (10, 10), "RGB")
+
+
+def test_a_limit_above_pils_own_warning_threshold_is_honoured():
+    # 10000 x 10000 = 100M pixels: above PIL's 89.5M warning threshold, below its hard error.
+    data = _png_header_only(10_000, 10_000)
+    assert probe(data, max_pixels=200_000_000)[1:] == (10_000, 10_000)
+    with pytest.raises(ImageTooLargeError, match="exceeds the limit"):
+        probe(data, max_pixels=50_000_000)
