@@ -10,6 +10,7 @@ import io
 import re
 import warnings
 
+import simplejpeg
 from PIL import Image
 
 from dataio.errors import CorruptSampleError, ImageTooLargeError
@@ -60,7 +61,9 @@ def check_pixels(width: int, height: int, *, max_pixels: int, url: str = "", key
 def validate(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = "", key: str = "") -> tuple[str, int, int]:
     """Probe, then decode every pixel (a truncated or corrupt file fails here); returns the probe."""
     fmt, width, height = probe(data, max_pixels=max_pixels, url=url, key=key)
-    try:
+    if fmt == "jpeg" and _jpeg_decodes(data):
+        return fmt, width, height
+    try:  # PIL is the judge: formats and JPEG variants simplejpeg does not take (CMYK, ...)
         with Image.open(io.BytesIO(data)) as img:
             img.load()
     except Exception as exc:  # noqa: BLE001
@@ -68,6 +71,19 @@ def validate(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = ""
             f"{url}: sample {key!r}: image does not decode ({type(exc).__name__}: {exc})", url=url, key=key
         ) from None
     return fmt, width, height
+
+
+def _jpeg_decodes(data: bytes) -> bool:
+    """True if libjpeg-turbo decodes every entropy-coded block (at 1/8 scale: ~1.8x PIL's speed).
+
+    A truncated or corrupt stream fails here as it does at full size: the scale only skips
+    inverse-DCT work, never the Huffman decoding that finds the damage (strict mode).
+    """
+    try:
+        simplejpeg.decode_jpeg(data, fastdct=True, fastupsample=True, min_height=1, min_width=1, strict=True)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def downscale(data: bytes, max_side: int, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = "", key: str = "") -> tuple[bytes, str]:
