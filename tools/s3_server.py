@@ -332,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="data directory (default: a temporary folder, deleted on exit)")
     parser.add_argument("--key", default=None, help="access key (default: random)")
     parser.add_argument("--secret", default=None, help="secret key (default: random)")
+    parser.add_argument("--bucket", action="append", default=None,
+                        help="bucket to create at start (repeatable; default: datasets)")
     args = parser.parse_args(argv)
     stop = False
 
@@ -341,11 +343,18 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     with S3Server(port=args.port, data_dir=args.dir, key=args.key, secret=args.secret) as server:
-        print(f"SeaweedFS S3 at {server.endpoint_url} (data in {args.dir or 'a temporary folder'})")
+        buckets = args.bucket or ["datasets"]
+        existing = {b["Name"] for b in server.client().list_buckets().get("Buckets", [])}
+        for name in buckets:
+            if name not in existing:
+                server.client().create_bucket(Bucket=name)
+        print(f"SeaweedFS S3 at {server.endpoint_url} (data in {args.dir or 'a temporary folder'}), "
+              f"buckets: {', '.join(buckets)}")
         print("In another shell:")
         print(f"  export AWS_ENDPOINT_URL={server.endpoint_url}")
         print(f"  export AWS_ACCESS_KEY_ID={server.key}")
         print(f"  export AWS_SECRET_ACCESS_KEY={server.secret}")  # the one deliberate print of it
+        print(f"  shardify write IMAGE_FOLDER s3://{buckets[0]}/my-dataset")
         print("Press Ctrl-C to stop.", flush=True)
         try:
             while not stop and server._proc is not None and server._proc.poll() is None:
