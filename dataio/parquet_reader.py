@@ -109,14 +109,6 @@ class ParquetReader:
         self._group_starts = [list(itertools.accumulate(g, initial=0)) for g in manifest.row_groups]
         self._footers = LruCache(FOOTER_CACHE_SHARDS)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        del state["_footers"]  # holds a lock; every process reads its own footers
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._footers = LruCache(FOOTER_CACHE_SHARDS)
 
     def metadata(self, shard: int) -> Any:
         """The shard's Parquet footer, read once (one tail request) and checked against the manifest."""

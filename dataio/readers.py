@@ -115,6 +115,13 @@ class LruCache:
         self._items: OrderedDict[Any, Any] = OrderedDict()
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A lock does not pickle, and each process (worker) loads its own metadata anyway.
+        return {"capacity": self.capacity}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["capacity"])  # type: ignore[misc]
+
     def get(self, key: Any) -> Any:
         with self._lock:
             value = self._items.get(key)

@@ -67,14 +67,6 @@ class TarReader:
         self._offsets = shard_offsets(manifest)
         self._indexes = LruCache(INDEX_CACHE_SHARDS)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        del state["_indexes"]  # holds a lock; every process loads its own indexes
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._indexes = LruCache(INDEX_CACHE_SHARDS)
 
     def index(self, shard: int) -> TarIndex:
         """The shard's index, fetched once and checked against the manifest."""
