@@ -79,6 +79,12 @@ def write_tar_dataset(
 ) -> tuple[Manifest, list[list[dict]]]:
     """Publish tar shards, their v1.2 indexes and the manifest; return it and the tar-shaped samples."""
     shards = make_samples(shard_sizes, seed=seed, real_images=real_images)
+    manifest = write_tar_samples(store, shards)
+    return manifest, [[as_tar_sample(s) for s in samples] for samples in shards]
+
+
+def write_tar_samples(store: Store, shards: Sequence[Sequence[dict]]) -> Manifest:
+    """Publish the given samples (one list per shard) as tar shards + v1.2 indexes + manifest."""
     paths, sizes, sums, idx_paths, idx_sizes, idx_sums = [], [], [], [], [], []
     for i, samples in enumerate(shards):
         data = tar_bytes(samples)
@@ -90,12 +96,13 @@ def write_tar_dataset(
                               (idx_paths, rel + ".idx"), (idx_sizes, len(index)), (idx_sums, checksum_bytes(index))):
             column.append(value)
     manifest = Manifest(
-        format="tar", fields=TAR_FIELDS, shard_paths=tuple(paths), shard_num_samples=tuple(shard_sizes),
-        shard_num_bytes=tuple(sizes), shard_checksums=tuple(sums), index_paths=tuple(idx_paths),
-        index_num_bytes=tuple(idx_sizes), index_checksums=tuple(idx_sums), source="tests.shardgen",
+        format="tar", fields=TAR_FIELDS, shard_paths=tuple(paths),
+        shard_num_samples=tuple(len(s) for s in shards), shard_num_bytes=tuple(sizes),
+        shard_checksums=tuple(sums), index_paths=tuple(idx_paths), index_num_bytes=tuple(idx_sizes),
+        index_checksums=tuple(idx_sums), source="tests.shardgen",
     )
     write_manifest(store, manifest)
-    return manifest, [[as_tar_sample(s) for s in samples] for samples in shards]
+    return manifest
 
 
 def parquet_bytes(samples: Sequence[dict], *, row_group_size: int) -> tuple[bytes, tuple[int, ...]]:

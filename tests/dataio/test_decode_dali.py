@@ -30,11 +30,9 @@ from dataio.batch import PackedBytes  # noqa: E402
 from dataio.decode_cpu import CpuDecoder, DecodeConfig  # noqa: E402
 from dataio.decode_dali import DaliDecoder  # noqa: E402
 from dataio.errors import CorruptSampleError, ImageTooLargeError  # noqa: E402
-from dataio.manifest import Manifest, checksum_bytes, write_manifest  # noqa: E402
 from dataio.storage import Store  # noqa: E402
-from dataio.tar_index import build_index  # noqa: E402
 from dataio.transforms import sample_seed  # noqa: E402
-from tests.dataio.shardgen import TAR_FIELDS, tar_bytes, write_tar_dataset  # noqa: E402
+from tests.dataio.shardgen import write_tar_dataset, write_tar_samples  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -286,22 +284,7 @@ def photo_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     store = Store(str(tmp_path_factory.mktemp("dali_photos") / "ds"))
     shards = [[{"__key__": f"{i:06d}", "jpg": photo(i, (120, 90)), "cls": i % 3, "json": b"{}"}
                for i in range(first, first + n)] for first, n in ((0, 7), (7, 5))]
-    cols: dict[str, list] = {k: [] for k in ("paths", "sizes", "sums", "idx", "idx_sizes", "idx_sums")}
-    for i, samples in enumerate(shards):
-        data = tar_bytes(samples)
-        index = build_index(io.BytesIO(data)).dumps()
-        rel = f"shards/shard-{i:06d}.tar"
-        store.write_bytes(rel, data)
-        store.write_bytes(rel + ".idx", index)
-        for name, value in zip(cols, (rel, len(data), checksum_bytes(data), rel + ".idx", len(index),
-                                      checksum_bytes(index))):
-            cols[name].append(value)
-    write_manifest(store, Manifest(
-        format="tar", fields=TAR_FIELDS, shard_paths=tuple(cols["paths"]),
-        shard_num_samples=tuple(len(s) for s in shards), shard_num_bytes=tuple(cols["sizes"]),
-        shard_checksums=tuple(cols["sums"]), index_paths=tuple(cols["idx"]),
-        index_num_bytes=tuple(cols["idx_sizes"]), index_checksums=tuple(cols["idx_sums"]),
-    ))
+    write_tar_samples(store, shards)
     return store.raw_url
 
 
