@@ -67,8 +67,11 @@ def _collate_decoded(samples: list[tuple[np.ndarray, Any]]) -> tuple[torch.Tenso
 
 def register_webdataset_s3() -> None:
     """Let webdataset open s3:// URLs through fsspec (endpoint and keys from the AWS_* variables)."""
+    import importlib
+
     import fsspec
-    from webdataset import gopen
+
+    gopen = importlib.import_module("webdataset.gopen")  # `webdataset.gopen` the attribute is the function
 
     def gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -> Any:
         endpoint = os.environ.get("AWS_ENDPOINT_URL")
@@ -133,14 +136,16 @@ def plain_loader(root: str, *, task: str, batch_size: int, num_workers: int) -> 
     return loader, _count_raw if task == "raw" else _count_decoded
 
 
-def shardify_loader(url: str, *, task: str, batch_size: int, num_workers: int, decode: str = "cpu") -> tuple[Any, Callable]:
+def shardify_loader(url: str, *, task: str, batch_size: int, num_workers: int, decode: str = "cpu",
+                    options: dict[str, Any] | None = None) -> tuple[Any, Callable]:
+    """make_loader with its defaults; `options` overrides some (for ablations, not the table)."""
     from dataio import make_loader
     from dataio.storage import StorageOptions
 
     loader = make_loader(
         url, batch_size=batch_size, num_workers=num_workers, seed=0, rank=0, world_size=1,
         decode=None if task == "raw" else decode, image_size=SIZE, tail="pad",
-        storage=StorageOptions.resolve(env=os.environ),
+        storage=StorageOptions.resolve(env=os.environ), **(options or {}),
     )
 
     def count(batch: dict) -> tuple[int, int]:

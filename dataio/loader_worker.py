@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from dataio.batch import PackedBytes
 from dataio.cache import DiskCache
 from dataio.decode_cpu import CpuDecoder, DecodeConfig
 from dataio.errors import CorruptSampleError
+from dataio.loader_io import BYTES_LIKE, as_bytes, default_collate, return_freed_buffers, split_segment, zero_copy
 from dataio.manifest import Manifest
 from dataio.plan import PlanConfig, PlanState, WorkerSlot, plan_worker, shard_offsets
 from dataio.prefetch import Prefetcher
@@ -30,9 +31,6 @@ from dataio.readers import make_reader
 from dataio.storage import Store
 from dataio.transforms import sample_seed
 
-# Keys of a sample dict that are bookkeeping, not fields.
-_META_KEYS = ("__key__", "__id__", "__url__")
-LABEL_FIELD = "cls"
 SKIPPED_KEY = "__skipped__"  # worker -> main only: URL#key of corrupt samples replaced; popped in main
 
 
@@ -80,6 +78,7 @@ class BatchDataset(torch.utils.data.Dataset):
         self._urls: SampleUrls | None = None
         self._token = -1
         self._streams: dict[int, WorkerStream] = {}
+        self._spare: tuple[dict[str, Any], int, WorkerStream] | None = None  # (plan state, slot, stream)
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -96,9 +95,12 @@ class BatchDataset(torch.utils.data.Dataset):
             # Forked workers inherit this object without pickling: drop the parent's clients
             # (s3fs refuses to cross a fork) and open fresh ones here.
             self.__init__(self.job)  # type: ignore[misc]
+        if self._token == -1:
+            return_freed_buffers()
         if ticket.token != self._token:
-            self.close()
+            self._close_streams()
             self._token = ticket.token
+            self._adopt_spare(ticket.plan_state)
         # Batch k belongs to worker k % num_workers; torch hands tickets out round-robin, so this
         # is normally our own slot. Should that ever differ, the owner's stream is replayed here.
         worker_id = ticket.batch_index % self.job.num_plan_workers
@@ -106,12 +108,43 @@ class BatchDataset(torch.utils.data.Dataset):
         if stream is None:
             stream = WorkerStream(self, worker_id, ticket.plan_state)
             self._streams[worker_id] = stream
-        return stream.batch(ticket.batch_index)
+        batch = stream.batch(ticket.batch_index)
+        if stream.finished:
+            self._start_spare(stream, worker_id)
+        return batch
 
-    def close(self) -> None:
+    def _start_spare(self, finished: WorkerStream, worker_id: int) -> None:
+        """Start reading this slot's next epoch in the background, betting on `set_epoch(e + 1)`.
+
+        Persistent workers are otherwise idle between epochs, and every epoch would begin by
+        reading a whole shuffle window; a bet that loses (another epoch, a loaded state) is
+        dropped when the next iteration's first ticket shows it. Only inside DataLoader workers.
+        """
+        if self._spare is not None or torch.utils.data.get_worker_info() is None:
+            return
+        state = PlanState(epoch=finished.epoch + 1).to_dict()
+        stream = WorkerStream(self, worker_id, state)
+        stream.warm_up()
+        self._spare = (state, worker_id, stream)
+
+    def _adopt_spare(self, plan_state: dict[str, Any]) -> None:
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return
+        state, worker_id, stream = spare
+        if state == plan_state:
+            self._streams[worker_id] = stream
+        else:
+            stream.close()
+
+    def _close_streams(self) -> None:
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
+
+    def close(self) -> None:
+        self._close_streams()
+        self._adopt_spare({})  # drops the spare
 
     # --- per-process lazies -------------------------------------------------------------
     @property
@@ -170,14 +203,37 @@ class WorkerStream:
         )
         self._prefetcher: Any = None
         self._last = int(self.plan.batch_numbers[-1]) if len(self.plan.batch_numbers) else -1
+        self._window_iter = self._windows()
         self._batches = self._generate()
+        self._warm: threading.Thread | None = None
+        self._head: list[Any] = []  # the first window (or its exception), read by warm_up
+        self.finished = False
+
+    def warm_up(self) -> None:
+        """Read the first window in a background thread; decoding waits for the batch's ticket."""
+
+        def first() -> None:
+            try:
+                self._head.append(next(self._window_iter, None))
+            except BaseException as exc:  # noqa: BLE001 - raised where the batch is asked for
+                self._head.append(exc)
+
+        self._warm = threading.Thread(target=first, name="dataio-next-epoch", daemon=True)
+        self._warm.start()
+
+    def _join(self) -> None:
+        if self._warm is not None:
+            self._warm.join()
+            self._warm = None
 
     def batch(self, batch_index: int) -> dict[str, Any]:
         """The batch numbered `batch_index`; earlier ones of this slot not asked for are skipped."""
+        self._join()
         for number, batch in self._batches:
             if number == batch_index:
                 if batch_index == self._last:
                     self.close()  # the slot is done: stop its prefetch threads now
+                    self.finished = True
                 return batch
             if number > batch_index:
                 break
@@ -187,7 +243,10 @@ class WorkerStream:
         )
 
     def close(self) -> None:
+        self._join()  # the generator may only be closed by one thread, when it is not running
+        self._head = []
         self._batches.close()
+        self._window_iter.close()
         if self._prefetcher is not None:
             self._prefetcher.close()
             self._prefetcher = None
@@ -195,22 +254,34 @@ class WorkerStream:
     def _windows(self) -> Iterator[tuple[Any, dict[int, dict[str, Any]], float]]:
         """(window, samples by global id, seconds spent reading and parsing it), in plan order."""
         reader = self.owner.reader
-        segments = [seg for window in self.plan.windows for seg in window.segments]
+        job = self.owner.job
+        pieces = [split_segment(seg, job.manifest) for w in self.plan.windows for seg in w.segments]
         self._prefetcher = Prefetcher(
-            reader.fetch, size_of=reader.payload_bytes, budget_bytes=self.owner.job.prefetch_bytes,
-            max_in_flight=self.owner.job.max_in_flight,
+            reader.fetch, size_of=reader.payload_bytes, budget_bytes=job.prefetch_bytes,
+            max_in_flight=job.max_in_flight,
         )
-        results = iter(self._prefetcher.run(segments))
+        results = iter(self._prefetcher.run(piece for segment in pieces for piece in segment))
+        pieces_of_window = iter(pieces)
         for window in self.plan.windows:
             by_id: dict[int, dict[str, Any]] = {}
             read_s = 0.0
-            for seg in window.segments:
-                _, payload, fetch_s = next(results)
-                start = time.perf_counter()
-                for sample in reader.parse(seg, payload):
-                    by_id[int(sample["__id__"])] = sample
-                read_s += fetch_s + time.perf_counter() - start
+            for _ in window.segments:
+                for piece in next(pieces_of_window):
+                    _, payload, fetch_s = next(results)
+                    start = time.perf_counter()
+                    for sample in reader.parse(piece, zero_copy(payload)):
+                        by_id[int(sample["__id__"])] = sample
+                    read_s += fetch_s + time.perf_counter() - start
             yield window, by_id, read_s
+
+    def _all_windows(self) -> Iterator[tuple[Any, dict[int, dict[str, Any]], float]]:
+        self._join()
+        head, self._head = self._head, []
+        if head and isinstance(head[0], BaseException):
+            raise head[0]
+        if head and head[0] is not None:
+            yield head[0]
+        yield from self._window_iter
 
     def _generate(self) -> Iterator[tuple[int, dict[str, Any]]]:
         job = self.owner.job
@@ -218,7 +289,7 @@ class WorkerStream:
         pending: list[tuple[dict[str, Any], bool]] = []
         pending_read_s = 0.0
         produced = 0
-        for window, by_id, read_s in self._windows():
+        for window, by_id, read_s in self._all_windows():
             ids = window.sample_ids.tolist()
             pads = window.is_pad.tolist()
             per_sample_s = read_s / max(1, len(ids))  # a window's reading cost, shared by its samples
@@ -230,30 +301,15 @@ class WorkerStream:
                     yield number, self._assemble(pending, self.numbers_before + number, pending_read_s)
                     produced += 1
                     pending, pending_read_s = [], 0.0
+            # Windows hold whole batches: this one is delivered. Free its samples (and the payloads
+            # their views keep alive) now, not after the next window has been read beside it.
+            by_id.clear()
         assert not pending and produced == len(numbers), "plan windows must hold whole batches"
 
     def _assemble(self, pending: list[tuple[dict[str, Any], bool]], number: int, read_s: float) -> dict[str, Any]:
         samples = [s for s, _ in pending]
         mask = [not p for _, p in pending]
         return assemble(self.owner, samples, mask, epoch=self.epoch, batch_number=number, read_s=read_s)
-
-
-def label_of(sample: dict[str, Any], url_of: Callable[[int], str]) -> int:
-    """The sample's integer label from its `cls` field (ASCII bytes or an int); -1 when absent."""
-    value = sample.get(LABEL_FIELD)
-    if value is None:
-        return -1
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    try:
-        return int(bytes(value).strip() if not isinstance(value, str) else value)
-    except ValueError:
-        key = sample.get("__key__", "?")
-        url = url_of(int(sample["__id__"]))
-        raise CorruptSampleError(
-            f"{url}: sample {key!r}: label field 'cls' is {bytes(value)[:20]!r}, not an integer; "
-            "fix the source labels and rewrite the shard", url=url, key=str(key),
-        ) from None
 
 
 def assemble(
@@ -268,12 +324,12 @@ def assemble(
     if job.decode == "cpu":
         samples, mask, skipped, images = decode_images(owner, samples, mask, epoch=epoch)
     elif job.transform is not None:
-        samples = [job.transform(s) for s in samples]
+        samples = [job.transform(as_bytes(s)) for s in samples]
     decode_s = time.perf_counter() - start if job.decode == "cpu" else 0.0
     if job.collate is not None:
         if images is not None:  # the hook sees each sample's decoded (3, H, W) image
             samples = [{**s, "image": images[i]} for i, s in enumerate(samples)]
-        batch = job.collate(samples)
+        batch = job.collate([as_bytes(s) for s in samples])
     else:
         batch = default_collate(samples, url_of=owner.url_of_sample, images=images, image_field=job.image_field)
     if isinstance(batch, dict):
@@ -289,39 +345,6 @@ def assemble(
     return batch
 
 
-def default_collate(
-    samples: Sequence[dict[str, Any]], *, url_of: Callable[[int], str], images: torch.Tensor | None,
-    image_field: str | None,
-) -> dict[str, Any]:
-    """Keys, labels, the decoded images (N, 3, H, W) or raw fields packed into one tensor each."""
-    batch: dict[str, Any] = {
-        "__key__": [str(s["__key__"]) for s in samples],
-        "label": torch.tensor([label_of(s, url_of) for s in samples], dtype=torch.int64),
-    }
-    if images is not None:
-        batch["image"] = images
-    for name in [k for k in samples[0] if k not in _META_KEYS and k != LABEL_FIELD]:
-        if images is not None and name == image_field:
-            continue  # decoded: the bytes stay in the worker
-        batch[name] = pack_field([s.get(name) for s in samples])
-    return batch
-
-
-def pack_field(values: list[Any]) -> Any:
-    """Bytes -> PackedBytes (one tensor + offsets), numbers -> a tensor, anything else -> a list."""
-    if all(isinstance(v, (bytes, bytearray, memoryview)) for v in values):
-        return PackedBytes.pack([bytes(v) for v in values])
-    if all(isinstance(v, str) for v in values):
-        return PackedBytes.pack([v.encode() for v in values])
-    if all(isinstance(v, (bool, np.bool_)) for v in values):
-        return torch.tensor(values, dtype=torch.bool)
-    if all(isinstance(v, (int, np.integer)) for v in values):
-        return torch.tensor([int(v) for v in values], dtype=torch.int64)
-    if all(isinstance(v, (float, int, np.floating, np.integer)) for v in values):
-        return torch.tensor([float(v) for v in values], dtype=torch.float64)
-    return values
-
-
 def decode_images(
     owner: BatchDataset, samples: list[dict[str, Any]], mask: list[bool], *, epoch: int
 ) -> tuple[list[dict[str, Any]], list[bool], list[str], torch.Tensor]:
@@ -329,7 +352,7 @@ def decode_images(
     job = owner.job
     seeds = [sample_seed(job.plan_config.seed, epoch, int(s["__id__"])) for s in samples]
     items = [s.get(job.image_field) for s in samples]
-    if all(isinstance(x, bytes) for x in items):
+    if all(isinstance(x, BYTES_LIKE) for x in items):
         try:  # the common case: one call filling one preallocated batch tensor
             images = owner.decoder.decode_batch(
                 items, seeds=seeds, keys=[str(s["__key__"]) for s in samples],
@@ -384,3 +407,4 @@ def substitute(
         j = good[bisect.bisect_right(good, i) % len(good)]  # deterministic: the next good one, cyclically
         decoded[i], samples[i], mask[i] = decoded[j], samples[j], False
     return samples, mask, skipped
+
