@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 
@@ -13,10 +12,8 @@ from dataio import (
     CorruptSampleError, LoaderConfig, ManifestError, ShardFormatError, StorageError, make_loader,
 )
 from dataio.batch import PackedBytes
-from dataio.manifest import Manifest, checksum_bytes, write_manifest
 from dataio.storage import Store
-from dataio.tar_index import build_index
-from tests.dataio.shardgen import TAR_FIELDS, make_samples, tar_bytes, write_parquet_dataset, write_tar_dataset
+from tests.dataio.shardgen import make_samples, write_parquet_dataset, write_tar_dataset, write_tar_samples
 
 SIZES = [13, 0, 7, 1, 22, 5]  # deliberately uneven, with an empty and a one-sample shard
 TOTAL = sum(SIZES)
@@ -54,22 +51,7 @@ def take(loader, num_batches: int) -> list[dict]:
 
 def write_tar_shards(store: Store, shards: list[list[dict]]) -> None:
     """Publish given samples as tar shards + indexes + manifest (shardgen's layout)."""
-    cols: dict[str, list] = {k: [] for k in ("paths", "sizes", "sums", "idx", "idx_sizes", "idx_sums")}
-    for i, samples in enumerate(shards):
-        data = tar_bytes(samples)
-        index = build_index(io.BytesIO(data)).dumps()
-        rel = f"shards/shard-{i:06d}.tar"
-        store.write_bytes(rel, data)
-        store.write_bytes(rel + ".idx", index)
-        for name, value in zip(cols, (rel, len(data), checksum_bytes(data), rel + ".idx", len(index),
-                                      checksum_bytes(index))):
-            cols[name].append(value)
-    write_manifest(store, Manifest(
-        format="tar", fields=TAR_FIELDS, shard_paths=tuple(cols["paths"]),
-        shard_num_samples=tuple(len(s) for s in shards), shard_num_bytes=tuple(cols["sizes"]),
-        shard_checksums=tuple(cols["sums"]), index_paths=tuple(cols["idx"]),
-        index_num_bytes=tuple(cols["idx_sizes"]), index_checksums=tuple(cols["idx_sums"]),
-    ))
+    write_tar_samples(store, shards)
 
 
 # --- the batch contract ---------------------------------------------------------------------
