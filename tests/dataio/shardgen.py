@@ -12,6 +12,7 @@ import json
 import random
 import tarfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import fsspec
 import pyarrow as pa
@@ -20,8 +21,21 @@ import pyarrow.parquet as pq
 from fsspec.implementations.memory import MemoryFileSystem
 
 from dataio.manifest import Field, Manifest, checksum_bytes, write_manifest
-from dataio.storage import Store
+from dataio.storage import RetryPolicy, Store
 from dataio.tar_index import build_index
+
+# Retries without sleeping, for tests that inject faults.
+FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0)
+
+
+@dataclass(frozen=True)
+class Seg:
+    """A segment as the plan gives it: samples [start, stop) of manifest shard number `shard`."""
+
+    shard: int
+    start: int
+    stop: int
+
 
 TAR_FIELDS = (Field(name="jpg", type="image"), Field(name="cls", type="int"), Field(name="json", type="json"))
 

@@ -7,7 +7,6 @@ import os
 import pickle
 import stat
 import time
-from dataclasses import dataclass
 
 import pytest
 
@@ -15,16 +14,9 @@ from dataio.cache import DiskCache
 from dataio.errors import StorageError
 from dataio.readers import make_reader
 from dataio.storage import Store
-from tests.dataio.shardgen import write_parquet_dataset, write_tar_dataset
+from tests.dataio.shardgen import Seg, write_parquet_dataset, write_tar_dataset
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@dataclass(frozen=True)
-class Seg:
-    shard: int
-    start: int
-    stop: int
 
 
 def blob(i: int, size: int) -> bytes:

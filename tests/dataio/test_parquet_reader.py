@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import uuid
-from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,20 +14,10 @@ from dataio.errors import ShardFormatError, StorageError
 from dataio.manifest import read_manifest
 from dataio.parquet_reader import ParquetReader, column_values
 from dataio.readers import make_reader
-from dataio.storage import RetryPolicy, Store
-from tests.dataio.shardgen import write_parquet_dataset
+from dataio.storage import Store
+from tests.dataio.shardgen import FAST_RETRY, Seg, write_parquet_dataset
 
 pytestmark = pytest.mark.timeout(120)
-
-FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0)
-
-
-@dataclass(frozen=True)
-class Seg:
-    shard: int
-    start: int
-    stop: int
-
 
 class CountingStore(Store):
     """A real local Store that records the byte ranges it is asked for."""

@@ -8,7 +8,6 @@ import os
 import pickle
 import tarfile
 import uuid
-from dataclasses import dataclass
 
 import pytest
 
@@ -17,19 +16,9 @@ from dataio.manifest import read_manifest
 from dataio.readers import make_reader
 from dataio.storage import RetryPolicy, Store
 from dataio.tar_reader import TarReader
-from tests.dataio.shardgen import FlakyMemoryFS, write_tar_dataset
+from tests.dataio.shardgen import FAST_RETRY, FlakyMemoryFS, Seg, write_tar_dataset
 
 pytestmark = pytest.mark.timeout(120)
-
-FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0)
-
-
-@dataclass(frozen=True)
-class Seg:
-    shard: int
-    start: int
-    stop: int
-
 
 def read(reader, seg):
     return reader.parse(seg, reader.fetch(seg))
