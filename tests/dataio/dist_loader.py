@@ -64,3 +64,8 @@ def main(mode: str, url: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # As trainer/__main__.py: skip interpreter finalization, where torch's C++ threads can
+    # abort a rank that finished cleanly ("terminate called without an active exception").
+    os._exit(0)
