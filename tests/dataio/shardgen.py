@@ -12,7 +12,6 @@ import json
 import random
 import tarfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import fsspec
 import pyarrow as pa
@@ -20,6 +19,7 @@ import pyarrow.parquet as pq
 
 from fsspec.implementations.memory import MemoryFileSystem
 
+from dataio.plan import Segment
 from dataio.manifest import Field, Manifest, checksum_bytes, write_manifest
 from dataio.storage import RetryPolicy, Store
 from dataio.tar_index import build_index
@@ -28,13 +28,9 @@ from dataio.tar_index import build_index
 FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0)
 
 
-@dataclass(frozen=True)
-class Seg:
-    """A segment as the plan gives it: samples [start, stop) of manifest shard number `shard`."""
-
-    shard: int
-    start: int
-    stop: int
+def Seg(shard: int, start: int, stop: int) -> Segment:  # noqa: N802 - reads as the type it builds
+    """The plan's own Segment, built positionally for short test tables."""
+    return Segment(shard=shard, start=start, stop=stop)
 
 
 TAR_FIELDS = (Field(name="jpg", type="image"), Field(name="cls", type="int"), Field(name="json", type="json"))

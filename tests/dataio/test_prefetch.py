@@ -141,18 +141,12 @@ def test_rejects_bad_arguments():
 
 @pytest.mark.slow
 def test_prefetch_hides_s3_latency_from_the_delay_proxy(s3_server):
-    from dataclasses import dataclass, replace
+    from dataclasses import replace
 
     from dataio.readers import make_reader
     from dataio.storage import Store
-    from tests.dataio.shardgen import write_tar_dataset
+    from tests.dataio.shardgen import Seg, write_tar_dataset
     from tools.delay_proxy import DelayProxy
-
-    @dataclass(frozen=True)
-    class Seg:
-        shard: int
-        start: int
-        stop: int
 
     store = Store(f"s3://{s3_server.new_bucket()}/ds", s3_server.options())
     manifest, samples = write_tar_dataset(store, [6, 6, 6])
