@@ -24,8 +24,9 @@ import torch
 from PIL import Image
 
 from benchmarks.machine import machine_markdown
-from dataio.decode_cpu import CpuDecoder, DecodeConfig, sample_seed
-from dataio.transforms import SampleRandom, jpeg_scale_denom, random_resized_crop
+from dataio.decode.cpu import CpuDecoder, DecodeConfig
+from dataio.decode.transforms import jpeg_scale_denom, random_resized_crop
+from dataio.rand import SampleRandom, sample_seed
 
 SIZE = 224
 HERE = Path(__file__).resolve().parent

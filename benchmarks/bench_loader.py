@@ -184,8 +184,8 @@ def prepare(work: Path, num_images: int) -> dict[str, Any]:
 
 
 def tar_urls(prefix: str) -> list[str]:
-    from dataio.manifest import read_manifest
-    from dataio.storage import Store, StorageOptions
+    from dataio.format.manifest import read_manifest
+    from dataio.storage.store import StorageOptions, Store
 
     store = Store(prefix, StorageOptions.resolve(env=os.environ))
     return [f"{prefix.rstrip('/')}/{p}" for p in read_manifest(store).shard_paths]

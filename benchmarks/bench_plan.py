@@ -20,7 +20,8 @@ import tracemalloc
 
 import numpy as np
 
-from dataio.plan import PlanConfig, PlanState, WorkerSlot, plan_worker
+from dataio.plan.plan import plan_worker
+from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
 
 NUM_SHARDS = 100_000
 NUM_SAMPLES = 1_000_000_000

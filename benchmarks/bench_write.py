@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.machine import machine_markdown
-from sharding.cli import main as shardify, parse_size
+from sharding.cli import main as shardify
+from sharding.cli import parse_size
 
 HERE = Path(__file__).resolve().parent
 TARGET_RATIO = 1.3

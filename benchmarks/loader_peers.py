@@ -95,7 +95,7 @@ def webdataset_loader(urls: list[str], *, task: str, batch_size: int, num_worker
     else:
         rng = random.Random(0)
         if decoder == "ours":
-            from dataio.decode_cpu import CpuDecoder, DecodeConfig
+            from dataio.decode.cpu import CpuDecoder, DecodeConfig
 
             dec = CpuDecoder(DecodeConfig(size=SIZE))
             fn = lambda data: dec.decode(data, seed=rng.getrandbits(62))  # noqa: E731
@@ -140,7 +140,7 @@ def shardify_loader(url: str, *, task: str, batch_size: int, num_workers: int, d
                     options: dict[str, Any] | None = None) -> tuple[Any, Callable]:
     """make_loader with its defaults; `options` overrides some (for ablations, not the table)."""
     from dataio import make_loader
-    from dataio.storage import StorageOptions
+    from dataio.storage.store import StorageOptions
 
     loader = make_loader(
         url, batch_size=batch_size, num_workers=num_workers, seed=0, rank=0, world_size=1,

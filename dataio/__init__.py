@@ -19,11 +19,11 @@ from dataio.errors import (
 )
 
 _LAZY = {
-    "make_loader": "dataio.loader",
-    "ShardLoader": "dataio.loader",
-    "LoaderConfig": "dataio.loader",
-    "LoaderStats": "dataio.loader",
-    "StorageOptions": "dataio.storage",
+    "make_loader": "dataio.loader.shard_loader",
+    "ShardLoader": "dataio.loader.shard_loader",
+    "LoaderConfig": "dataio.loader.config",
+    "LoaderStats": "dataio.loader.shard_loader",
+    "StorageOptions": "dataio.storage.store",
 }
 
 __all__ = [

@@ -13,10 +13,11 @@ import sys
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 
+from dataio.decode.images import DEFAULT_MAX_PIXELS
 from dataio.errors import ShardifyError
-from dataio.images import DEFAULT_MAX_PIXELS
-from dataio.manifest import read_manifest
-from dataio.storage import RetryPolicy, StorageOptions, Store, redact
+from dataio.format.manifest import read_manifest
+from dataio.storage.store import RetryPolicy, StorageOptions, Store, redact
+
 
 def _num_cores() -> int:
     """Cores this process may run on (a container's CPU set, not the host's count)."""
@@ -126,7 +127,7 @@ def _check_reachable(store: Store) -> None:
 
 def _write(args: argparse.Namespace) -> int:
     from sharding.progress import Progress
-    from sharding.sources import open_source
+    from sharding.sources.by_path import open_source
     from sharding.writer import WriteConfig, write_dataset
 
     options = _options(args)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dataio import images
-from dataio.manifest import Field
-from sharding.sources import Source
+from dataio.decode import images
+from dataio.format.manifest import Field
+from sharding.sources.base import Source
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

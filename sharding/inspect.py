@@ -7,9 +7,9 @@ from collections import Counter
 from rich.console import Console
 from rich.table import Table
 
-from dataio.manifest import Manifest
-from dataio.storage import Store
-from dataio.tar_index import parse_index
+from dataio.format.manifest import Manifest
+from dataio.format.tar_index import parse_index
+from dataio.storage.store import Store
 
 
 def label_counts(store: Store, manifest: Manifest) -> Counter[int]:

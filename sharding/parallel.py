@@ -16,10 +16,10 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from typing import Any
 
-from dataio.storage import Store
+from dataio.storage.store import Store
 from sharding.config import Layout, ShardResult, WriteConfig
 from sharding.shard import write_shard
-from sharding.sources import Ref, Source
+from sharding.sources.base import Ref, Source
 
 _WORKER: dict[str, Any] = {}
 

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataio.manifest import Checksummer, Field
+from dataio.format.manifest import Checksummer, Field
 
 ROWS_PER_GROUP = 1000
 BYTES_PER_GROUP = 64 * 1024 * 1024

@@ -10,8 +10,8 @@ from __future__ import annotations
 import tarfile
 from typing import BinaryIO
 
-from dataio.manifest import Checksummer
-from dataio.tar_index import TAR_BLOCK, IndexedSample, Member, TarIndex
+from dataio.format.manifest import Checksummer
+from dataio.format.tar_index import TAR_BLOCK, IndexedSample, Member, TarIndex
 
 _ZEROS = bytes(TAR_BLOCK)
 

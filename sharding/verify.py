@@ -11,11 +11,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from dataio import images
+from dataio.decode import images
 from dataio.errors import ShardifyError
-from dataio.manifest import Manifest, checksum_bytes
-from dataio.storage import Store
-from dataio.tar_index import TarIndex, build_index, parse_index
+from dataio.format.manifest import Manifest, checksum_bytes
+from dataio.format.tar_index import TarIndex, build_index, parse_index
+from dataio.storage.store import Store
 
 
 @dataclass(frozen=True, slots=True)

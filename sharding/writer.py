@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dataio.manifest import MANIFEST_NAME, Manifest, write_manifest
-from dataio.storage import Store, redact
-from dataio.tar_index import TAR_BLOCK
+from dataio.format.manifest import MANIFEST_NAME, Manifest, write_manifest
+from dataio.format.tar_index import TAR_BLOCK
+from dataio.storage.store import Store, redact
 from sharding.config import Layout, ShardResult, WriteConfig, layout_of
 from sharding.parallel import run_parallel
 from sharding.shard import write_shard
-from sharding.sources import Ref, Source, SourceError
+from sharding.sources.base import Ref, Source, SourceError
 
 __all__ = ["WriteConfig", "WriteReport", "plan_shards", "prepare_destination", "write_dataset"]
 

@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from dataio.storage import StorageOptions, redact
+from dataio.storage.store import StorageOptions, redact
 
 _PORT_NAMES = ("s3", "master", "volume", "filer", "admin")
 _GRPC_OFFSET = 10000  # weed puts each component's gRPC port at its HTTP port + 10000

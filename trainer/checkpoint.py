@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dataio.storage import Store
+from dataio.storage.store import Store
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")

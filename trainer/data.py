@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from dataio.storage import StorageOptions
+from dataio.storage.store import StorageOptions
 from trainer.config import TrainConfig
 from trainer.synthetic import synthetic_loader
 
@@ -28,7 +28,7 @@ def open_loader(cfg: TrainConfig, url: str, *, rank: int, world_size: int, train
     if url.startswith(SYNTHETIC):
         return synthetic_loader(url, batch_size=cfg.batch_size, rank=rank, world_size=world_size,
                                 seed=cfg.seed, image_size=cfg.image_size, tail=tail, train=train)
-    from dataio.loader import make_loader
+    from dataio.loader.shard_loader import make_loader
 
     tabular = bool(cfg.feature_names)  # rows of numeric columns: no image decode, only the columns needed
     return make_loader(url, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed,

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dataio.storage import Store
+from dataio.storage.store import Store
 from trainer import checkpoint as ckpt_io
 from trainer import data, runtime
 from trainer.config import TrainConfig, config_dict

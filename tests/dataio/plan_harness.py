@@ -16,7 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from dataio.plan import READ_THROUGH_GAP, PlanConfig, PlanState, WorkerPlan, WorkerSlot, num_steps, plan_worker, shard_offsets
+from dataio.plan.plan import (
+    READ_THROUGH_GAP,
+    WorkerPlan,
+    num_steps,
+    plan_worker,
+    shard_offsets,
+)
+from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
 
 Batch = tuple[tuple[int, ...], tuple[bool, ...]]  # (sample ids, is_pad), comparable with ==
 Topology = tuple[int, int]

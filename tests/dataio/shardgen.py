@@ -16,13 +16,12 @@ from collections.abc import Sequence
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from fsspec.implementations.memory import MemoryFileSystem
 
-from dataio.plan import Segment
-from dataio.manifest import Field, Manifest, checksum_bytes, write_manifest
-from dataio.storage import RetryPolicy, Store
-from dataio.tar_index import build_index
+from dataio.format.manifest import Field, Manifest, checksum_bytes, write_manifest
+from dataio.format.tar_index import build_index
+from dataio.plan.types import Segment
+from dataio.storage.store import RetryPolicy, Store
 
 # Retries without sleeping, for tests that inject faults.
 FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0)

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from dataio.cache import DiskCache
 from dataio.errors import StorageError
-from dataio.readers import make_reader
-from dataio.storage import Store
+from dataio.readers.by_format import make_reader
+from dataio.storage.cache import DiskCache
+from dataio.storage.store import Store
 from tests.dataio.shardgen import Seg, write_parquet_dataset, write_tar_dataset
 
 pytestmark = pytest.mark.timeout(60)

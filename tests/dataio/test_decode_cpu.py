@@ -13,9 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from dataio.decode_cpu import CpuDecoder, DecodeConfig, sample_seed
+from dataio.decode.cpu import CpuDecoder, DecodeConfig
+from dataio.decode.transforms import center_crop, jpeg_scale_denom, random_resized_crop
 from dataio.errors import CorruptSampleError, ImageTooLargeError
-from dataio.transforms import SampleRandom, center_crop, jpeg_scale_denom, random_resized_crop
+from dataio.rand import SampleRandom, sample_seed
 
 DECODERS = ("simplejpeg", "pil")
 URL = "s3://bucket/ds/shards/shard-000007.tar"

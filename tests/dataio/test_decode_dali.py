@@ -27,11 +27,11 @@ pytest.importorskip("nvidia.dali")
 
 from dataio import make_loader  # noqa: E402
 from dataio.batch import PackedBytes  # noqa: E402
-from dataio.decode_cpu import CpuDecoder, DecodeConfig  # noqa: E402
-from dataio.decode_dali import DaliDecoder  # noqa: E402
+from dataio.decode.cpu import CpuDecoder, DecodeConfig  # noqa: E402
+from dataio.decode.dali import DaliDecoder  # noqa: E402
 from dataio.errors import CorruptSampleError, ImageTooLargeError  # noqa: E402
-from dataio.storage import Store  # noqa: E402
-from dataio.transforms import sample_seed  # noqa: E402
+from dataio.rand import sample_seed  # noqa: E402
+from dataio.storage.store import Store  # noqa: E402
 from tests.dataio.shardgen import write_tar_dataset, write_tar_samples  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -187,7 +187,7 @@ def test_abandoned_map_is_superseded(eval_config) -> None:
 
 
 def test_dali_is_imported_only_when_a_pipeline_is_built() -> None:
-    code = ("import sys, dataio.decode_dali, dataio.loader, dataio.decode_cpu; "
+    code = ("import sys, dataio.decode.dali, dataio.loader.shard_loader, dataio.decode.cpu; "
             "sys.exit(1 if any(m.startswith('nvidia.dali') for m in sys.modules) else 0)")
     root = Path(__file__).resolve().parents[2]
     assert subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60).returncode == 0

@@ -9,11 +9,21 @@ import pytest
 import torch
 
 from dataio import (
-    CorruptSampleError, LoaderConfig, ManifestError, ShardFormatError, StorageError, make_loader,
+    CorruptSampleError,
+    LoaderConfig,
+    ManifestError,
+    ShardFormatError,
+    StorageError,
+    make_loader,
 )
 from dataio.batch import PackedBytes
-from dataio.storage import Store
-from tests.dataio.shardgen import make_samples, write_parquet_dataset, write_tar_dataset, write_tar_samples
+from dataio.storage.store import Store
+from tests.dataio.shardgen import (
+    make_samples,
+    write_parquet_dataset,
+    write_tar_dataset,
+    write_tar_samples,
+)
 
 SIZES = [13, 0, 7, 1, 22, 5]  # deliberately uneven, with an empty and a one-sample shard
 TOTAL = sum(SIZES)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from dataio import make_loader
-from dataio.storage import Store
+from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "dist_loader.py")

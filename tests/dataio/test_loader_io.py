@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from dataio import make_loader
-from dataio.loader import LoaderConfig, window_samples
-from dataio.loader_io import as_bytes, pack_bytes, split_segment, zero_copy
-from dataio.manifest import read_manifest
-from dataio.plan import Segment
-from dataio.storage import Store
-from dataio.tar_reader import TarPayload, TarReader
+from dataio.format.manifest import read_manifest
+from dataio.loader.collate import as_bytes, pack_bytes
+from dataio.loader.config import LoaderConfig, window_samples
+from dataio.plan.types import Segment
+from dataio.readers.base import split_segment
+from dataio.readers.tar import TarPayload, TarReader, zero_copy
+from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
 
 SIZES = [9, 0, 14, 1, 6]

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dataio import ManifestError, ShardifyError, StateError, make_loader
-from dataio.loader_state import agree_on_dataset
-from dataio.storage import Store
+from dataio.loader.startup import agree_on_dataset
+from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
 from tests.dataio.test_loader import TOTAL, dataset, real_keys, run_epoch, take  # noqa: F401 - dataset is a fixture
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from dataio.errors import ManifestError
-from dataio.manifest import (
+from dataio.format.manifest import (
     MANIFEST_NAME,
     Checksummer,
     Field,
@@ -18,7 +18,7 @@ from dataio.manifest import (
     read_manifest,
     write_manifest,
 )
-from dataio.storage import RetryPolicy, Store
+from dataio.storage.store import RetryPolicy, Store
 
 FIELDS = (Field(name="jpg", type="image"), Field(name="cls", type="int"))
 

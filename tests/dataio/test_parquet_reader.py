@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from dataio.errors import ShardFormatError, StorageError
-from dataio.manifest import read_manifest
-from dataio.parquet_reader import ParquetReader, column_values
-from dataio.readers import make_reader
-from dataio.storage import Store
+from dataio.format.manifest import read_manifest
+from dataio.readers.by_format import make_reader
+from dataio.readers.parquet import ParquetReader, column_values
+from dataio.storage.store import Store
 from tests.dataio.shardgen import FAST_RETRY, Seg, write_parquet_dataset
 
 pytestmark = pytest.mark.timeout(120)

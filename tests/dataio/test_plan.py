@@ -7,8 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dataio.permute import key, permutation
-from dataio.plan import READ_THROUGH_GAP, PlanConfig, PlanState, WorkerSlot, num_steps, plan_worker, shard_offsets
+from dataio.plan.plan import READ_THROUGH_GAP, num_steps, plan_worker, shard_offsets
+from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
+from dataio.rand import key, permutation
 from tests.dataio.plan_harness import plan_epoch, real_ids, segment_totals
 
 FRESH = PlanState(epoch=0)

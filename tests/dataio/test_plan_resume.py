@@ -9,9 +9,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dataio.errors import StateError
-from dataio.plan import PLAN_VERSION, READ_THROUGH_GAP, PlanConfig, PlanState, Progress, WorkerSlot, num_steps, plan_worker
-from tests.dataio.plan_harness import (check_resume, check_same_topology_resume, plan_advance, plan_deliver,
-                                       plan_epoch, real_ids, segment_totals)
+from dataio.plan.plan import READ_THROUGH_GAP, num_steps, plan_worker
+from dataio.plan.types import PLAN_VERSION, PlanConfig, PlanState, Progress, WorkerSlot
+from tests.dataio.plan_harness import (
+    check_resume,
+    check_same_topology_resume,
+    plan_advance,
+    plan_deliver,
+    plan_epoch,
+    real_ids,
+    segment_totals,
+)
 from tests.dataio.test_plan import configs, shard_sizes
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dataio.prefetch import THREAD_NAME_PREFIX, Prefetcher
+from dataio.storage.prefetch import THREAD_NAME_PREFIX, Prefetcher
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -143,8 +143,8 @@ def test_rejects_bad_arguments():
 def test_prefetch_hides_s3_latency_from_the_delay_proxy(s3_server):
     from dataclasses import replace
 
-    from dataio.readers import make_reader
-    from dataio.storage import Store
+    from dataio.readers.by_format import make_reader
+    from dataio.storage.store import Store
     from tests.dataio.shardgen import Seg, write_tar_dataset
     from tools.delay_proxy import DelayProxy
 

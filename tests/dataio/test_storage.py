@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataio.errors import StorageError
-from dataio.storage import (
+from dataio.storage.store import (
     RetryPolicy,
     ShortReadError,
     StorageOptions,
@@ -21,8 +21,8 @@ from dataio.storage import (
     check_relative_many,
     is_transient,
     redact,
-    with_retry,
     with_options,
+    with_retry,
 )
 
 NO_WAIT = RetryPolicy(max_attempts=4, base_delay_s=0.0, max_delay_s=0.0)

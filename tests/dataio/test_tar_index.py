@@ -9,7 +9,15 @@ import pytest
 import webdataset as wds
 
 from dataio.errors import ShardFormatError
-from dataio.tar_index import TAR_BLOCK, IndexedSample, Member, TarIndex, build_index, parse_index, split_member_name
+from dataio.format.tar_index import (
+    TAR_BLOCK,
+    IndexedSample,
+    Member,
+    TarIndex,
+    build_index,
+    parse_index,
+    split_member_name,
+)
 
 
 def _samples(num: int) -> list[dict[str, bytes]]:

@@ -12,10 +12,10 @@ import uuid
 import pytest
 
 from dataio.errors import ShardFormatError, StorageError
-from dataio.manifest import read_manifest
-from dataio.readers import make_reader
-from dataio.storage import RetryPolicy, Store
-from dataio.tar_reader import TarReader
+from dataio.format.manifest import read_manifest
+from dataio.readers.by_format import make_reader
+from dataio.readers.tar import TarReader
+from dataio.storage.store import RetryPolicy, Store
 from tests.dataio.shardgen import FAST_RETRY, FlakyMemoryFS, Seg, write_tar_dataset
 
 pytestmark = pytest.mark.timeout(120)
@@ -262,7 +262,7 @@ def _client_errors() -> list:
 
 
 def test_is_transient_knows_what_s3fs_botocore_and_aiohttp_raise():
-    from dataio.storage import is_transient
+    from dataio.storage.store import is_transient
 
     for exc, transient in _client_errors():
         assert is_transient(exc) is transient, repr(exc)

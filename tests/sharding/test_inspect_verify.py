@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dataio.manifest import read_manifest
-from dataio.storage import Store
-from dataio.tar_index import parse_index
+from dataio.format.manifest import read_manifest
+from dataio.format.tar_index import parse_index
+from dataio.storage.store import Store
 from tests.sharding.conftest import run
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from dataio.manifest import read_manifest
-from dataio.storage import Store
+from dataio.format.manifest import read_manifest
+from dataio.storage.store import Store
 from tests.sharding.conftest import run
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dataio.tar_index import build_index
+from dataio.format.tar_index import build_index
 from tests.sharding.conftest import make_image_folder, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from sharding.progress import Progress
 from sharding.config import ShardResult
+from sharding.progress import Progress
 
 
 class _Terminal(io.StringIO):

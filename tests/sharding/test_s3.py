@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dataio.manifest import read_manifest
-from dataio.storage import Store
+from dataio.format.manifest import read_manifest
+from dataio.storage.store import Store
 from tests.sharding.conftest import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

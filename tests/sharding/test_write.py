@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from dataio.manifest import read_manifest
-from dataio.storage import Store
-from dataio.tar_index import build_index, parse_index
+from dataio.format.manifest import read_manifest
+from dataio.format.tar_index import build_index, parse_index
+from dataio.storage.store import Store
 from sharding.cli import parse_size
 from tests.sharding.conftest import CLASSES, manifest_of, run
 

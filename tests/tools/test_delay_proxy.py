@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dataio.errors import StorageError
-from dataio.storage import RetryPolicy, Store
+from dataio.storage.store import RetryPolicy, Store
 from tools.delay_proxy import DelayProxy
 
 PAYLOAD = bytes(range(256)) * 400  # 100 KiB

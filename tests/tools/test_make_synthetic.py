@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tools.make_synthetic import SyntheticConfig, class_name, make_synthetic, render_jpeg
+from tools.make_synthetic import (
+    SyntheticConfig,
+    class_name,
+    make_synthetic,
+    render_jpeg,
+)
 
 
 def _files(root: Path) -> dict[str, bytes]:

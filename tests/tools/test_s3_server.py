@@ -14,7 +14,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from dataio.errors import StorageError
-from dataio.storage import RetryPolicy, Store
+from dataio.storage.store import RetryPolicy, Store
 from tools.s3_server import S3Server, pick_weed_ports
 
 ONE_TRY = RetryPolicy(max_attempts=1)

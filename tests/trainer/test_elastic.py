@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dataio.storage import Store
+from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
 from tests.trainer.harness import committed_keys, finish, ok, run_trainer, start
 

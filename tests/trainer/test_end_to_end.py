@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dataio.storage import Store
+from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
 from tests.trainer.harness import ok, run_trainer, summary
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dataio.manifest import Field, Manifest, checksum_bytes, write_manifest
-from dataio.storage import Store
+from dataio.format.manifest import Field, Manifest, checksum_bytes, write_manifest
+from dataio.storage.store import Store
 from trainer.__main__ import main
 
 FEATURES = ("f0", "f1", "f2", "f3")

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from dataio.storage import Store
+from dataio.storage.store import Store
 from trainer import checkpoint as ckpt_io
 from trainer.config import TrainConfig, parse_config
 from trainer.models import build_model

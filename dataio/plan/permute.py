@@ -1,8 +1,7 @@
 """The epoch's order as arithmetic: counter-based permutations, resume levels, positions -> ids.
 
-Permutations are splitmix64 over (seed, epoch, level, index), our own arithmetic rather than
-numpy's Generator streams, whose output numpy does not promise to keep across versions: a saved
-plan state must replay bit for bit after an upgrade. Level t >= 1 of an epoch (see plan.py) is
+Permutations are dataio.rand's, keyed by (seed, epoch, level, index): a saved plan state
+replays bit for bit after an upgrade. Level t >= 1 of an epoch (see plan.py) is
 kept as pieces of level t - 1, so resolving one worker's positions costs O(pieces + its share).
 """
 
@@ -10,52 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dataio.errors import StateError
-
-if TYPE_CHECKING:  # plan.py imports this module; the types are only annotations here
-    from dataio.plan import PlanConfig, Progress
-
-_MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-_MUL1 = 0xBF58476D1CE4E5B9
-_MUL2 = 0x94D049BB133111EB
-
-
-def mix64(x: int) -> int:
-    """splitmix64's finaliser on a Python int, modulo 2**64."""
-    x = (x + _GOLDEN) & _MASK
-    x = ((x ^ (x >> 30)) * _MUL1) & _MASK
-    x = ((x ^ (x >> 27)) * _MUL2) & _MASK
-    return x ^ (x >> 31)
-
-
-def key(*parts: int) -> int:
-    """A 64-bit key hashing the parts in order; each part must lie in [0, 2**64)."""
-    h = 0
-    for part in parts:
-        if not 0 <= part <= _MASK:
-            raise ValueError(f"key part {part} outside [0, 2**64)")
-        h = mix64(h ^ part)
-    return h
-
-
-def _mix_array(x: np.ndarray) -> np.ndarray:
-    # uint64 arithmetic wraps modulo 2**64 in numpy arrays, which is what splitmix64 wants.
-    x = x + np.uint64(_GOLDEN)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(_MUL1)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(_MUL2)
-    return x ^ (x >> np.uint64(31))
-
-
-def permutation(k: int, n: int) -> np.ndarray:
-    """A permutation of range(n), (n,) int64, fixed by the key: argsort of hashed indices."""
-    # Hashing twice (index, then xor key) keeps keys that differ by one from giving shifted orders.
-    hashed = _mix_array(_mix_array(np.arange(n, dtype=np.uint64)) ^ np.uint64(k))
-    return np.argsort(hashed, kind="stable").astype(np.int64, copy=False)
+from dataio.plan.types import PlanConfig, Progress
+from dataio.rand import key, permutation
 
 
 def num_batches(n: int, world_size: int, config: PlanConfig) -> int:

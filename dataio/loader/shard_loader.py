@@ -2,7 +2,7 @@
 
 The main process sends each DataLoader worker tickets ("batch k of this iteration, from plan
 state S"); each worker computes its own plan and streams whole batches back (see
-loader_worker.py). The state counts batches as they leave `__iter__` here, in the main process,
+worker.py). The state counts batches as they leave `__iter__` here, in the main process,
 so it reflects what the training loop received, never what workers prefetched; every rank's
 state is the same and loads into a loader of any world size and number of workers.
 """
@@ -15,115 +15,23 @@ from typing import Any
 
 import torch
 
-from dataio.decode_cpu import DecodeConfig
+from dataio.decode.cpu import DecodeConfig
+from dataio.decode.images import DEFAULT_MAX_PIXELS
 from dataio.errors import StateError
-from dataio.images import DEFAULT_MAX_PIXELS
-from dataio.loader_state import agree_on_dataset, check_state, fields_to_read, make_state, open_dataset, resolve_topology
-from dataio.loader_worker import SKIPPED_KEY, BatchDataset, SampleUrls, Ticket, WorkerJob
-from dataio.manifest import Manifest
-from dataio.plan import PlanConfig, PlanState, num_steps
-from dataio.storage import StorageOptions, Store
-
-DECODES = ("cpu", "dali", None)
-TAILS = ("drop", "pad")
-ON_CORRUPT = ("raise", "skip")
-START_METHODS = (None, "fork", "spawn", "forkserver")
-MiB = 1 << 20
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoaderConfig:
-    """Everything make_loader takes besides the URL; batch_size is per rank."""
-
-    batch_size: int
-    num_workers: int = 2
-    seed: int = 0
-    rank: int | None = None  # None: from torch.distributed when initialised, else 0
-    world_size: int | None = None
-    decode: str | None = "cpu"  # "cpu": uint8 N3HW images; None: raw bytes; "dali": DALI in the main process
-    image_size: int = 224
-    train: bool = True  # random resized crop + flip; False: resize + centre crop
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    tail: str = "drop"  # "pad": every sample once, repeats flagged False in batch["mask"]
-    shuffle: bool = True
-    shuffle_window: int = 4096
-    # A worker holds a whole window in memory while prefetching the next (prefetch_bytes), so the
-    # window is also capped at this many bytes of the dataset's mean sample (128 MiB: ~1200
-    # ImageNet JPEGs of 100 KB, like webdataset's usual 1000-sample buffer); None: no cap.
-    shuffle_window_bytes: int | None = 128 * MiB
-    fields: tuple[str, ...] | None = None  # project samples to these fields (None: all)
-    transform: Callable[..., Any] | None = None  # cpu: per image (3,H,W) uint8 tensor; else per sample dict
-    collate: Callable[[list[dict[str, Any]]], Any] | None = None
-    on_corrupt: str = "raise"
-    prefetch_bytes: int = 128 * MiB  # one window ahead: no stall where windows meet
-    max_in_flight: int = 8
-    cache_dir: str | None = None
-    cache_limit_bytes: int | None = None
-    storage: StorageOptions | None = None
-    verify_index: bool = True
-    check_shards: bool = True  # one listing of the prefix at start-up: missing shards fail early
-    pin_memory: bool = False
-    multiprocessing_context: str | None = None
-    prefetch_factor: int = 2  # batches in flight per worker (DataLoader's own queue)
-    startup_timeout_s: float = 300.0  # how long ranks wait for each other to open the dataset
-    dali_threads: int = 2
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "image_size", "shuffle_window", "prefetch_bytes", "max_in_flight",
-                     "prefetch_factor", "max_pixels", "dali_threads"):
-            _check_int(name, getattr(self, name), minimum=1)
-        for name in ("num_workers", "seed"):
-            _check_int(name, getattr(self, name), minimum=0)
-        if (self.rank is None) != (self.world_size is None):
-            raise ValueError("give both rank and world_size, or neither (then torch.distributed decides)")
-        if self.world_size is not None:
-            _check_int("world_size", self.world_size, minimum=1)
-            _check_int("rank", self.rank, minimum=0)
-            if self.rank >= self.world_size:  # type: ignore[operator]
-                raise ValueError(f"rank {self.rank} must be below world_size {self.world_size}")
-        _check_choice("decode", self.decode, DECODES)
-        _check_choice("tail", self.tail, TAILS)
-        _check_choice("on_corrupt", self.on_corrupt, ON_CORRUPT)
-        _check_choice("multiprocessing_context", self.multiprocessing_context, START_METHODS)
-        if isinstance(self.fields, str):
-            raise TypeError(f"fields must be a sequence of names, not the string {self.fields!r}")
-        if self.fields is not None:
-            object.__setattr__(self, "fields", tuple(self.fields))
-        for name in ("transform", "collate"):
-            if getattr(self, name) is not None and not callable(getattr(self, name)):
-                raise TypeError(f"{name} must be callable")
-        if (self.cache_dir is None) != (self.cache_limit_bytes is None):
-            raise ValueError("give cache_dir and cache_limit_bytes together (or neither: no disk cache)")
-        if self.cache_limit_bytes is not None:
-            _check_int("cache_limit_bytes", self.cache_limit_bytes, minimum=1)
-        if self.shuffle_window_bytes is not None:
-            _check_int("shuffle_window_bytes", self.shuffle_window_bytes, minimum=1)
-        if self.storage is not None and not isinstance(self.storage, StorageOptions):
-            raise TypeError("storage must be a dataio.storage.StorageOptions")
-        if not self.startup_timeout_s > 0:
-            raise ValueError("startup_timeout_s must be positive")
-        if self.decode == "dali" and (self.transform is not None or self.collate is not None):
-            raise ValueError("decode='dali' decodes in the main process: transform/collate hooks need decode='cpu' or None")
-
-
-def window_samples(manifest: Manifest, config: LoaderConfig) -> int:
-    """The shuffle window in samples: shuffle_window, lowered so a window of the dataset's mean-sized
-    samples fits in shuffle_window_bytes. A function of the manifest: the same on every rank."""
-    total_samples = sum(manifest.shard_num_samples)
-    if config.shuffle_window_bytes is None or total_samples == 0:
-        return config.shuffle_window
-    mean_bytes = max(1.0, sum(manifest.shard_num_bytes) / total_samples)
-    return max(1, min(config.shuffle_window, int(config.shuffle_window_bytes // mean_bytes)))
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+from dataio.format.manifest import Manifest
+from dataio.loader.collate import SKIPPED_KEY
+from dataio.loader.config import LoaderConfig, MiB, check_int, window_samples
+from dataio.loader.startup import (
+    agree_on_dataset,
+    fields_to_read,
+    open_dataset,
+    resolve_topology,
+)
+from dataio.loader.state import check_state, make_state
+from dataio.loader.worker import BatchDataset, SampleUrls, Ticket, WorkerJob
+from dataio.plan.plan import num_steps
+from dataio.plan.types import PlanConfig, PlanState
+from dataio.storage.store import StorageOptions, Store
 
 
 @dataclass
@@ -222,7 +130,7 @@ class ShardLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration delivers; a resumed epoch keeps its position."""
-        _check_int("epoch", epoch, minimum=0)
+        check_int("epoch", epoch, minimum=0)
         if epoch != self._state.epoch or self._finished:
             self._state, self._delivered, self._finished = PlanState(epoch=epoch), 0, False
 
@@ -320,7 +228,7 @@ class ShardLoader:
 
     def _dali_decoder(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
         if self._dali is None:
-            from dataio.decode_dali import DaliDecoder
+            from dataio.decode.dali import DaliDecoder
 
             self._dali = DaliDecoder(
                 self._decode_config(), batch_size=self.config.batch_size, seed=self.config.seed,

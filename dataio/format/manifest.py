@@ -16,7 +16,7 @@ from typing import Any
 import xxhash
 
 from dataio.errors import ManifestError, StorageError
-from dataio.storage import Store, check_relative_many
+from dataio.storage.store import Store, check_relative_many
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1

@@ -2,20 +2,18 @@
 
 The only module that imports `nvidia.dali`, and only when a DaliDecoder is built. The crop box and
 flip of every sample are computed here, in Python, with the CPU path's arithmetic and per-sample
-seeds (dataio.transforms), and fed to DALI through `fn.external_source`: DALI then decodes only
+seeds (dataio.rand), and fed to DALI through `fn.external_source`: DALI then decodes only
 that region (`fn.decoders.image_slice`, the ROI decode `image_random_crop` uses internally),
 resizes and lays out CHW. So a sample's augmentation depends on (seed, epoch, sample id) only,
 as on the CPU path, whatever the batching, the resume point or the device.
 A sample DALI should not see (unreadable header, pixel limit, GIF, CMYK) and every batch DALI
-fails on go through dataio.decode_cpu.CpuDecoder and the loader's corrupt-sample policy.
+fails on go through dataio.decode.cpu.CpuDecoder and the loader's corrupt-sample policy.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import time
-import warnings
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -23,24 +21,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from dataio.batch import PackedBytes
-from dataio.decode_cpu import CpuDecoder, DecodeConfig
+from dataio.decode.cpu import CpuDecoder, DecodeConfig
+from dataio.decode.images import IMAGE_EXTS, check_pixels, read_header
+from dataio.decode.transforms import CropBox, center_crop, random_resized_crop
 from dataio.errors import CorruptSampleError
-from dataio.images import IMAGE_EXTS, check_pixels
-from dataio.transforms import CropBox, SampleRandom, center_crop, random_resized_crop, sample_seed
-
-try:
-    import simplejpeg
-except ImportError:  # optional: PIL reads every header when it is missing, ~10x slower for JPEG
-    simplejpeg = None
+from dataio.rand import SampleRandom, sample_seed
 
 ON_CORRUPT = ("raise", "skip")
-SKIPPED_KEY = "__skipped__"  # same key as dataio.loader_worker: "URL#key" of substituted samples
+SKIPPED_KEY = "__skipped__"  # same key as dataio.loader.worker: "URL#key" of substituted samples
 _DALI_FORMATS = ("jpeg", "png", "webp", "bmp")  # formats DALI decodes like PIL; the rest go to the CPU
 _DALI_MODES = ("RGB", "L", "RGBA", "P", "LA")  # colour modes whose RGB conversion matches PIL's
-_JPEG_MODES = {"YCbCr": "RGB", "RGB": "RGB", "Gray": "L", "CMYK": "CMYK", "YCCK": "CMYK"}  # simplejpeg's names
 
 
 def _dali() -> Any:
@@ -87,7 +79,7 @@ class DaliDecoder:
         url_of: Callable[[int], str] | None = None,
     ) -> None:
         if not isinstance(decode_config, DecodeConfig):
-            raise TypeError(f"decode_config must be a dataio.decode_cpu.DecodeConfig, got {type(decode_config).__name__}")
+            raise TypeError(f"decode_config must be a dataio.decode.cpu.DecodeConfig, got {type(decode_config).__name__}")
         for name, value, minimum in (("batch_size", batch_size, 1), ("seed", seed, 0),
                                      ("num_threads", num_threads, 1), ("prefetch_queue_depth", prefetch_queue_depth, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -196,10 +188,10 @@ class DaliDecoder:
 
     def _plan(self, data: np.ndarray, seed: int) -> tuple[CropBox, bool] | None:
         """(crop box, flip) from the header, or None when the CPU path should decode this sample."""
-        header = _header(data)
+        header = read_header(data)
         if header is None:
             return None
-        fmt, mode, width, height = header
+        fmt, mode, width, height = header.format, header.mode, header.width, header.height
         try:
             check_pixels(width, height, max_pixels=self.config.max_pixels)
         except CorruptSampleError:
@@ -413,20 +405,3 @@ def _image_field(batch: dict[str, Any]) -> str:
         f"batch has no raw image field (one of {IMAGE_EXTS} as PackedBytes; it has {sorted(batch)}); "
         "DaliDecoder needs the loader's decode='dali' raw batches"
     )
-
-
-def _header(data: np.ndarray) -> tuple[str, str, int, int] | None:
-    """(format, mode, width, height) from the header alone; None when it cannot be read."""
-    if simplejpeg is not None and data[:2].tobytes() == b"\xff\xd8":
-        try:  # a few microseconds, against ~200 for PIL's parser: it bounds DALI's feed rate
-            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-            return "jpeg", _JPEG_MODES.get(colorspace, colorspace), width, height
-        except ValueError:
-            pass  # let PIL have a go, as the CPU path does
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the pixel limit is ours
-            with Image.open(io.BytesIO(data.tobytes())) as img:
-                return (img.format or "").lower(), img.mode, img.size[0], img.size[1]
-    except Exception:  # noqa: BLE001 - PIL raises many types for bad data; the CPU path names it
-        return None

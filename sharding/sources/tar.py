@@ -7,10 +7,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dataio.manifest import Field
-from dataio.storage import Store
-from dataio.tar_index import build_index
-from sharding.sources import IMAGE_EXT_SET, RawSample, Ref, Source, SourceError, normalize_ext
+from dataio.format.manifest import Field
+from dataio.format.tar_index import build_index
+from dataio.storage.store import Store
+from sharding.sources.base import (
+    IMAGE_EXT_SET,
+    RawSample,
+    Ref,
+    Source,
+    SourceError,
+    normalize_ext,
+)
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -78,7 +85,7 @@ def _tar_label(store: Store, name: str, handle: Any, members: dict[str, tuple[in
 
 
 def open_tars(store: Store, names: list[str], description: str) -> TarSource:
-    """Existing WebDataset tar shards, indexed with dataio.tar_index.build_index (labels from .cls)."""
+    """Existing WebDataset tar shards, indexed with dataio.format.tar_index.build_index (labels from .cls)."""
     refs: list[Ref] = []
     exts: set[str] = set()
     extra: dict[str, None] = {}
@@ -110,7 +117,7 @@ def open_tars(store: Store, names: list[str], description: str) -> TarSource:
 
 def open_dataset(store: Store, description: str) -> TarSource:
     """A shardify tar dataset (its manifest's shards, label names kept) as a source to re-shard."""
-    from dataio.manifest import read_manifest
+    from dataio.format.manifest import read_manifest
 
     manifest = read_manifest(store)
     if manifest.format != "tar":

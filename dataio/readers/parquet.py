@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataio.errors import ShardFormatError
-from dataio.manifest import Manifest
-from dataio.readers import (
+from dataio.format.manifest import Manifest
+from dataio.readers.base import (
     LruCache,
     Sample,
     SegmentLike,
@@ -31,10 +31,10 @@ from dataio.readers import (
     proportional_bytes,
     shard_offsets,
 )
-from dataio.storage import Store
+from dataio.storage.store import Store
 
 if TYPE_CHECKING:
-    from dataio.cache import DiskCache
+    from dataio.storage.cache import DiskCache
 
 FOOTER_CACHE_SHARDS = 64
 TAIL_BYTES = 64 * 1024

@@ -4,7 +4,7 @@ Train mode is RandomResizedCrop + horizontal flip, eval mode is resize-shorter-s
 The crop is chosen in original pixel coordinates from the header alone, so the pixel limit is
 checked before any pixel is decoded and JPEGs are decoded with DCT scaling (1/2, 1/4, 1/8) when
 the crop still spans at least `size` pixels at that scale. Randomness comes from a per-sample seed
-(see dataio.transforms.sample_seed), so any worker reproduces a sample's augmentation.
+(see dataio.rand.sample_seed), so any worker reproduces a sample's augmentation.
 """
 
 from __future__ import annotations
@@ -18,10 +18,15 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from dataio.decode.images import (
+    DEFAULT_MAX_PIXELS,
+    JPEG_MAGIC,
+    check_pixels,
+    jpeg_header,
+)
+from dataio.decode.transforms import CropBox, center_crop, jpeg_scale_denom, random_resized_crop
 from dataio.errors import CorruptSampleError, ImageTooLargeError
-from dataio.images import DEFAULT_MAX_PIXELS, check_pixels
-from dataio.transforms import CropBox, SampleRandom, center_crop, jpeg_scale_denom, random_resized_crop
-from dataio.transforms import sample_seed as sample_seed  # re-exported: the loader derives seeds here
+from dataio.rand import SampleRandom
 
 try:
     import simplejpeg
@@ -29,7 +34,6 @@ except ImportError:  # optional: PIL decodes everything when it is missing
     simplejpeg = None
 
 DECODERS = ("auto", "simplejpeg", "pil")
-_JPEG_MAGIC = b"\xff\xd8"
 _SIMPLEJPEG_COLORSPACES = ("YCbCr", "Gray", "RGB")  # CMYK / YCCK go through PIL, which inverts Adobe CMYK
 
 
@@ -121,7 +125,7 @@ class CpuDecoder:
 
     def _decode_into(self, data: bytes, seed: int, key: str, url: str, out: np.ndarray) -> None:
         found = None
-        if self._use_simplejpeg and bytes(memoryview(data)[:2]) == _JPEG_MAGIC:  # any bytes-like input
+        if self._use_simplejpeg and bytes(memoryview(data)[:2]) == JPEG_MAGIC:  # any bytes-like input
             found = self._via_simplejpeg(data, seed, key, url)
         # None: not a JPEG, a JPEG simplejpeg cannot or will not decode, or decoder="pil".
         crop, flip = found if found is not None else self._via_pil(data, seed, key, url)
@@ -139,10 +143,10 @@ class CpuDecoder:
 
     def _via_simplejpeg(self, data: bytes, seed: int, key: str, url: str) -> tuple[np.ndarray, bool] | None:
         """(HWC crop, flip), or None to let PIL try (unusual colour space, recoverable damage)."""
-        try:
-            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-        except ValueError:
+        header = jpeg_header(data)
+        if header is None:
             return None
+        height, width, colorspace = header
         check_pixels(width, height, max_pixels=self.config.max_pixels, url=url, key=key)
         if colorspace not in _SIMPLEJPEG_COLORSPACES:
             return None

@@ -1,8 +1,8 @@
 """Crop geometry and per-sample randomness for the decoders: pure arithmetic, no pixels, no I/O.
 
-Randomness comes from our own counter-based hash (splitmix64) rather than numpy's generators,
-whose streams are not promised stable across versions: the augmentation of a sample depends only
-on (seed, epoch, sample id), whichever worker or machine decodes it, before or after a resume.
+Randomness comes from dataio.rand (SampleRandom, seeded by sample_seed): the augmentation of a
+sample depends only on (seed, epoch, sample id), whichever worker or machine decodes it, before
+or after a resume.
 """
 
 from __future__ import annotations
@@ -10,43 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-_MASK64 = (1 << 64) - 1
-_GOLDEN64 = 0x9E3779B97F4A7C15
+from dataio.rand import SampleRandom
+
 JPEG_SCALE_DENOMS = (8, 4, 2, 1)  # DCT scaling that libjpeg does fast (1/8 .. 1); other M/8 are slower than full
-
-
-def splitmix64(x: int) -> int:
-    """One step of splitmix64's output function: a 64-bit bijective mix of x + golden ratio."""
-    z = (x + _GOLDEN64) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def sample_seed(seed: int, epoch: int, sample_id: int) -> int:
-    """The 64-bit augmentation seed of one sample in one epoch; a pure function of its arguments."""
-    h = splitmix64(int(seed) & _MASK64)
-    h = splitmix64(h ^ (int(epoch) & _MASK64))
-    return splitmix64(h ^ (int(sample_id) & _MASK64))
-
-
-class SampleRandom:
-    """A tiny splitmix64 stream of uniforms in [0, 1), seeded per sample."""
-
-    __slots__ = ("_state",)
-
-    def __init__(self, seed: int) -> None:
-        self._state = int(seed) & _MASK64
-
-    def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
-        self._state = (self._state + _GOLDEN64) & _MASK64
-        # splitmix64 already adds the constant; mixing the advanced state gives a fresh output.
-        unit = (splitmix64(self._state) >> 11) * (1.0 / (1 << 53))
-        return low + (high - low) * unit
-
-    def randint(self, low: int, high: int) -> int:
-        """Uniform integer in [low, high)."""
-        return low + min(int(self.uniform() * (high - low)), high - low - 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dataio.errors import ShardFormatError
-from dataio.manifest import Manifest, checksum_bytes
-from dataio.readers import (
+from dataio.format.manifest import Manifest, checksum_bytes
+from dataio.format.tar_index import IndexedSample, TarIndex, parse_index
+from dataio.readers.base import (
     LruCache,
     Sample,
     SegmentLike,
@@ -24,11 +25,10 @@ from dataio.readers import (
     proportional_bytes,
     shard_offsets,
 )
-from dataio.storage import Store
-from dataio.tar_index import IndexedSample, TarIndex, parse_index
+from dataio.storage.store import Store
 
 if TYPE_CHECKING:
-    from dataio.cache import DiskCache
+    from dataio.storage.cache import DiskCache
 
 INDEX_CACHE_SHARDS = 64
 
@@ -138,3 +138,10 @@ class TarReader:
                     d[member.ext] = data[a : a + member.size]
             out.append(d)
         return out
+
+
+def zero_copy(payload: Any) -> Any:
+    """A tar payload whose member slices are views of the fetched bytes instead of copies."""
+    if isinstance(payload, TarPayload) and isinstance(payload.data, bytes):
+        return TarPayload(payload.base, memoryview(payload.data), payload.samples)
+    return payload

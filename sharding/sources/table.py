@@ -9,8 +9,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataio.errors import ShardifyError
-from dataio.manifest import Field
-from sharding.sources import RawSample, Ref, Source, SourceError, key_width, normalize_ext, read_file
+from dataio.format.manifest import Field
+from sharding.sources.base import (
+    RawSample,
+    Ref,
+    Source,
+    SourceError,
+    key_width,
+    normalize_ext,
+    read_file,
+)
 
 _IMAGE_COLUMN_GUESSES = ("image", "img", "image_path", "path", "file", "filename", "filepath", "jpg", "png")
 _LABEL_COLUMN_GUESSES = ("label", "cls", "class", "target", "category")
@@ -109,7 +117,7 @@ def _labels(values: list[Any], path: str, column: str) -> tuple[list[int | None]
 
 
 def _image_ext_of_bytes(values: list[Any]) -> str:
-    from dataio.images import probe
+    from dataio.decode.images import probe
 
     for v in values:
         if v:

@@ -1,0 +1,115 @@
+"""What a loader is asked for: LoaderConfig, every option of make_loader but the URL, validated once.
+
+A leaf of the loader package: start-up, state, worker and ShardLoader all read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dataio.decode.images import DEFAULT_MAX_PIXELS
+from dataio.format.manifest import Manifest
+from dataio.storage.store import StorageOptions
+
+DECODES = ("cpu", "dali", None)
+TAILS = ("drop", "pad")
+ON_CORRUPT = ("raise", "skip")
+START_METHODS = (None, "fork", "spawn", "forkserver")
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """Everything make_loader takes besides the URL; batch_size is per rank."""
+
+    batch_size: int
+    num_workers: int = 2
+    seed: int = 0
+    rank: int | None = None  # None: from torch.distributed when initialised, else 0
+    world_size: int | None = None
+    decode: str | None = "cpu"  # "cpu": uint8 N3HW images; None: raw bytes; "dali": DALI in the main process
+    image_size: int = 224
+    train: bool = True  # random resized crop + flip; False: resize + centre crop
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    tail: str = "drop"  # "pad": every sample once, repeats flagged False in batch["mask"]
+    shuffle: bool = True
+    shuffle_window: int = 4096
+    # A worker holds a whole window in memory while prefetching the next (prefetch_bytes), so the
+    # window is also capped at this many bytes of the dataset's mean sample (128 MiB: ~1200
+    # ImageNet JPEGs of 100 KB, like webdataset's usual 1000-sample buffer); None: no cap.
+    shuffle_window_bytes: int | None = 128 * MiB
+    fields: tuple[str, ...] | None = None  # project samples to these fields (None: all)
+    transform: Callable[..., Any] | None = None  # cpu: per image (3,H,W) uint8 tensor; else per sample dict
+    collate: Callable[[list[dict[str, Any]]], Any] | None = None
+    on_corrupt: str = "raise"
+    prefetch_bytes: int = 128 * MiB  # one window ahead: no stall where windows meet
+    max_in_flight: int = 8
+    cache_dir: str | None = None
+    cache_limit_bytes: int | None = None
+    storage: StorageOptions | None = None
+    verify_index: bool = True
+    check_shards: bool = True  # one listing of the prefix at start-up: missing shards fail early
+    pin_memory: bool = False
+    multiprocessing_context: str | None = None
+    prefetch_factor: int = 2  # batches in flight per worker (DataLoader's own queue)
+    startup_timeout_s: float = 300.0  # how long ranks wait for each other to open the dataset
+    dali_threads: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "image_size", "shuffle_window", "prefetch_bytes", "max_in_flight",
+                     "prefetch_factor", "max_pixels", "dali_threads"):
+            check_int(name, getattr(self, name), minimum=1)
+        for name in ("num_workers", "seed"):
+            check_int(name, getattr(self, name), minimum=0)
+        if (self.rank is None) != (self.world_size is None):
+            raise ValueError("give both rank and world_size, or neither (then torch.distributed decides)")
+        if self.world_size is not None:
+            check_int("world_size", self.world_size, minimum=1)
+            check_int("rank", self.rank, minimum=0)
+            if self.rank >= self.world_size:  # type: ignore[operator]
+                raise ValueError(f"rank {self.rank} must be below world_size {self.world_size}")
+        check_choice("decode", self.decode, DECODES)
+        check_choice("tail", self.tail, TAILS)
+        check_choice("on_corrupt", self.on_corrupt, ON_CORRUPT)
+        check_choice("multiprocessing_context", self.multiprocessing_context, START_METHODS)
+        if isinstance(self.fields, str):
+            raise TypeError(f"fields must be a sequence of names, not the string {self.fields!r}")
+        if self.fields is not None:
+            object.__setattr__(self, "fields", tuple(self.fields))
+        for name in ("transform", "collate"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise TypeError(f"{name} must be callable")
+        if (self.cache_dir is None) != (self.cache_limit_bytes is None):
+            raise ValueError("give cache_dir and cache_limit_bytes together (or neither: no disk cache)")
+        if self.cache_limit_bytes is not None:
+            check_int("cache_limit_bytes", self.cache_limit_bytes, minimum=1)
+        if self.shuffle_window_bytes is not None:
+            check_int("shuffle_window_bytes", self.shuffle_window_bytes, minimum=1)
+        if self.storage is not None and not isinstance(self.storage, StorageOptions):
+            raise TypeError("storage must be a dataio.StorageOptions")
+        if not self.startup_timeout_s > 0:
+            raise ValueError("startup_timeout_s must be positive")
+        if self.decode == "dali" and (self.transform is not None or self.collate is not None):
+            raise ValueError("decode='dali' decodes in the main process: transform/collate hooks need decode='cpu' or None")
+
+
+def window_samples(manifest: Manifest, config: LoaderConfig) -> int:
+    """The shuffle window in samples: shuffle_window, lowered so a window of the dataset's mean-sized
+    samples fits in shuffle_window_bytes. A function of the manifest: the same on every rank."""
+    total_samples = sum(manifest.shard_num_samples)
+    if config.shuffle_window_bytes is None or total_samples == 0:
+        return config.shuffle_window
+    mean_bytes = max(1.0, sum(manifest.shard_num_bytes) / total_samples)
+    return max(1, min(config.shuffle_window, int(config.shuffle_window_bytes // mean_bytes)))
+
+
+def check_int(name: str, value: Any, *, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")

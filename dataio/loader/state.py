@@ -1,0 +1,73 @@
+"""The loader's saved state: small, flat, JSON-able, versioned, checked on load.
+
+The plan's position (epoch + batches delivered per topology) plus what must match for the plan
+to replay (dataset fingerprint, seed, batch size, tail, shuffle).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dataio.errors import StateError
+
+STATE_FORMAT_VERSION = 1
+# Saved keys that must equal this loader's own for the plan to replay; (key, what to tell the user).
+_MUST_MATCH = (
+    ("fingerprint", "dataset fingerprint (the state comes from another dataset or a rewritten one)"),
+    ("seed", "seed"),
+    ("batch_size", "batch size (per rank)"),
+    ("tail", "tail policy"),
+    ("shuffle", "shuffle setting"),
+    ("shuffle_window", "shuffle window"),
+)
+
+
+def make_state(plan: dict[str, Any], *, epoch: int, fingerprint: str, plan_config: Any) -> dict[str, Any]:
+    """The state dict a loader saves: flat, JSON-able scalars only.
+
+    The plan (PlanState.to_dict()) is stored as JSON text: torch.distributed.checkpoint loads
+    into the structure of a fresh loader's state_dict, whose progress list would be empty.
+    """
+    return {
+        "format_version": STATE_FORMAT_VERSION,
+        "epoch": int(epoch),
+        "plan": json.dumps(plan, sort_keys=True),
+        "fingerprint": fingerprint,
+        "seed": int(plan_config.seed),
+        "batch_size": int(plan_config.batch_size),
+        "tail": plan_config.tail,
+        "shuffle": bool(plan_config.shuffle),
+        "shuffle_window": int(plan_config.shuffle_window),
+    }
+
+
+def check_state(state: Any, *, fingerprint: str, plan_config: Any) -> dict[str, Any]:
+    """Return the saved plan dict if `state` fits this loader; StateError saying what differs otherwise."""
+    if not isinstance(state, dict):
+        raise StateError(f"a loader state must be a dict from ShardLoader.state_dict(), got {type(state).__name__}")
+    version = state.get("format_version")
+    if version != STATE_FORMAT_VERSION:
+        raise StateError(
+            f"loader state format version {version!r} is not {STATE_FORMAT_VERSION}; it was saved by "
+            "another shardify version: resume with that version, or start the epoch afresh"
+        )
+    missing = [k for k, _ in _MUST_MATCH if k not in state] + [k for k in ("plan", "epoch") if k not in state]
+    if missing:
+        raise StateError(f"loader state lacks {missing}; pass the dict ShardLoader.state_dict() returned")
+    mine = make_state({}, epoch=0, fingerprint=fingerprint, plan_config=plan_config)
+    for key, what in _MUST_MATCH:
+        if state[key] != mine[key]:
+            raise StateError(
+                f"cannot resume: the saved {what} is {state[key]!r} but this loader has {mine[key]!r}; "
+                f"build the loader with the same {key} (or start afresh without load_state_dict)"
+            )
+    plan = state["plan"]
+    if isinstance(plan, (str, bytes)):
+        try:
+            plan = json.loads(plan)
+        except ValueError as exc:
+            raise StateError(f"loader state's 'plan' is not valid JSON ({exc}); start the epoch afresh") from None
+    if not isinstance(plan, dict):
+        raise StateError("loader state's 'plan' must be PlanState.to_dict() or its JSON text")
+    return plan

@@ -1,0 +1,29 @@
+"""The chooser: the reader for a manifest's format, above the readers it picks from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from dataio.format.manifest import Manifest
+from dataio.readers.base import SegmentReader
+from dataio.readers.parquet import ParquetReader
+from dataio.readers.tar import TarReader
+from dataio.storage.store import Store
+
+if TYPE_CHECKING:
+    from dataio.storage.cache import DiskCache
+
+
+def make_reader(
+    store: Store,
+    manifest: Manifest,
+    *,
+    fields: Sequence[str] | None = None,
+    verify_index: bool = True,
+    cache: DiskCache | None = None,
+) -> SegmentReader:
+    """The reader for the manifest's format; `fields` projects samples to those fields (plus __key__)."""
+    if manifest.format == "tar":
+        return TarReader(store, manifest, fields=fields, verify_index=verify_index, cache=cache)
+    return ParquetReader(store, manifest, fields=fields, cache=cache)

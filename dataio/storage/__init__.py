@@ -1,0 +1,1 @@
+"""Bytes at a URL: the fsspec Store (retries, atomic writes, redaction), the disk cache, the prefetcher."""

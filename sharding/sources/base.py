@@ -1,0 +1,93 @@
+"""Where samples come from: an image folder tree, a table (CSV, JSONL, Parquet) or existing tar shards.
+
+A source is scanned once in the parent (`open_source`) into cheap, picklable references
+(`Ref`: key, label, location, estimated size); worker processes then turn a shard's refs into
+bytes with `Source.load`. No image bytes are read during the scan, so the assignment of samples
+to shards is known before any worker starts and does not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dataio.decode.images import IMAGE_EXTS
+from dataio.errors import ShardifyError
+from dataio.format.manifest import Field
+
+TABLE_EXTS = (".csv", ".jsonl", ".ndjson", ".parquet", ".pq")
+
+
+class SourceError(ShardifyError):
+    """The source of `shardify write` is missing, empty or not what the options say."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """One sample before loading: `loc` is a file path (folder), a row number (table) or tar members."""
+
+    key: str
+    label: int | None
+    loc: Any
+    size_bytes: int
+    num_members: int = 2
+
+
+@dataclass(slots=True)
+class RawSample:
+    """One loaded sample: image bytes and extension (or None), label, and other fields by name."""
+
+    key: str
+    label: int | None
+    image_ext: str | None
+    image: bytes | None
+    extras: dict[str, Any]
+    where: str
+
+
+@dataclass(kw_only=True)
+class Source:
+    """A scanned source: refs in source order, label names, the fields samples will carry."""
+
+    description: str
+    refs: list[Ref]
+    label_names: tuple[str, ...] | None
+    image_exts: tuple[str, ...]
+    extra_fields: tuple[Field, ...] = ()
+    has_labels: bool = True
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A worker gets its shard's refs separately: never pickle every ref (or a table) per task.
+        state = dict(self.__dict__)
+        state["refs"] = []
+        if "_table" in state:
+            state["_table"] = None
+        return state
+
+    def load(self, refs: Sequence[Ref]) -> Iterator[tuple[Ref, RawSample | Exception]]:
+        """Yield each ref with its sample, or the exception that loading it raised."""
+        raise NotImplementedError
+
+
+def normalize_ext(ext: str) -> str:
+    ext = ext.lower().lstrip(".")
+    return "jpg" if ext == "jpeg" else ("tif" if ext == "tiff" else ext)
+
+
+IMAGE_EXT_SET = {normalize_ext(e) for e in IMAGE_EXTS}
+
+
+def key_width(n: int) -> int:
+    return max(6, len(str(max(n - 1, 0))))
+
+
+def read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def extras_json(extras: dict[str, Any]) -> bytes:
+    """Table values of one sample as the KEY.json member (bytes values travel as their own members)."""
+    return json.dumps({k: v for k, v in extras.items() if not isinstance(v, bytes)}, default=str).encode()

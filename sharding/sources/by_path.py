@@ -1,0 +1,50 @@
+"""The chooser: which source a `shardify write` SRC argument is (tars, a table, a dataset, an image folder)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from dataio.storage.store import Store, redact
+from sharding.sources.base import TABLE_EXTS, Source, SourceError
+from sharding.sources.folder import open_folder
+from sharding.sources.table import open_table
+from sharding.sources.tar import expand_braces, open_dataset, open_tars
+
+
+def open_source(
+    src: str, *, storage: Any = None, image_column: str | None = None, label_column: str | None = None,
+    key_column: str | None = None,
+) -> Source:
+    """Scan SRC: a brace pattern / .tar / directory of .tar (re-shard), a table file, or an image folder."""
+    shown = redact(src, storage.secrets if storage else ())
+    if "{" in src or src.endswith(".tar"):
+        paths = expand_braces(src)
+        parent = os.path.dirname(paths[0]) or "."
+        store = Store(parent, storage)
+        names = [p[len(parent) + 1 :] if p.startswith(parent + "/") else os.path.basename(p) for p in paths]
+        missing = [n for n in names if not store.exists(n)]
+        if missing:
+            raise SourceError(f"{shown}: source shard(s) {missing[:3]} do not exist; check the path or pattern")
+        return open_tars(store, names, shown)
+    if "://" not in src or src.startswith("file://"):
+        path = src.removeprefix("file://")
+        if not os.path.exists(path):
+            raise SourceError(f"{path}: the source does not exist; give an image folder, a table or tar shards")
+        if os.path.isfile(path):
+            if not path.lower().endswith(TABLE_EXTS):
+                raise SourceError(f"{path}: not a table ({', '.join(TABLE_EXTS)}) nor a .tar shard")
+            return open_table(path, image_column=image_column, label_column=label_column, key_column=key_column)
+        if os.path.isfile(os.path.join(path, "manifest.json")):
+            return open_dataset(Store(path, storage), shown)
+        tars = sorted(e.name for e in os.scandir(path) if e.is_file() and e.name.endswith(".tar"))
+        if tars:
+            return open_tars(Store(path, storage), tars, shown)
+        return open_folder(path)
+    store = Store(src, storage)
+    if store.exists("manifest.json"):
+        return open_dataset(store, shown)
+    tars = [n for n in store.list() if n.endswith(".tar") and "/" not in n]
+    if not tars:
+        raise SourceError(f"{shown}: no .tar shards found there; remote sources must be WebDataset tar shards")
+    return open_tars(store, tars, shown)
