@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 OPTIMIZERS = ("sgd", "adamw")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # or package.module:function returning (state, hook)
 DECODES = ("cpu", "dali")  # the trainer needs decoded images
 
 
@@ -54,6 +55,11 @@ class TrainConfig:
     s3_endpoint_url: str = ""
     s3_region: str = ""
     storage_config: str = ""  # TOML with an [s3] table (endpoint_url, key, secret, region)
+    num_threads: int = 0  # torch intra-op threads per rank; 0: torch's default
+    bucket_cap_mb: float = 25.0  # DDP gradient bucket size
+    comm_hook: str = "none"  # none | fp16 | bf16 | powersgd | package.module:function
+    price_per_hour: float = 0.0  # $ per rank (accelerator) per hour; 0: no cost lines
+    tensorboard: str = ""  # directory for TensorBoard event files (rank 0); empty: none
 
     def __post_init__(self) -> None:
         positive = ("epochs", "batch_size", "grad_accum", "image_size", "log_every", "keep_checkpoints",
@@ -61,7 +67,7 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "warmup_steps", "checkpoint_every", "num_workers", "num_classes"):
+        for name in ("max_steps", "warmup_steps", "checkpoint_every", "num_workers", "num_classes", "num_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -74,6 +80,12 @@ class TrainConfig:
             raise ValueError(f"--decode must be one of {DECODES}, got {self.decode!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        if not self.bucket_cap_mb > 0 or self.price_per_hour < 0:
+            raise ValueError(f"--bucket-cap-mb must be > 0 and --price-per-hour >= 0, got {self.bucket_cap_mb} "
+                             f"and {self.price_per_hour}")
+        if self.comm_hook not in COMM_HOOKS and ":" not in self.comm_hook:
+            raise ValueError(f"--comm-hook must be one of {COMM_HOOKS} or package.module:function, "
+                             f"got {self.comm_hook!r}")
         if not self.dist_timeout_s > 0:
             raise ValueError("--dist-timeout-s must be > 0")
         if not self.data:
@@ -129,6 +141,12 @@ _HELP = {
     "s3_endpoint_url": "S3 endpoint (else [s3] of --storage-config, else AWS_ENDPOINT_URL)",
     "s3_region": "S3 region (else AWS_REGION)",
     "storage_config": "TOML file with an [s3] table: endpoint_url, key, secret, region, anon",
+    "num_threads": "torch threads per rank (set OMP_NUM_THREADS too); 0: torch's default (all cores)",
+    "bucket_cap_mb": "DDP gradient bucket size: fewer, bigger all-reduces vs earlier overlap",
+    "comm_hook": f"gradient all-reduce: one of {COMM_HOOKS} (torch's DDP hooks) or package.module:function "
+                 "returning (state, hook); still timed for the exposed/overlapped split",
+    "price_per_hour": "$ per rank (accelerator) per hour: adds $/epoch, $/1000 samples and the wasted share",
+    "tensorboard": "directory for TensorBoard scalars of every report interval (needs the tensorboard package)",
 }
 
 

@@ -57,6 +57,17 @@ def fingerprint_of(loader: Any) -> str:
     return str(manifest.fingerprint if manifest is not None else getattr(loader, "fingerprint", "unknown"))
 
 
+def job_facts(loader: Any) -> dict[str, Any]:
+    """What the scaling prediction needs to know of the dataset: its samples and stored bytes per sample."""
+    manifest = getattr(loader, "manifest", None)
+    if manifest is not None:
+        samples = int(manifest.num_samples)
+        return {"dataset_samples": samples, "bytes_per_sample": manifest.num_bytes / max(1, samples)}
+    images = getattr(loader, "images", None)  # the synthetic loader: uint8 images served from memory
+    per_sample = float(images[0].numel() * images.element_size()) if images is not None else 0.0
+    return {"dataset_samples": int(getattr(loader, "num_samples", 0)), "bytes_per_sample": per_sample}
+
+
 def to_device(batch: dict[str, Any], device: torch.device,
               features: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(inputs, labels int64 [N], mask bool [N]) on `device`; inputs are images float [N,3,H,W] in

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from trainer.cost import describe
 from trainer.report import STAGE_LABELS
 from trainer.timing import PHASES
 
@@ -56,7 +57,7 @@ class LiveTable:
 def summary_table(rep: dict[str, Any], *, title: str) -> Table:
     """Per rank: samples/s, time per step in each stage, data-wait share, hidden loading."""
     table = Table(title=title)
-    table.add_column("rank", justify="right")
+    table.add_column("rank", justify="right", no_wrap=True)
     table.add_column("samples/s", justify="right")
     for p in PHASES:
         table.add_column(f"{STAGE_LABELS[p]} ms/step", justify="right")
@@ -68,12 +69,20 @@ def summary_table(rep: dict[str, Any], *, title: str) -> Table:
         n = max(1, r["steps"])
         cells = [f"{1000 * r[f'{p}_s'] / n:.1f}" for p in PHASES]
         mark = " (slowest)" if r["rank"] == rep["slowest_rank"] and rep["world_size"] > 1 else ""
-        table.add_row(f"{r['rank']}{mark}", f"{r['samples_per_s']:.1f}", *cells,
+        table.add_row(f"{rank_label(r, rep)}{mark}", f"{r['samples_per_s']:.1f}", *cells,
                       f"{1000 * r['step_s'] / n:.1f}", f"{1000 * r['comm_overlapped_s'] / n:.1f}",
                       f"{r['wait_share']:.1%}", f"{r['hidden_load_share']:.0%}")
     table.caption = ("* comm overlapped ran during forward+backward and is already inside it: "
                      "do not add it to the step. step = stages + bookkeeping.")
     return table
+
+
+def rank_label(row: dict[str, Any], rep: dict[str, Any]) -> str:
+    """'3', or '3 (node 1, local 0)' when the job spans more than one node."""
+    nodes = {r.get("node", 0) for r in rep["ranks"]}
+    if len(nodes) < 2:
+        return str(row["rank"])
+    return f"{row['rank']} (node {row.get('node', 0)}, local {row.get('local_rank', 0)})"
 
 
 def print_summary(console: Console, rep: dict[str, Any], *, outputs: dict[str, str],
@@ -85,6 +94,8 @@ def print_summary(console: Console, rep: dict[str, Any], *, outputs: dict[str, s
                   f"{STAGE_LABELS[rep['slowest_stage']]} | slowest rank {rep['slowest_rank']} "
                   f"({rep['slowest_rank_vs_median']:.2f}x median)")
     console.print(f"verdict: {rep['verdict']}")
+    if rep.get("cost"):
+        console.print(describe(rep["cost"]))
     if val:
         console.print(f"validation: loss {val['loss']:.4f}, accuracy {val['accuracy']:.2%} "
                       f"over {val['samples']} samples")

@@ -9,13 +9,15 @@ from __future__ import annotations
 import glob
 import json
 import os
+import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 
-from trainer import runtime
+from trainer import cost, runtime
 from trainer.config import TrainConfig, config_dict
 from trainer.display import LiveTable, print_summary
 from trainer.report import combine, metrics_line, summarize
@@ -37,6 +39,15 @@ class Recorder:
         self.trace: list[dict[str, Any]] = []
         self.first: dict[str, Any] | None = None  # the first step's sums: start-up, used only if alone
         self.last_loss = 0.0
+        self.job: dict[str, Any] = {}  # facts of the job for summary.json (set by setup/wrap): bytes, sizes
+        self.wire_bytes: Callable[[], float | None] = lambda: None
+        # Where this rank runs, in every gathered row: the report names ranks by node and local rank.
+        self.where = {"node": rt.node_rank, "local_rank": rt.local_rank, "host": socket.gethostname()}
+        self.tensorboard = None
+        if rt.is_main and cfg.tensorboard:
+            from trainer.tensorboard import TensorBoardSink
+
+            self.tensorboard = TensorBoardSink(cfg.tensorboard)
         self.keys_path = os.path.join(cfg.out, f"keys-rank{rt.rank}.jsonl")
         # Piped output (CI logs, tests) gets wide tables instead of rich's 80-column default.
         self.console = (Console() if sys.stdout.isatty() else Console(width=150)) if rt.is_main else None
@@ -86,15 +97,15 @@ class Recorder:
         if rec.slices:
             self.trace.append({**rec.as_dict(), "slices": rec.slices})
         if self.first is None:
-            self.first = summarize([rec], rank=self.rt.rank)
+            self.first = {**summarize([rec], rank=self.rt.rank), **self.where}
         else:
-            self.total = _add(self.total, summarize([rec], rank=self.rt.rank))
+            self.total = _add(self.total, {**summarize([rec], rank=self.rt.rank), **self.where})
         self.last_loss = loss
         if rec.step % self.cfg.log_every == 0:
             self._report(rec.step, rec.epoch, lr)
 
     def _report(self, step: int, epoch: int, lr: float) -> None:
-        mine = summarize(self.interval, rank=self.rt.rank)
+        mine = {**summarize(self.interval, rank=self.rt.rank), **self.where}
         mine["loss"] = self.last_loss
         gathered = runtime.gather(self.rt, mine)
         self.interval = []
@@ -105,9 +116,13 @@ class Recorder:
         self.event(metrics_line(rep, step=step, epoch=epoch, loss=loss, lr=lr))
         assert self.table is not None
         self.table.add(rep, step=step, epoch=epoch, loss=loss, lr=lr)
+        if self.tensorboard is not None:
+            self.tensorboard.interval(rep, step=step, loss=loss, lr=lr)
 
     def validation(self, val: dict[str, float], *, step: int, epoch: int) -> None:
         self.event({"kind": "validation", "step": step, "epoch": epoch, **val})
+        if self.tensorboard is not None:
+            self.tensorboard.validation(val, step=step)
         if self.table is not None:
             self.table.note(f"validation after epoch {epoch}: loss {val['loss']:.4f}, "
                             f"accuracy {val['accuracy']:.2%} ({val['samples']} samples)")
@@ -115,11 +130,13 @@ class Recorder:
     # --- the end -------------------------------------------------------------------------------
     def finish(self, val: dict[str, float] | None) -> dict[str, Any] | None:
         """Gather totals and traces; rank 0 writes trace.json, the chart, summary.json and prints."""
-        total = self.total or self.first or summarize([], rank=self.rt.rank)
+        total = self.total or self.first or {**summarize([], rank=self.rt.rank), **self.where}
         totals = runtime.gather(self.rt, total)
         traces = runtime.gather(self.rt, self.trace)
         if self.table is not None:
             self.table.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if not self.rt.is_main:
             return None
         if not any(t["steps"] for t in totals) and self.first is None:
@@ -132,6 +149,13 @@ class Recorder:
                    "chart": os.path.join(out, "steps.png"), "summary": os.path.join(out, "summary.json")}
         write_trace(outputs["trace (ui.perfetto.dev)"], traces)
         write_chart(outputs["chart"], traces)
+        rep["job"] = {**self.job, "wire_bytes": self.wire_bytes(), "world_size": self.rt.world_size,
+                      "num_nodes": len({t["node"] for t in totals})}
+        if self.cfg.price_per_hour and rep["samples_per_s"] > 0:
+            rep["cost"] = cost.cost_of(price_per_hour=self.cfg.price_per_hour, world_size=self.rt.world_size,
+                                       samples_per_s=rep["samples_per_s"],
+                                       epoch_samples=int(self.job.get("epoch_samples", 0)),
+                                       wasted_share=cost.wasted_share(rep["stage_share"]))
         final = {"kind": "summary", **{k: v for k, v in rep.items()}, "validation": val}
         with open(outputs["summary"], "w") as f:
             json.dump(final, f, indent=1)

@@ -34,6 +34,7 @@ class Runtime:
     local_rank: int
     device: torch.device
     distributed: bool
+    node_rank: int = 0  # torchrun's GROUP_RANK: which node (launcher) this rank runs on
 
     @property
     def is_main(self) -> bool:
@@ -81,7 +82,9 @@ def start(*, device: str, timeout_s: float, env: Mapping[str, str] | None = None
         dist.init_process_group(backend, store=dist.PrefixStore(f"trainer/attempt-{attempt}", store), rank=rank,
                                 world_size=world_size, timeout=timeout,
                                 device_id=dev if dev.type == "cuda" else None)
-    return Runtime(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, distributed=distributed)
+    node_rank = int(env.get("GROUP_RANK", "0") or 0)
+    return Runtime(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, distributed=distributed,
+                   node_rank=node_rank)
 
 
 def stop(rt: Runtime | None) -> None:

@@ -74,27 +74,37 @@ class _Clock:
 
 
 class CommHook:
-    """A DDP communication hook: all-reduce (mean) of each bucket, timing call -> completion."""
+    """A DDP communication hook timing each bucket's reduction, call -> completion.
+
+    Without `inner` it all-reduces (mean) itself; with one (torch's fp16/bf16/PowerSGD hooks, or a
+    user's) it calls that and times the future it returns, so the exposed/overlapped split holds
+    for any hook.
+    """
 
     def __init__(self, clock: _Clock, group: Any = None) -> None:
         self.clock, self.group = clock, group
         self.buckets: list[tuple[Any, list[Any]]] = []  # (call mark, [done mark]) per bucket
 
-    def function(self):  # noqa: ANN201
-        """The hook to pass to DDP.register_comm_hook(None, ...): a plain function, as DDP wants."""
+    def function(self, inner: Any = None):  # noqa: ANN201
+        """The hook to pass to DDP.register_comm_hook(state, ...): a plain function, as DDP wants.
+        `inner(state, bucket) -> Future` does the reduction when given; DDP passes it the state."""
 
         # No annotations on purpose: DDP checks them, and postponed (string) annotations fail its check.
-        def timed_allreduce(state, bucket):  # noqa: ANN001, ANN202 - (None, GradBucket) -> Future[Tensor]
+        def timed_allreduce(state, bucket):  # noqa: ANN001, ANN202 - (state, GradBucket) -> Future[Tensor]
             called = self.clock.mark()
             done: list[Any] = []
             self.buckets.append((called, done))
-            tensor = bucket.buffer().div_(dist.get_world_size(self.group))
-            fut = dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
+            if inner is not None:
+                fut = inner(state, bucket)
+            else:
+                tensor = bucket.buffer().div_(dist.get_world_size(self.group))
+                fut = dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
 
             def finish(f):  # noqa: ANN001, ANN202
                 # For NCCL this runs with the current stream synced to the all-reduce: the event marks its end.
                 done.append(self.clock.mark())
-                return f.value()[0]
+                value = f.value()
+                return value[0] if isinstance(value, list) else value  # all_reduce's future holds [tensor]
 
             return fut.then(finish)
 

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dataio.storage.store import Store
 from trainer import checkpoint as ckpt_io
-from trainer import data, runtime
+from trainer import comm_hooks, data, runtime
 from trainer.config import TrainConfig, config_dict
 from trainer.models import build_model
 from trainer.recorder import Recorder
@@ -58,6 +58,8 @@ def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
 def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | None = None) -> Run:
     """Open loaders (or take `loaders` = (train, val or None)), build model/optimizer/schedule and
     resume; raises on bad config. No collectives here: ranks agree it worked first, then `wrap`."""
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)  # a fixed share of the machine per rank (scaling runs)
     ckpt_io.seed_all(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts them)
     if loaders is None:
         pin = rt.device.type == "cuda"  # page-locked batches make the host->device copy asynchronous
@@ -87,7 +89,12 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | N
     identity = {"model": cfg.model, "num_classes": num_classes, "dataset": data.fingerprint_of(loader),
                 "image_size": cfg.image_size, "features": cfg.features}
     store = Store(cfg.checkpoint_url, data.storage_options(cfg))
+    comm_hooks.check(cfg.comm_hook, device=rt.device.type, gradient_bytes=comm_hooks.grad_bytes(model),
+                     bucket_cap_mb=cfg.bucket_cap_mb)
     recorder = Recorder(cfg, rt)
+    recorder.job.update(data.job_facts(loader), global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+                        epoch_samples=steps_per_epoch * global_batch, grad_bytes=comm_hooks.grad_bytes(model),
+                        num_threads=torch.get_num_threads())
     run = Run(cfg=cfg, rt=rt, loader=loader, val_loader=val_loader, model=model, net=model, optimizer=optimizer,
               schedule=schedule, scaler=torch.amp.GradScaler(enabled=False), timer=timer, store=store,
               identity=identity, steps_per_epoch=steps_per_epoch, recorder=recorder)
@@ -96,11 +103,16 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | N
 
 
 def wrap(run: Run) -> None:
-    """Wrap the model in DDP (collectives: after every rank's setup succeeded) with the timing comm hook."""
+    """Wrap the model in DDP (collectives: after every rank's setup succeeded) with --bucket-cap-mb and
+    --comm-hook, the hook inside the timing hook."""
+    cfg = run.cfg
     if run.rt.distributed:
         device_ids = [run.rt.device.index] if run.rt.device.type == "cuda" else None
-        run.net = DDP(run.model, device_ids=device_ids)
-        run.net.register_comm_hook(None, run.timer.hook.function())
+        run.net = DDP(run.model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_cap_mb)
+        state, inner = comm_hooks.build(cfg.comm_hook)
+        run.net.register_comm_hook(state, run.timer.hook.function(inner))
+        grads = run.recorder.job["grad_bytes"]
+        run.recorder.wire_bytes = lambda: comm_hooks.wire_bytes(cfg.comm_hook, state, grads)
 
 
 def resume(run: Run) -> None:

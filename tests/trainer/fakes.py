@@ -44,3 +44,20 @@ def fails_on_rank1(*, num_classes: int, image_size: int) -> nn.Module:
     if os.environ.get("RANK") == "1":
         raise RuntimeError("this factory refuses to build on rank 1")
     return Sleepy(num_classes, 0.0)
+
+
+def delayed_allreduce() -> tuple[None, object]:
+    """A --comm-hook factory: each bucket's all-reduce (mean) starts FAKE_COMM_DELAY_S late, a known comm cost.
+
+    The sleep runs inside the hook, so the timing wrapper counts it from the bucket's call to its done."""
+    import torch.distributed as dist
+
+    delay_s = float(os.environ.get("FAKE_COMM_DELAY_S", "0"))
+
+    def hook(state, bucket):  # noqa: ANN001, ANN202 - DDP checks annotations; none on purpose
+        if delay_s:
+            time.sleep(delay_s)
+        tensor = bucket.buffer().div_(dist.get_world_size())
+        return dist.all_reduce(tensor, async_op=True).get_future()
+
+    return None, hook

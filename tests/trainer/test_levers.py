@@ -1,0 +1,57 @@
+"""The all-reduce levers, the bill and TensorBoard on a real 2-rank torchrun job with known costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer.harness import ok, run_trainer, summary
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+FAKE = "tests.trainer.fakes:sleepy"
+DELAY_S = 0.08
+
+
+def _scalars(logdir) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_a_delaying_comm_hook_is_reported_as_exposed_comm_priced_and_logged(tmp_path):
+    pytest.importorskip("tensorboard")
+    out, tb = tmp_path / "out", tmp_path / "tb"
+    ok(run_trainer(["--data", "synthetic:?samples=4000&classes=4", "--model", FAKE, "--batch-size", "4",
+                    "--image-size", "4", "--max-steps", "9", "--log-every", "4", "--out", str(out),
+                    "--resume", "none", "--dist-timeout-s", "60", "--num-threads", "1",
+                    "--comm-hook", "tests.trainer.fakes:delayed_allreduce", "--bucket-cap-mb", "1",
+                    "--price-per-hour", "3", "--tensorboard", str(tb)],
+                   env={"FAKE_COMPUTE_S": "0.02", "FAKE_COMM_DELAY_S": str(DELAY_S)}))
+    rep = summary(out)
+    for r in rep["ranks"]:  # one bucket (a 3->4 linear layer), delayed at the end of backward: all exposed
+        assert abs(r["comm_exposed_s"] / r["steps"] - DELAY_S) / DELAY_S < 0.10, r
+        assert r["compute_s"] / r["steps"] < DELAY_S  # the delay is not counted as compute
+    assert rep["job"]["grad_bytes"] == (3 * 4 + 4) * 4 and rep["job"]["num_threads"] == 1
+    c = rep["cost"]  # the bill follows from the measured rate: 2 ranks x $3/h
+    assert c["dollars_per_1k_samples"] == pytest.approx(1000 * 6 / 3600 / rep["samples_per_s"])
+    assert c["dollars_per_epoch"] == pytest.approx(6 / 3600 * rep["job"]["epoch_samples"] / rep["samples_per_s"])
+    share = rep["stage_share"]
+    assert c["wasted_share"] == pytest.approx(share["wait"] + share["comm_exposed"])
+    assert c["wasted_share"] > 0.5  # 80 ms of each ~100 ms step waits on the (delayed) all-reduce
+    scalars = _scalars(tb)
+    assert [s for s, _ in scalars["train/samples_per_s"]] == [4, 8]
+    assert {"train/loss", "train/lr", "train/data_wait_share", "stage_ms/compute/rank1"} <= set(scalars)
+    for _, ms in scalars["stage_ms/comm_exposed/rank0"]:
+        assert abs(ms - 1000 * DELAY_S) / (1000 * DELAY_S) < 0.15
+
+
+def test_fp16_compression_halves_the_wire_bytes_and_trains(tmp_path):
+    out = tmp_path / "out"
+    ok(run_trainer(["--data", "synthetic:?samples=2000&classes=4", "--batch-size", "8", "--image-size", "8",
+                    "--max-steps", "4", "--log-every", "2", "--out", str(out), "--resume", "none",
+                    "--dist-timeout-s", "60", "--comm-hook", "fp16", "--bucket-cap-mb", "0.05"]))
+    rep = summary(out)
+    assert rep["job"]["wire_bytes"] == rep["job"]["grad_bytes"] / 2
+    assert all(r["comm_overlapped_s"] + r["comm_exposed_s"] > 0 for r in rep["ranks"])

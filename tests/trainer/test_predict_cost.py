@@ -1,0 +1,114 @@
+"""The prediction and the bill on numbers with a known answer (no processes)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from trainer import comm_hooks, cost, predict
+from trainer.config import parse_config
+from trainer.predict import Link, Measured
+
+
+def test_fit_recovers_latency_and_bandwidth_from_noisy_timings():
+    truth = Link(latency_s=40e-6, bytes_per_s=2e9)
+    rng = random.Random(0)
+    sizes, times = [], []
+    for size in [2**k for k in range(10, 25)]:
+        for _ in range(5):  # repeats with 3% noise, and one wild outlier per size the median ignores
+            sizes.append(size)
+            times.append(predict.allreduce_s(truth, size, 2) * (1 + rng.uniform(-0.03, 0.03)))
+        sizes.append(size)
+        times.append(predict.allreduce_s(truth, size, 2) * 10)
+    link = predict.fit_link(sizes, times, world_size=2)
+    assert link.bytes_per_s == pytest.approx(2e9, rel=0.05)
+    assert link.latency_s == pytest.approx(40e-6, rel=0.25)
+
+
+def test_fit_refuses_what_cannot_be_fitted():
+    with pytest.raises(ValueError, match="two message sizes"):
+        predict.fit_link([1024, 1024], [1e-3, 1e-3])
+    with pytest.raises(ValueError, match="does not grow"):
+        predict.fit_link([1024, 2048], [2e-3, 1e-3])
+
+
+def test_ring_model_known_values():
+    link = Link(latency_s=10e-6, bytes_per_s=1e9)
+    assert predict.allreduce_s(link, 1e8, 1) == 0.0
+    # N=2: 2 hops of latency, the whole message once: 20 us + 0.1 s
+    assert predict.allreduce_s(link, 1e8, 2) == pytest.approx(20e-6 + 0.1)
+    # N=8, 3 buckets: 14 hops x 3 calls of latency + 2*7/8 of the bytes
+    assert predict.allreduce_s(link, 1e8, 8, num_messages=3) == pytest.approx(14 * 3 * 10e-6 + 1.75 * 0.1)
+
+
+def _measured(**over: object) -> Measured:
+    base = {"samples_per_step": 32.0, "local_s": 0.1, "wire_bytes": 1e8, "overlap_share": 0.5}
+    return Measured(**{**base, **over})  # type: ignore[arg-type]
+
+
+def test_prediction_efficiency_and_the_comm_wall():
+    m, link = _measured(), Link(latency_s=0.0, bytes_per_s=1e9)
+    rows = {r["world_size"]: r for r in predict.predict(m, link, [1, 2, 8])}
+    assert rows[1]["samples_per_s"] == pytest.approx(320.0) and rows[1]["efficiency"] == pytest.approx(1.0)
+    # N=2: all-reduce 0.1 s, half hidden: step 0.15 s, 2 x 32 / 0.15 samples/s, efficiency 2/3
+    assert rows[2]["step_s"] == pytest.approx(0.15)
+    assert rows[2]["efficiency"] == pytest.approx(0.1 / 0.15)
+    assert rows[8]["exposed_comm_s"] == pytest.approx(0.5 * 1.75 * 0.1)
+    wall = predict.walls(m, link, max_world_size=64, min_efficiency=0.8)
+    assert wall["comm_wall_at"] == 2 and wall["data_wall_at"] is None and wall["first"] == "comm"
+
+
+def test_data_walls_input_ceiling_and_storage_share():
+    link = Link(latency_s=0.0, bytes_per_s=1e12)  # comm nearly free: the data decides
+    # A rank computes 320 samples/s; its input pipeline tops out at 200: the data wall is at N=1.
+    wall = predict.walls(_measured(input_per_rank=200.0), link, max_world_size=16)
+    assert wall["data_wall_at"] == 1 and wall["data_wall_kind"] == "input pipeline" and wall["first"] == "data"
+    # Storage gives 1 GB/s to all, 100 kB per sample: 10,000 samples/s in total, 320 per rank wanted,
+    # so from N = 10000/320 = 31.25 -> 32 ranks on, each rank gets less than it could compute.
+    m = _measured(bytes_per_sample=1e5, storage_bytes_per_s=1e9)
+    wall = predict.walls(m, link, max_world_size=512)
+    assert wall["data_wall_at"] == 32 and wall["data_wall_kind"] == "storage"
+    row = predict.at(m, link, 64)
+    assert row["limit"] == "storage" and row["samples_per_s"] == pytest.approx(10_000.0)
+    assert "data wall (storage) at 32 ranks" in wall["text"]
+
+
+def test_cost_known_answer():
+    # 4 ranks at $2.50/h each = $10/h; 1,000 samples/s, 90,000-sample epoch = 90 s = 1/40 h -> $0.25
+    c = cost.cost_of(price_per_hour=2.5, world_size=4, samples_per_s=1000.0, epoch_samples=90_000,
+                     wasted_share=0.2)
+    assert c["dollars_per_epoch"] == pytest.approx(0.25)
+    assert c["dollars_per_1k_samples"] == pytest.approx(10 / 3600)
+    assert c["wasted_dollars_per_epoch"] == pytest.approx(0.05)
+    assert c["epoch_hours"] == pytest.approx(90 / 3600)
+    assert "$0.25 per epoch" in cost.describe(c)
+    assert cost.wasted_share({"wait": 0.1, "comm_exposed": 0.15, "compute": 0.75}) == pytest.approx(0.25)
+
+
+def test_cheapest_and_smallest_meeting_the_deadline():
+    # 100k-sample epochs, 10 epochs, $1 per rank-hour; efficiency falls with N.
+    rates = {1: 100.0, 2: 190.0, 4: 340.0, 8: 500.0}
+    options = [cost.cost_of(price_per_hour=1.0, world_size=n, samples_per_s=r, epoch_samples=100_000)
+               for n, r in rates.items()]
+    # hours for 10 epochs: N=1 2.78, N=2 1.46, N=4 0.82, N=8 0.56; $ per epoch rise with N (1 is cheapest)
+    pick = cost.choose(options, epochs=10, deadline_hours=1.0)
+    assert pick["cheapest"] == 1 and pick["smallest_meeting_deadline"] == 4
+    assert pick["hours_at_smallest"] == pytest.approx(10 * 100_000 / 340 / 3600)
+    assert cost.choose(options, epochs=10, deadline_hours=0.1)["smallest_meeting_deadline"] is None
+
+
+def test_comm_hook_flags_and_the_powersgd_refusal():
+    assert parse_config(["--data", "x", "--comm-hook", "fp16", "--bucket-cap-mb", "4"]).bucket_cap_mb == 4.0
+    for bad in (["--comm-hook", "zip"], ["--bucket-cap-mb", "0"], ["--price-per-hour", "-1"],
+                ["--num-threads", "-1"]):
+        with pytest.raises(ValueError):
+            parse_config(["--data", "x", *bad])
+    assert comm_hooks.build("none") == (None, None)
+    assert comm_hooks.build("fp16")[1] is not None and comm_hooks.build("bf16")[1] is not None
+    assert comm_hooks.wire_bytes("fp16", None, 1000) == 500.0
+    state, hook = comm_hooks.build("tests.trainer.fakes:delayed_allreduce")
+    assert callable(hook)
+    with pytest.raises(ValueError, match="one gradient bucket"):
+        comm_hooks.check("powersgd", device="cpu", gradient_bytes=5 * 2**20, bucket_cap_mb=25.0)
+    comm_hooks.check("powersgd", device="cuda", gradient_bytes=5 * 2**20, bucket_cap_mb=25.0)
