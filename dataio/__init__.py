@@ -16,6 +16,7 @@ from dataio.errors import (
     ShardifyError,
     StateError,
     StorageError,
+    StorageNotFoundError,
 )
 
 _LAZY = {
@@ -28,7 +29,7 @@ _LAZY = {
 
 __all__ = [
     "CorruptSampleError", "ImageTooLargeError", "ManifestError", "ShardFormatError", "ShardifyError",
-    "StateError", "StorageError", *_LAZY,
+    "StateError", "StorageError", "StorageNotFoundError", *_LAZY,
 ]
 
 

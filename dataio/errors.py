@@ -33,7 +33,20 @@ class ImageTooLargeError(CorruptSampleError):
 
 
 class StorageError(ShardifyError):
-    """Reading or writing storage failed after retries; the URL in the message is redacted."""
+    """Reading or writing storage failed after retries; the URL in the message is redacted.
+
+    Test `exc.not_found` (True when the path or bucket does not exist), never the message. The
+    storage error that caused it is chained as `__cause__` (a redacted stand-in if its text held
+    credentials).
+    """
+
+    not_found: bool = False
+
+
+class StorageNotFoundError(StorageError):
+    """The path (or its bucket) does not exist; a class of its own so the flag survives pickling."""
+
+    not_found = True
 
 
 class StateError(ShardifyError):

@@ -250,11 +250,11 @@ def read_manifest(store: Store) -> Manifest:
     try:
         raw = store.read(MANIFEST_NAME)
     except StorageError as exc:
-        if "FileNotFoundError" in str(exc):
+        if exc.not_found:
             raise ManifestError(
                 f"{where} does not exist: {store.url} is not a shardify dataset (or its writing "
                 "never finished); create it with `shardify write SRC DEST`"
-            ) from None
+            ) from exc
         raise
     try:
         doc = json.loads(raw)

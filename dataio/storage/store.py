@@ -9,12 +9,9 @@ spawn) makes its own client; s3fs clients must not cross a fork.
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import os
-import random
 import re
-import time
 import tomllib
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,25 +19,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, TypeVar
 
 from dataio.errors import StorageError
-
-T = TypeVar("T")
-
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
-_SECRET_QUERY = re.compile(
-    r"(?i)(?P<name>x-amz-credential|x-amz-signature|x-amz-security-token|awsaccesskeyid|"
-    r"signature|sig|token|access_token|secret|password)=[^&\s]+"
+from dataio.storage.redact import redact
+from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
+    RetryPolicy,
+    ShortReadError,
+    is_transient,
+    safe_cause,
+    with_retry,
 )
 
-
-def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
-    """Remove credentials from a URL or message: user:pass@ parts, signed-URL query values, known secrets."""
-    out = _USERINFO.sub(lambda m: m.group("scheme") + "***@", str(text))
-    out = _SECRET_QUERY.sub(lambda m: m.group("name") + "=***", out)
-    for secret in secrets:
-        if secret and len(secret) >= 4:
-            out = out.replace(secret, "***")
-    return out
-
+T = TypeVar("T")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StorageOptions:
@@ -136,94 +124,6 @@ class StorageOptions:
             region=pick(region, "region", "AWS_REGION", "AWS_DEFAULT_REGION"),
             anon=bool(conf.get("anon", False)),
         )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RetryPolicy:
-    """Exponential backoff with full jitter for transient storage errors."""
-
-    max_attempts: int = 5
-    base_delay_s: float = 0.1
-    max_delay_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
-        if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
-            raise ValueError("need 0 <= base_delay_s <= max_delay_s")
-
-    def delay_s(self, attempt: int) -> float:
-        """Seconds to sleep before try number `attempt + 1` (attempt counts from 1)."""
-        return random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
-
-
-class ShortReadError(OSError):
-    """Fewer bytes arrived than the index or manifest promised; transient until proven otherwise."""
-
-
-_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
-_TRANSIENT_WORDS = (
-    "503", "500", "502", "504", "slowdown", "slow down", "service unavailable", "internalerror",
-    "requesttimeout", "throttl", "reduce your request rate", "connection reset", "timed out",
-    "timeout", "server disconnected", "broken pipe", "connection aborted", "payload",
-    "internal error", "connection was closed",
-)
-# s3fs turns HTTP 503/SlowDown into OSError(EBUSY) and 500/InternalError into OSError(EREMOTEIO).
-_TRANSIENT_ERRNOS = (
-    errno.ECONNRESET, errno.ETIMEDOUT, errno.EPIPE, errno.EIO, errno.EBUSY,
-    getattr(errno, "EREMOTEIO", errno.EIO), errno.ECONNREFUSED, errno.ECONNABORTED,
-)
-_TRANSIENT_CLASS_NAMES = frozenset({
-    "HTTPClientError", "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
-    "IncompleteReadError", "ResponseStreamingError", "ClientConnectionError", "ClientPayloadError",
-    "ServerTimeoutError", "IncompleteRead",
-})
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for errors worth retrying: timeouts, resets, 5xx and throttling, short reads."""
-    if isinstance(exc, _PERMANENT):
-        return False
-    if isinstance(exc, (ShortReadError, ConnectionError, TimeoutError)):
-        return True
-    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
-        return True
-    # botocore's and aiohttp's connection errors do not derive from the builtin ConnectionError.
-    if any(cls.__name__ in _TRANSIENT_CLASS_NAMES for cls in type(exc).__mro__):
-        return True
-    text = f"{type(exc).__name__} {exc}".lower()
-    return any(word in text for word in _TRANSIENT_WORDS)
-
-
-def with_retry(
-    fn: Callable[[], T],
-    *,
-    what: str,
-    policy: RetryPolicy,
-    secrets: tuple[str, ...] = (),
-    sleep: Callable[[float], None] = time.sleep,
-) -> T:
-    """Call `fn`, retrying transient errors; then raise StorageError naming `what` and the attempts."""
-    for attempt in range(1, policy.max_attempts + 1):
-        try:
-            return fn()
-        except _PERMANENT as exc:
-            raise StorageError(
-                f"{redact(what, secrets)}: {type(exc).__name__}: {redact(str(exc), secrets)}; "
-                "check that the path exists and that the credentials may read it"
-            ) from None
-        except Exception as exc:  # noqa: BLE001 - classified right below
-            if not is_transient(exc):
-                raise StorageError(
-                    f"{redact(what, secrets)}: {type(exc).__name__}: {redact(str(exc), secrets)}"
-                ) from None
-            if attempt == policy.max_attempts:
-                raise StorageError(
-                    f"{redact(what, secrets)}: gave up after {attempt} attempts; last error "
-                    f"{type(exc).__name__}: {redact(str(exc), secrets)}"
-                ) from None
-            sleep(policy.delay_s(attempt))
-    raise AssertionError("unreachable")
 
 
 # Non-empty segments without slashes or backslashes, no ':' in the first: most safe paths match,
@@ -322,7 +222,7 @@ class Store:
                 raise StorageError(
                     f"{self.url}: cannot open this URL ({redact(str(exc), self.options.secrets)}); "
                     "for s3:// install shardify[s3], for gs:// gcsfs, for http(s):// aiohttp"
-                ) from None
+                ) from safe_cause(exc, self.options.secrets)
             self._root = self._root.rstrip("/")
             if hasattr(self._fs, "retries") and self.protocol in ("s3", "s3a"):
                 # s3fs retries 5 times on its own (under botocore's tries, under ours): one

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataio.errors import StorageError
+from dataio import StorageError, StorageNotFoundError
 from dataio.storage.store import (
     RetryPolicy,
     ShortReadError,
@@ -185,6 +185,48 @@ def test_missing_files_are_not_retried():
     assert calls == [1]
 
 
+def test_storage_errors_keep_their_cause_and_say_not_found():
+    def missing() -> None:
+        raise FileNotFoundError("s3://b/missing")
+
+    with pytest.raises(StorageError) as err:
+        with_retry(missing, what="reading s3://b/missing", policy=NO_WAIT, sleep=lambda s: None)
+    assert err.value.not_found and isinstance(err.value.__cause__, FileNotFoundError)
+
+    def refused() -> None:
+        raise PermissionError("access denied")
+
+    with pytest.raises(StorageError) as err:
+        with_retry(refused, what="reading s3://b/k", policy=NO_WAIT, sleep=lambda s: None)
+    assert not err.value.not_found and isinstance(err.value.__cause__, PermissionError)
+
+    def flaky() -> None:
+        raise TimeoutError("timed out")
+
+    with pytest.raises(StorageError) as err:
+        with_retry(flaky, what="reading s3://b/k", policy=NO_WAIT, sleep=lambda s: None)
+    assert not err.value.not_found and isinstance(err.value.__cause__, TimeoutError)
+    restored = pickle.loads(pickle.dumps(StorageNotFoundError("gone")))  # the flag survives a worker's pipe
+    assert restored.not_found and isinstance(restored, StorageError)
+
+
+def test_a_cause_holding_credentials_is_replaced_by_its_redacted_text():
+    import traceback
+
+    secret = "very-secret-value-456"
+
+    def fail() -> None:
+        try:
+            raise ValueError(f"signed https://h/x?X-Amz-Signature={secret}")
+        except ValueError as inner:
+            raise OSError("connection reset") from inner
+
+    with pytest.raises(StorageError) as err:
+        with_retry(fail, what="reading s3://b/k", policy=NO_WAIT, sleep=lambda s: None, secrets=(secret,))
+    shown = "".join(traceback.format_exception(err.value))
+    assert secret not in shown and "connection reset" in shown and err.value.__cause__ is not None
+
+
 def test_retry_policy_is_validated():
     with pytest.raises(ValueError):
         RetryPolicy(max_attempts=0)
@@ -243,6 +285,9 @@ def test_missing_local_file_fails_fast(tmp_path):
     store = Store(str(tmp_path), retry=RetryPolicy(max_attempts=5, base_delay_s=10.0, max_delay_s=10.0))
     with pytest.raises(StorageError, match="FileNotFoundError.*check that the path exists"):
         store.read("nope.bin")  # would take 40 s if it were retried
+    with pytest.raises(StorageError) as err:
+        store.read("nope.bin")
+    assert err.value.not_found and isinstance(err.value.__cause__, FileNotFoundError)
 
 
 def _no_temp_left(directory) -> list[str]:
