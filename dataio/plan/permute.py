@@ -3,6 +3,8 @@
 Permutations are dataio.rand's, keyed by (seed, epoch, level, index): a saved plan state
 replays bit for bit after an upgrade. Level t >= 1 of an epoch (see plan.py) is
 kept as pieces of level t - 1, so resolving one worker's positions costs O(pieces + its share).
+LevelMap takes positions down to level 0; ShardOrder (one dataset) or mix.py's mixture maps
+level 0 to sample ids.
 """
 
 from __future__ import annotations
@@ -112,27 +114,17 @@ def build_levels(total: int, progress: Sequence[Progress], config: PlanConfig, e
     return Levels(pieces=pieces, lengths=lengths)
 
 
-class Resolver:
-    """Maps positions of any level down to global sample ids."""
+class LevelMap:
+    """Maps positions of any level down to level 0 (the epoch's sequence before any resume)."""
 
-    def __init__(self, sizes: np.ndarray, levels: Levels, config: PlanConfig, epoch: int) -> None:
+    def __init__(self, levels: Levels, config: PlanConfig, epoch: int) -> None:
         self.config, self.epoch, self.levels = config, epoch, levels
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # as plan.shard_offsets
-        if config.shuffle:
-            self.order = permutation(key(config.seed, epoch, 0, 0), len(sizes))
-        else:
-            self.order = np.arange(len(sizes), dtype=np.int64)
-        self.starts = np.zeros(len(sizes) + 1, dtype=np.int64)  # level-0 start of each shard
-        np.cumsum(sizes[self.order], out=self.starts[1:])
-        self.place = np.empty_like(self.order)  # place[shard]: where the shard comes in level 0
-        self.place[self.order] = np.arange(len(sizes), dtype=np.int64)
 
-    def ids(self, level: int, pos: np.ndarray) -> np.ndarray:
-        """Global ids at positions `pos` (int64, any order) of `level`."""
+    def level0(self, level: int, pos: np.ndarray) -> np.ndarray:
+        """Level-0 positions of positions `pos` (int64, any order) of `level`."""
         for t in range(level, 0, -1):
             pos = self._down(t, pos)
-        i = np.searchsorted(self.starts, pos, side="right") - 1  # skips empty shards
-        return self.offsets[self.order[i]] + (pos - self.starts[i])
+        return pos
 
     def _down(self, t: int, pos: np.ndarray) -> np.ndarray:
         pc = self.levels.pieces[t - 1]
@@ -154,3 +146,29 @@ class Resolver:
         rest = window_perm(self.config, self.epoch, level, ws, wl)[skip:]
         rest = rest[rest < self.levels.lengths[level] - ws]  # padding is not carried over
         return ws + rest
+
+
+class ShardOrder:
+    """Level 0 of one pass over a dataset: its shards in a keyed order (None: manifest order),
+    concatenated; maps positions in that sequence to global sample ids."""
+
+    def __init__(self, sizes: np.ndarray, perm_key: int | None) -> None:
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # as plan.shard_offsets
+        if perm_key is None:
+            self.order = np.arange(len(sizes), dtype=np.int64)
+        else:
+            self.order = permutation(perm_key, len(sizes))
+        self.starts = np.zeros(len(sizes) + 1, dtype=np.int64)  # sequence start of each shard
+        np.cumsum(sizes[self.order], out=self.starts[1:])
+        self.place = np.empty_like(self.order)  # place[shard]: where the shard comes in the sequence
+        self.place[self.order] = np.arange(len(sizes), dtype=np.int64)
+
+    def ids(self, pos: np.ndarray) -> np.ndarray:
+        """Global ids at sequence positions `pos` (int64, any order)."""
+        i = np.searchsorted(self.starts, pos, side="right") - 1  # skips empty shards
+        return self.offsets[self.order[i]] + (pos - self.starts[i])
+
+
+def epoch_shard_key(config: PlanConfig, epoch: int) -> int | None:
+    """The key that orders one dataset's shards in an epoch (None when not shuffling)."""
+    return key(config.seed, epoch, 0, 0) if config.shuffle else None

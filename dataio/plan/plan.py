@@ -15,15 +15,17 @@ the next level; a dropped tail is, so only the last level's tail goes undelivere
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from dataio.errors import StateError
 from dataio.plan.permute import (
-    Resolver,
+    LevelMap,
+    ShardOrder,
     build_levels,
+    epoch_shard_key,
     num_batches,
     role_counts,
     window_perm,
@@ -58,13 +60,14 @@ class WorkerPlan:
 
 def shard_offsets(shard_sizes: Sequence[int]) -> np.ndarray:
     """(S+1,) int64 cumulative sizes: global id = offsets[shard] + local index (manifest order)."""
-    sizes = _sizes(shard_sizes)
+    sizes = as_sizes(shard_sizes)
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     return offsets
 
 
-def _sizes(shard_sizes: Sequence[int]) -> np.ndarray:
+def as_sizes(shard_sizes: Sequence[int]) -> np.ndarray:
+    """(S,) int64 shard sizes, checked: one-dimensional integers >= 0."""
     sizes = np.asarray(shard_sizes)
     if sizes.ndim != 1:
         raise ValueError(f"shard_sizes must be one-dimensional, got shape {sizes.shape}")
@@ -86,22 +89,25 @@ def _check_version(state: PlanState) -> None:
 
 def num_steps(shard_sizes: Sequence[int], *, config: PlanConfig, world_size: int, state: PlanState) -> int:
     """Batches every rank delivers from the state's position to the epoch end (no per-sample work)."""
+    return steps_of_total(int(as_sizes(shard_sizes).sum()), config=config, world_size=world_size, state=state)
+
+
+def steps_of_total(total: int, *, config: PlanConfig, world_size: int, state: PlanState) -> int:
+    """num_steps for a level 0 of `total` positions, whatever maps them to samples."""
     _check_version(state)
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
-    world_size = int(world_size)
-    total = int(_sizes(shard_sizes).sum())
     # Continuing the last level or starting a new one gives the same count (whole global batches
     # are gone either way), so num_workers is not needed.
     levels = build_levels(total, state.progress, config, state.epoch)
-    return num_batches(levels.lengths[-1], world_size, config)
+    return num_batches(levels.lengths[-1], int(world_size), config)
 
 
-def _window(resolver: Resolver, ids: np.ndarray, is_pad: np.ndarray) -> Window:
-    """A Window delivering ids; its segments follow the epoch's shard order, each front to back."""
-    offsets = resolver.offsets
+def segments_of(ids: np.ndarray, offsets: np.ndarray, place: np.ndarray) -> tuple[Segment, ...]:
+    """Reads covering `ids` (global, any order, repeats allowed): each shard front to back, in
+    `place` order of their shards; short gaps are read through (READ_THROUGH_GAP)."""
     uniq = np.sort(ids)
-    uniq = uniq[np.concatenate([[True], uniq[1:] != uniq[:-1]])]  # pads repeat ids
+    uniq = uniq[np.concatenate([[True], uniq[1:] != uniq[:-1]])]  # pads (and upsampling) repeat ids
     shard = np.searchsorted(offsets, uniq, side="right") - 1
     # A new read starts at a new shard or after a gap too long to read through.
     cut = np.flatnonzero((np.diff(uniq) > READ_THROUGH_GAP + 1) | (np.diff(shard) != 0)) + 1
@@ -109,21 +115,34 @@ def _window(resolver: Resolver, ids: np.ndarray, is_pad: np.ndarray) -> Window:
     seg_shard = shard[heads]
     seg_start = uniq[heads] - offsets[seg_shard]
     seg_stop = uniq[np.append(cut - 1, len(uniq) - 1)] + 1 - offsets[seg_shard]
-    order = np.lexsort((seg_start, resolver.place[seg_shard]))
-    segments = tuple(Segment(shard=s, start=a, stop=b) for s, a, b in
-                     zip(seg_shard[order].tolist(), seg_start[order].tolist(), seg_stop[order].tolist()))
-    return Window(segments=segments, sample_ids=ids, is_pad=is_pad)
+    order = np.lexsort((seg_start, place[seg_shard]))
+    return tuple(Segment(shard=s, start=a, stop=b) for s, a, b in
+                 zip(seg_shard[order].tolist(), seg_start[order].tolist(), seg_stop[order].tolist()))
 
 
 def plan_worker(shard_sizes: Sequence[int], *, config: PlanConfig, slot: WorkerSlot, state: PlanState) -> WorkerPlan:
     """The windows one worker reads and delivers from the state's position to the epoch end."""
     _check_version(state)
-    sizes = _sizes(shard_sizes)
+    sizes = as_sizes(shard_sizes)
+    order = ShardOrder(sizes, epoch_shard_key(config, state.epoch))
+
+    def make_window(pos0: np.ndarray, is_pad: np.ndarray) -> Window:
+        ids = order.ids(pos0)
+        return Window(segments=segments_of(ids, order.offsets, order.place), sample_ids=ids, is_pad=is_pad)
+
+    return plan_positions(int(sizes.sum()), config=config, slot=slot, state=state, make_window=make_window)
+
+
+def plan_positions(total: int, *, config: PlanConfig, slot: WorkerSlot, state: PlanState,
+                   make_window: Callable[[np.ndarray, np.ndarray], Window]) -> WorkerPlan:
+    """One worker's plan over a level 0 of `total` positions. make_window turns a window's level-0
+    positions (delivery order, (m,) int64) and padding flags into a Window of sample ids."""
+    _check_version(state)
     W, K, B, win = slot.world_size, slot.num_workers, config.batch_size, config.shuffle_window
     progress, done = state.progress, 0
     if progress and (progress[-1].world_size, progress[-1].num_workers) == (W, K):
         progress, done = progress[:-1], progress[-1].batches  # continue that level, same order
-    levels = build_levels(int(sizes.sum()), progress, config, state.epoch)
+    levels = build_levels(total, progress, config, state.epoch)
     level, n = len(progress), levels.lengths[-1]
     steps = num_batches(n, W, config)
     if done > steps:
@@ -141,26 +160,26 @@ def plan_worker(shard_sizes: Sequence[int], *, config: PlanConfig, slot: WorkerS
     batch_numbers = np.arange(role + K * delivered, steps, K, dtype=np.int64) - done
     first_window = run_start + delivered * B // win * win
     skip = run_start + delivered * B - first_window
-    resolver = Resolver(sizes, levels, config, state.epoch)
-    real_ids = resolver.ids(level, np.arange(first_window, max(first_window, min(run_stop, n)), dtype=np.int64))
+    lmap = LevelMap(levels, config, state.epoch)
+    real_pos = lmap.level0(level, np.arange(first_window, max(first_window, min(run_stop, n)), dtype=np.int64))
     windows = []
     for ws in range(first_window, run_stop, win):
         wl = min(win, run_stop - ws)
-        seq_ids = real_ids[ws - first_window: ws - first_window + max(0, min(wl, n - ws))]
-        ids = np.concatenate([seq_ids, _pad_ids(resolver, level, n, ws, wl, seq_ids)])
+        seq = real_pos[ws - first_window: ws - first_window + max(0, min(wl, n - ws))]
+        pos = np.concatenate([seq, _pad_positions(lmap, level, n, ws, wl, seq)])
         perm = window_perm(config, state.epoch, level, ws, wl)[skip if ws == first_window else 0:]
         if len(perm) == 0:  # the worker's last window was delivered completely
             continue
-        windows.append(_window(resolver, ids[perm], perm >= len(seq_ids)))
+        windows.append(make_window(pos[perm], perm >= len(seq)))
     return WorkerPlan(num_steps=steps - done, batch_numbers=batch_numbers, windows=tuple(windows))
 
 
-def _pad_ids(resolver: Resolver, level: int, n: int, ws: int, wl: int, seq_ids: np.ndarray) -> np.ndarray:
-    """Ids repeated at a window's padding positions: its own samples, or the level's first ones."""
-    num_pad = wl - len(seq_ids)
+def _pad_positions(lmap: LevelMap, level: int, n: int, ws: int, wl: int, seq: np.ndarray) -> np.ndarray:
+    """Level-0 positions repeated at a window's padding: its own samples, or the level's first ones."""
+    num_pad = wl - len(seq)
     if num_pad == 0:
         return np.zeros(0, dtype=np.int64)
-    if len(seq_ids):  # no extra read: repeat this window's samples
-        return seq_ids[np.arange(num_pad) % len(seq_ids)]
+    if len(seq):  # no extra read: repeat this window's samples
+        return seq[np.arange(num_pad) % len(seq)]
     pad_pos = np.arange(ws, ws + wl, dtype=np.int64)
-    return resolver.ids(level, (pad_pos - n) % n)
+    return lmap.level0(level, (pad_pos - n) % n)
