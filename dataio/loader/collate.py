@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -26,14 +26,17 @@ LABEL_FIELD = "cls"
 
 
 class BatchContext(Protocol):
-    """What assembling a batch needs from the worker's dataset: its job, decoder and shard URLs."""
+    """What assembling a batch needs from the worker's dataset: its job and decoder."""
 
     job: Any
 
     @property
     def decoder(self) -> Any: ...
 
-    def url_of_sample(self, sample_id: int) -> str: ...
+
+def url_of(sample: dict[str, Any]) -> str:
+    """The redacted URL of the sample's shard, which the reader set as it parsed the sample."""
+    return str(sample.get("__url__", "?"))
 
 
 def pack_bytes(values: Sequence[bytes | bytearray | memoryview]) -> PackedBytes:
@@ -69,7 +72,7 @@ def as_bytes(sample: dict[str, Any]) -> dict[str, Any]:
     return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}
 
 
-def label_of(sample: dict[str, Any], url_of: Callable[[int], str]) -> int:
+def label_of(sample: dict[str, Any]) -> int:
     """The sample's integer label from its `cls` field (ASCII bytes or an int); -1 when absent."""
     value = sample.get(LABEL_FIELD)
     if value is None:
@@ -80,7 +83,7 @@ def label_of(sample: dict[str, Any], url_of: Callable[[int], str]) -> int:
         return int(bytes(value).strip() if not isinstance(value, str) else value)
     except ValueError:
         key = sample.get("__key__", "?")
-        url = url_of(int(sample["__id__"]))
+        url = url_of(sample)
         raise CorruptSampleError(
             f"{url}: sample {key!r}: label field 'cls' is {bytes(value)[:20]!r}, not an integer; "
             "fix the source labels and rewrite the shard", url=url, key=str(key),
@@ -88,13 +91,16 @@ def label_of(sample: dict[str, Any], url_of: Callable[[int], str]) -> int:
 
 
 def default_collate(
-    samples: Sequence[dict[str, Any]], *, url_of: Callable[[int], str], images: torch.Tensor | None,
-    image_field: str | None,
+    samples: Sequence[dict[str, Any]], *, images: torch.Tensor | None, image_field: str | None,
 ) -> dict[str, Any]:
-    """Keys, labels, the decoded images (N, 3, H, W) or raw fields packed into one tensor each."""
+    """Keys, labels, the decoded images (N, 3, H, W) or raw fields packed into one tensor each.
+
+    Bookkeeping keys other than __key__ (__id__, __url__) stay in the worker: a batch carries no
+    per-sample strings it does not need.
+    """
     batch: dict[str, Any] = {
         "__key__": [str(s["__key__"]) for s in samples],
-        "label": torch.tensor([label_of(s, url_of) for s in samples], dtype=torch.int64),
+        "label": torch.tensor([label_of(s) for s in samples], dtype=torch.int64),
     }
     if images is not None:
         batch["image"] = images
@@ -139,7 +145,7 @@ def assemble(
             samples = [{**s, "image": images[i]} for i, s in enumerate(samples)]
         batch = job.collate([as_bytes(s) for s in samples])
     else:
-        batch = default_collate(samples, url_of=owner.url_of_sample, images=images, image_field=job.image_field)
+        batch = default_collate(samples, images=images, image_field=job.image_field)
     if isinstance(batch, dict):
         if job.decode == "dali":  # DALI seeds each sample's crop like the CPU path: (seed, epoch, id)
             batch["__id__"] = torch.tensor([int(s["__id__"]) for s in samples], dtype=torch.int64)
@@ -164,7 +170,7 @@ def decode_images(
         try:  # the common case: one call filling one preallocated batch tensor
             images = owner.decoder.decode_batch(
                 items, seeds=seeds, keys=[str(s["__key__"]) for s in samples],
-                url=owner.url_of_sample(int(samples[0]["__id__"])),
+                url=url_of(samples[0]),
             )
             return samples, mask, [], images
         except CorruptSampleError:
@@ -184,7 +190,7 @@ def decode_images(
 def decode_one(owner: BatchContext, sample: dict[str, Any], seed: int) -> np.ndarray:
     """One sample's image as (3, H, W); CorruptSampleError names its shard URL and key."""
     key, field = str(sample.get("__key__", "?")), owner.job.image_field
-    url = owner.url_of_sample(int(sample["__id__"]))
+    url = url_of(sample)
     data = sample.get(field) if field else None
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise CorruptSampleError(
@@ -204,14 +210,14 @@ def substitute(
         return samples, mask, []
     if not good:
         first = samples[bad[0]]
-        url = owner.url_of_sample(int(first["__id__"]))
+        url = url_of(first)
         raise CorruptSampleError(
             f"{url}: every sample of a batch is corrupt (first {first.get('__key__')!r}); nothing to "
             "substitute with on_corrupt='skip': check the dataset", url=url, key=str(first.get("__key__")),
         )
     samples, mask, skipped = list(samples), list(mask), []
     for i in bad:
-        skipped.append(f"{owner.url_of_sample(int(samples[i]['__id__']))}#{samples[i].get('__key__')}")
+        skipped.append(f"{url_of(samples[i])}#{samples[i].get('__key__')}")
         j = good[bisect.bisect_right(good, i) % len(good)]  # deterministic: the next good one, cyclically
         decoded[i], samples[i], mask[i] = decoded[j], samples[j], False
     return samples, mask, skipped

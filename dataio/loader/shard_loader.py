@@ -1,8 +1,9 @@
 """The torch-facing loader: `make_loader(url, batch_size=...)` -> a ShardLoader iterated once per epoch.
 
-The main process sends each DataLoader worker tickets ("batch k of this iteration, from plan
-state S"); each worker computes its own plan and streams whole batches back (see
-worker.py). The state counts batches as they leave `__iter__` here, in the main process,
+make_loader is the one place that reads torch.distributed (rank and world size when not given);
+below it a frozen Topology travels. The main process sends each DataLoader worker tickets
+("batch k of this iteration, from plan state S"); each worker computes its own plan and streams
+whole batches back (see worker.py). The state counts batches as they leave `__iter__` here, in the main process,
 so it reflects what the training loop received, never what workers prefetched; every rank's
 state is the same and loads into a loader of any world size and number of workers.
 """
@@ -21,16 +22,12 @@ from dataio.errors import StateError
 from dataio.format.manifest import Manifest
 from dataio.loader.collate import SKIPPED_KEY
 from dataio.loader.config import LoaderConfig, MiB, check_int, window_samples
-from dataio.loader.startup import (
-    agree_on_dataset,
-    fields_to_read,
-    open_dataset,
-    resolve_topology,
-)
+from dataio.loader.startup import agree_on_dataset, fields_to_read, open_dataset
 from dataio.loader.state import check_state, make_state
-from dataio.loader.worker import BatchDataset, SampleUrls, Ticket, WorkerJob
+from dataio.loader.worker import BatchDataset, Ticket, WorkerJob
 from dataio.plan.plan import num_steps
-from dataio.plan.types import PlanConfig, PlanState
+from dataio.plan.types import PlanConfig, PlanState, Topology
+from dataio.readers.base import sample_url_of
 from dataio.storage.store import StorageOptions, Store
 
 
@@ -79,10 +76,40 @@ def make_loader(
     startup_timeout_s: float = 300.0,
     dali_threads: int = 2,
 ) -> ShardLoader:
-    """Open the dataset at `url` and return a ShardLoader; batch_size is per rank (see LoaderConfig)."""
+    """Open the dataset at `url` and return a ShardLoader; batch_size is per rank (see LoaderConfig).
+
+    rank and world_size default to torch.distributed's when its default group is initialised.
+    """
     options = dict(locals())
     del options["url"]
-    return ShardLoader(url, LoaderConfig(**options))
+    config = LoaderConfig(**options)
+    topology, kv_store = job_topology(config)
+    return ShardLoader(url, config, topology=topology, kv_store=kv_store)
+
+
+def job_topology(config: LoaderConfig) -> tuple[Topology, Any]:
+    """(topology, key-value store for the ranks' start-up agreement, or None): the one place the
+    loader reads torch.distributed.
+
+    rank and world_size come from the config when given, else from the initialised default process
+    group, else (0, 1). The ranks agree on the dataset through the group's store only when this
+    loader is its process's rank of that group.
+    """
+    dist = torch.distributed
+    initialised = dist.is_available() and dist.is_initialized()
+    if config.world_size is not None:
+        rank, world_size = int(config.rank), int(config.world_size)  # type: ignore[arg-type]
+        in_group = initialised and (rank, world_size) == (dist.get_rank(), dist.get_world_size())
+    elif initialised:
+        rank, world_size, in_group = dist.get_rank(), dist.get_world_size(), True
+    else:
+        rank, world_size, in_group = 0, 1, False
+    topology = Topology(rank=rank, world_size=world_size, num_workers=max(1, config.num_workers))
+    if not (in_group and world_size > 1):
+        return topology, None
+    from torch.distributed import distributed_c10d
+
+    return topology, distributed_c10d._get_default_store()
 
 
 class ShardLoader:
@@ -90,19 +117,26 @@ class ShardLoader:
 
     Iterating again without set_epoch repeats a finished epoch, or continues one left early;
     set_epoch(e) with the epoch of a loaded state keeps its position, any other epoch starts fresh.
+    `make_loader` builds one; `topology` (plan workers: max(1, config.num_workers)) and the
+    start-up agreement's `kv_store` (None: this rank opens the dataset alone) are arguments here.
     """
 
-    def __init__(self, url: str, config: LoaderConfig) -> None:
+    def __init__(self, url: str, config: LoaderConfig, *, topology: Topology, kv_store: Any = None) -> None:
+        if topology.num_workers != max(1, config.num_workers):
+            raise ValueError(f"topology plans {topology.num_workers} workers but num_workers is {config.num_workers}")
+        if config.world_size is not None and (config.rank, config.world_size) != (topology.rank, topology.world_size):
+            raise ValueError(f"topology {topology} differs from the config's rank and world_size")
         self.config = config
-        self.rank, self.world_size, in_group = resolve_topology(config)
+        self.topology = topology
 
         def opener() -> tuple[tuple[Store, Manifest], str]:
             store, manifest = open_dataset(url, config)
             return (store, manifest), manifest.fingerprint
 
-        if in_group and self.world_size > 1:
+        if kv_store is not None:
             self.store, self.manifest = agree_on_dataset(
-                opener, rank=self.rank, world_size=self.world_size, timeout_s=config.startup_timeout_s
+                opener, rank=topology.rank, world_size=topology.world_size, timeout_s=config.startup_timeout_s,
+                kv_store=kv_store,
             )
         else:
             self.store, self.manifest = opener()[0]
@@ -111,7 +145,6 @@ class ShardLoader:
             shuffle_window=window_samples(self.manifest, config),
         )
         self.image_field, self.read_fields = fields_to_read(self.manifest, config, self.store.url)
-        self.num_plan_workers = max(1, config.num_workers)
         self.stats = LoaderStats()
         self._sizes = tuple(self.manifest.shard_num_samples)
         self._state = PlanState(epoch=0)  # where the current (or next) iteration starts
@@ -123,7 +156,15 @@ class ShardLoader:
         self._dataloader: torch.utils.data.DataLoader | None = None
         self._dali: Any = None
 
-    # --- epochs and length ----------------------------------------------------------------
+    # --- topology, epochs and length ---------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
+
     @property
     def epoch(self) -> int:
         return int(self._state.epoch)
@@ -134,19 +175,18 @@ class ShardLoader:
         if epoch != self._state.epoch or self._finished:
             self._state, self._delivered, self._finished = PlanState(epoch=epoch), 0, False
 
-    def _position(self) -> Any:
+    def _position(self) -> PlanState:
         """The PlanState after everything delivered so far."""
         if self._delivered == 0:
             return self._state
-        return self._state.advanced(
-            world_size=self.world_size, num_workers=self.num_plan_workers, batches=self._delivered
-        )
+        t = self.topology
+        return self._state.advanced(world_size=t.world_size, num_workers=t.num_workers, batches=self._delivered)
 
-    def _next_start(self) -> Any:
+    def _next_start(self) -> PlanState:
         return PlanState(epoch=self._state.epoch) if self._finished else self._position()
 
-    def _steps_from(self, state: Any) -> int:
-        return int(num_steps(self._sizes, config=self.plan_config, world_size=self.world_size, state=state))
+    def _steps_from(self, state: PlanState) -> int:
+        return int(num_steps(self._sizes, config=self.plan_config, world_size=self.topology.world_size, state=state))
 
     def __len__(self) -> int:
         """Batches this rank gets in the current iteration (or the next one, between iterations)."""
@@ -160,7 +200,7 @@ class ShardLoader:
         self._state, self._delivered, self._finished = start, 0, False
         steps = self._steps_from(start)
         self._token += 1
-        self._sampler.start(self._token, start.to_dict(), steps)
+        self._sampler.start(self._token, start, steps)
         self._active_steps = steps
         return self._deliver(self._get_dataloader(), self._token, steps)
 
@@ -218,8 +258,8 @@ class ShardLoader:
         c = self.config
         decode_config = self._decode_config()
         return WorkerJob(
-            store=self.store, manifest=self.manifest, plan_config=self.plan_config, rank=self.rank,
-            world_size=self.world_size, num_plan_workers=self.num_plan_workers, batch_size=c.batch_size,
+            store=self.store, manifest=self.manifest, plan_config=self.plan_config, topology=self.topology,
+            batch_size=c.batch_size,
             fields=self.read_fields, verify_index=c.verify_index, decode=c.decode, decode_config=decode_config,
             image_field=self.image_field, transform=c.transform, collate=c.collate, on_corrupt=c.on_corrupt,
             prefetch_bytes=c.prefetch_bytes, max_in_flight=c.max_in_flight, cache_dir=c.cache_dir,
@@ -233,27 +273,20 @@ class ShardLoader:
             self._dali = DaliDecoder(
                 self._decode_config(), batch_size=self.config.batch_size, seed=self.config.seed,
                 num_threads=self.config.dali_threads, prefetch_queue_depth=2,
-                on_corrupt=self.config.on_corrupt, url_of=SampleUrls(self.store, self.manifest),
+                on_corrupt=self.config.on_corrupt, url_of=sample_url_of(self.store, self.manifest),
             )
         return self._dali
 
     # --- Stateful (torch.distributed.checkpoint) -------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What has been delivered so far, in a form any rank of any topology can load."""
-        position = self._position()
-        return make_state(
-            position.to_dict(), epoch=position.epoch, fingerprint=self.manifest.fingerprint,
-            plan_config=self.plan_config,
-        )
+        return make_state(self._position(), fingerprint=self.manifest.fingerprint, plan_config=self.plan_config)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
         if self._active_steps is not None:
             raise RuntimeError("load_state_dict during an iteration; call it between epochs")
-        plan = check_state(state_dict, fingerprint=self.manifest.fingerprint, plan_config=self.plan_config)
-        state = PlanState.from_dict(plan)
-        if state.epoch != state_dict["epoch"]:
-            raise StateError(f"loader state is inconsistent: epoch {state_dict['epoch']} vs plan epoch {state.epoch}")
+        state = check_state(state_dict, fingerprint=self.manifest.fingerprint, plan_config=self.plan_config)
         try:
             self._steps_from(state)  # replays the saved progress: refuses positions past the epoch
         except (ValueError, IndexError) as exc:
@@ -280,9 +313,9 @@ class _TicketSampler(torch.utils.data.Sampler):
     """Yields the current iteration's tickets in order; lives in the main process only."""
 
     def __init__(self) -> None:
-        self._token, self._plan, self._steps = 0, {}, 0
+        self._token, self._plan, self._steps = 0, PlanState(epoch=0), 0
 
-    def start(self, token: int, plan: dict[str, Any], steps: int) -> None:
+    def start(self, token: int, plan: PlanState, steps: int) -> None:
         self._token, self._plan, self._steps = token, plan, steps
 
     def __iter__(self) -> Iterator[Ticket]:

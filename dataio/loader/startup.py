@@ -1,15 +1,14 @@
-"""The loader's start-up: topology, opening and checking the dataset, the ranks' agreement on it.
+"""The loader's start-up: opening and checking the dataset, the ranks' agreement on it.
 
-Agreement goes through torch.distributed's key-value store with a timeout, so a rank that cannot
-open the dataset (or opens a different one) makes every rank fail at once instead of hanging.
+Agreement goes through torch.distributed's key-value store (passed in by make_loader, the one
+place that reads torch.distributed) with a timeout, so a rank that cannot open the dataset (or
+opens a different one) makes every rank fail at once instead of hanging.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from dataio.decode.images import IMAGE_EXTS
 from dataio.errors import ManifestError, ShardifyError
@@ -20,22 +19,16 @@ from dataio.storage.store import Store
 if TYPE_CHECKING:
     from dataio.loader.config import LoaderConfig
 
-def default_store() -> Any:
-    """torch.distributed's key-value store of the default process group."""
-    from torch.distributed import distributed_c10d
-
-    return distributed_c10d._get_default_store()
-
 
 def agree_on_dataset(
-    open_dataset: Any, *, rank: int, world_size: int, timeout_s: float, kv_store: Any = None
+    open_dataset: Any, *, rank: int, world_size: int, timeout_s: float, kv_store: Any
 ) -> Any:
     """Run `open_dataset() -> (result, fingerprint)` on every rank and check they all got the same.
 
     Each rank publishes its fingerprint, or its error, under a key of its own, then waits for all
     the others: a rank that failed raises its own error; the others raise one naming it.
     """
-    kv = kv_store if kv_store is not None else default_store()
+    kv = kv_store  # torch.distributed's Store API: add, set, get, wait, check
     # Every rank starts its loaders in the same order: the n-th loader of each rank meets the
     # n-th of the others. The counter lives in the store, one per rank, so nothing is global here.
     call = kv.add(f"shardify/loader/calls/{rank}", 1)
@@ -66,23 +59,6 @@ def agree_on_dataset(
             f"{mismatched} elsewhere; point every rank at the same dataset URL"
         )
     return result
-
-
-def resolve_topology(config: LoaderConfig) -> tuple[int, int, bool]:
-    """(rank, world_size, in_group): the arguments, else torch.distributed, else (0, 1).
-
-    in_group is True when this loader is this process's rank of the initialised default process
-    group, so the ranks can check at start-up that they all opened the same dataset.
-    """
-    dist = torch.distributed
-    initialised = dist.is_available() and dist.is_initialized()
-    if config.world_size is not None:
-        rank, world_size = int(config.rank), int(config.world_size)  # type: ignore[arg-type]
-        in_group = initialised and (rank, world_size) == (dist.get_rank(), dist.get_world_size())
-        return rank, world_size, in_group
-    if initialised:
-        return dist.get_rank(), dist.get_world_size(), True
-    return 0, 1, False
 
 
 def open_dataset(url: str, config: LoaderConfig) -> tuple[Store, Manifest]:

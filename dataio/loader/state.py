@@ -1,7 +1,8 @@
 """The loader's saved state: small, flat, JSON-able, versioned, checked on load.
 
 The plan's position (epoch + batches delivered per topology) plus what must match for the plan
-to replay (dataset fingerprint, seed, batch size, tail, shuffle).
+to replay (dataset fingerprint, seed, batch size, tail, shuffle). This is the edge: inside the
+loader the position is a frozen PlanState; only here does it become a dict and JSON text.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 from typing import Any
 
 from dataio.errors import StateError
+from dataio.plan.types import PlanConfig, PlanState
 
 STATE_FORMAT_VERSION = 1
 # Saved keys that must equal this loader's own for the plan to replay; (key, what to tell the user).
@@ -23,7 +25,7 @@ _MUST_MATCH = (
 )
 
 
-def make_state(plan: dict[str, Any], *, epoch: int, fingerprint: str, plan_config: Any) -> dict[str, Any]:
+def make_state(plan: PlanState, *, fingerprint: str, plan_config: PlanConfig) -> dict[str, Any]:
     """The state dict a loader saves: flat, JSON-able scalars only.
 
     The plan (PlanState.to_dict()) is stored as JSON text: torch.distributed.checkpoint loads
@@ -31,8 +33,15 @@ def make_state(plan: dict[str, Any], *, epoch: int, fingerprint: str, plan_confi
     """
     return {
         "format_version": STATE_FORMAT_VERSION,
-        "epoch": int(epoch),
-        "plan": json.dumps(plan, sort_keys=True),
+        "epoch": int(plan.epoch),
+        "plan": json.dumps(plan.to_dict(), sort_keys=True),
+        **_identity(fingerprint, plan_config),
+    }
+
+
+def _identity(fingerprint: str, plan_config: PlanConfig) -> dict[str, Any]:
+    """The saved values a resuming loader must share (the _MUST_MATCH keys), in saved order."""
+    return {
         "fingerprint": fingerprint,
         "seed": int(plan_config.seed),
         "batch_size": int(plan_config.batch_size),
@@ -42,8 +51,8 @@ def make_state(plan: dict[str, Any], *, epoch: int, fingerprint: str, plan_confi
     }
 
 
-def check_state(state: Any, *, fingerprint: str, plan_config: Any) -> dict[str, Any]:
-    """Return the saved plan dict if `state` fits this loader; StateError saying what differs otherwise."""
+def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig) -> PlanState:
+    """The saved PlanState if `state` fits this loader; StateError saying what differs otherwise."""
     if not isinstance(state, dict):
         raise StateError(f"a loader state must be a dict from ShardLoader.state_dict(), got {type(state).__name__}")
     version = state.get("format_version")
@@ -55,7 +64,7 @@ def check_state(state: Any, *, fingerprint: str, plan_config: Any) -> dict[str, 
     missing = [k for k, _ in _MUST_MATCH if k not in state] + [k for k in ("plan", "epoch") if k not in state]
     if missing:
         raise StateError(f"loader state lacks {missing}; pass the dict ShardLoader.state_dict() returned")
-    mine = make_state({}, epoch=0, fingerprint=fingerprint, plan_config=plan_config)
+    mine = _identity(fingerprint, plan_config)
     for key, what in _MUST_MATCH:
         if state[key] != mine[key]:
             raise StateError(
@@ -70,4 +79,7 @@ def check_state(state: Any, *, fingerprint: str, plan_config: Any) -> dict[str, 
             raise StateError(f"loader state's 'plan' is not valid JSON ({exc}); start the epoch afresh") from None
     if not isinstance(plan, dict):
         raise StateError("loader state's 'plan' must be PlanState.to_dict() or its JSON text")
-    return plan
+    position = PlanState.from_dict(plan)
+    if position.epoch != state["epoch"]:
+        raise StateError(f"loader state is inconsistent: epoch {state['epoch']} vs plan epoch {position.epoch}")
+    return position

@@ -9,7 +9,6 @@ and assembles batches per the contract in dataio/batch.py. Everything here is pi
 
 from __future__ import annotations
 
-import bisect
 import os
 import threading
 import time
@@ -22,8 +21,8 @@ import torch
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.format.manifest import Manifest
 from dataio.loader.collate import assemble
-from dataio.plan.plan import plan_worker, shard_offsets
-from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
+from dataio.plan.plan import plan_worker
+from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.readers.base import split_segment
 from dataio.readers.by_format import make_reader
 from dataio.readers.tar import zero_copy
@@ -37,7 +36,7 @@ class Ticket:
     """One unit of work the main process sends: batch `batch_index` of iteration `token`."""
 
     token: int
-    plan_state: dict[str, Any]  # PlanState.to_dict() at the start of the iteration
+    plan_state: PlanState  # where the iteration starts
     batch_index: int  # rank-level batch number counted from that state's position
 
 
@@ -48,9 +47,7 @@ class WorkerJob:
     store: Store
     manifest: Manifest
     plan_config: PlanConfig
-    rank: int
-    world_size: int
-    num_plan_workers: int  # max(1, num_workers): num_workers=0 plans as one worker
+    topology: Topology
     batch_size: int
     fields: tuple[str, ...] | None
     verify_index: bool
@@ -97,10 +94,9 @@ class BatchDataset(torch.utils.data.Dataset):
         self.job = job
         self._reader: Any = None
         self._decoder: Any = None
-        self._urls: SampleUrls | None = None
         self._token = -1
         self._streams: dict[int, WorkerStream] = {}
-        self._spare: tuple[dict[str, Any], int, WorkerStream] | None = None  # (plan state, slot, stream)
+        self._spare: tuple[PlanState, int, WorkerStream] | None = None  # (plan state, slot, stream)
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -125,7 +121,7 @@ class BatchDataset(torch.utils.data.Dataset):
             self._adopt_spare(ticket.plan_state)
         # Batch k belongs to worker k % num_workers; torch hands tickets out round-robin, so this
         # is normally our own slot. Should that ever differ, the owner's stream is replayed here.
-        worker_id = ticket.batch_index % self.job.num_plan_workers
+        worker_id = self.job.topology.worker_of(ticket.batch_index)
         stream = self._streams.get(worker_id)
         if stream is None:
             stream = WorkerStream(self, worker_id, ticket.plan_state)
@@ -144,12 +140,12 @@ class BatchDataset(torch.utils.data.Dataset):
         """
         if self._spare is not None or torch.utils.data.get_worker_info() is None:
             return
-        state = PlanState(epoch=finished.epoch + 1).to_dict()
+        state = PlanState(epoch=finished.epoch + 1)
         stream = WorkerStream(self, worker_id, state)
         stream.warm_up()
         self._spare = (state, worker_id, stream)
 
-    def _adopt_spare(self, plan_state: dict[str, Any]) -> None:
+    def _adopt_spare(self, plan_state: PlanState | None) -> None:
         spare, self._spare = self._spare, None
         if spare is None:
             return
@@ -166,7 +162,7 @@ class BatchDataset(torch.utils.data.Dataset):
 
     def close(self) -> None:
         self._close_streams()
-        self._adopt_spare({})  # drops the spare
+        self._adopt_spare(None)  # drops the spare
 
     # --- per-process lazies -------------------------------------------------------------
     @property
@@ -188,35 +184,14 @@ class BatchDataset(torch.utils.data.Dataset):
             self._decoder = CpuDecoder(self.job.decode_config, transform=self.job.transform)
         return self._decoder
 
-    def url_of_sample(self, sample_id: int) -> str:
-        """Redacted URL of the shard holding global sample `sample_id`."""
-        if self._urls is None:
-            self._urls = SampleUrls(self.job.store, self.job.manifest)
-        return self._urls(sample_id)
-
-
-class SampleUrls:
-    """sample id -> redacted URL of its shard, for error messages and corrupt-sample reports."""
-
-    def __init__(self, store: Store, manifest: Manifest) -> None:
-        self.store, self.paths = store, manifest.shard_paths
-        self.offsets = [int(x) for x in shard_offsets(manifest.shard_num_samples)]
-
-    def __call__(self, sample_id: int) -> str:
-        shard = bisect.bisect_right(self.offsets, int(sample_id)) - 1
-        return self.store.url_of(self.paths[shard])
-
 
 class WorkerStream:
     """The batches of one WorkerSlot for one iteration, produced front to back with prefetch."""
 
-    def __init__(self, owner: BatchDataset, worker_id: int, plan_state: dict[str, Any]) -> None:
+    def __init__(self, owner: BatchDataset, worker_id: int, state: PlanState) -> None:
         job = owner.job
         self.owner = owner
-        slot = WorkerSlot(
-            rank=job.rank, world_size=job.world_size, worker_id=worker_id, num_workers=job.num_plan_workers
-        )
-        state = PlanState.from_dict(plan_state)
+        slot = job.topology.slot(worker_id)
         self.epoch = state.epoch
         # batch_number counts rank-level batches from the epoch's start, across earlier topologies.
         self.numbers_before = sum(p.batches for p in state.progress)

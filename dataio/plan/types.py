@@ -46,6 +46,33 @@ class WorkerSlot:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Topology:
+    """Where one loader sits in the job: its rank of world_size, and the plan workers splitting its
+    batches (the loader's num_workers, at least 1: an in-process loader plans as one worker).
+
+    Built once at the top (make_loader) and passed down; nothing below reads torch.distributed.
+    """
+
+    rank: int
+    world_size: int
+    num_workers: int
+
+    def __post_init__(self) -> None:
+        _int_field(self, "world_size", 1)
+        _int_field(self, "num_workers", 1)
+        _int_field(self, "rank", 0, self.world_size - 1)
+
+    def slot(self, worker_id: int) -> WorkerSlot:
+        """The WorkerSlot of plan worker `worker_id` on this rank."""
+        return WorkerSlot(rank=self.rank, world_size=self.world_size, worker_id=worker_id,
+                          num_workers=self.num_workers)
+
+    def worker_of(self, batch_number: int) -> int:
+        """The plan worker that produces rank-level batch `batch_number` (round robin, as torch hands out)."""
+        return batch_number % self.num_workers
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PlanConfig:
     """What fixes an epoch's order besides the topology: seed, per-rank batch size, tail, shuffle."""
 

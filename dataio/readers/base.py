@@ -2,12 +2,14 @@
 
 A reader splits the work in two so a prefetcher can overlap them: `fetch` does the I/O only
 (one ranged read per segment, run in background threads), `parse` does the CPU part (slicing
-samples out of the payload). Samples are dicts keyed like WebDataset's, plus `__id__`, the
-sample's global number (the shard's offset in manifest order + its index in the shard).
+samples out of the payload). Samples are dicts keyed like WebDataset's (`__key__`, `__url__`:
+the redacted URL of the sample's shard, set as it is parsed), plus `__id__`, the sample's global
+number (the shard's offset in manifest order + its index in the shard).
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 from collections import OrderedDict
@@ -82,6 +84,18 @@ def check_segment(manifest: Manifest, seg: SegmentLike) -> None:
 def shard_offsets(manifest: Manifest) -> list[int]:
     """Global id of each shard's first sample: prefix sums of the shard sizes in manifest order."""
     return list(itertools.accumulate(manifest.shard_num_samples, initial=0))
+
+
+def sample_url_of(store: Store, manifest: Manifest) -> Callable[[int], str]:
+    """global sample id -> redacted URL of its shard, for code that holds ids but no longer the
+    samples (DALI decoding in the main process); samples themselves carry `__url__`."""
+    offsets = shard_offsets(manifest)
+
+    def url_of(sample_id: int) -> str:
+        shard = bisect.bisect_right(offsets, int(sample_id)) - 1  # empty shards share an offset: the last wins
+        return store.url_of(manifest.shard_paths[shard])
+
+    return url_of
 
 
 def proportional_bytes(manifest: Manifest, shard: int, num_samples: int) -> int:

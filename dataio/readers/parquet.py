@@ -196,7 +196,7 @@ class ParquetReader:
         return ParquetPayload(groups, first_row, chunks, md)
 
     def parse(self, seg: SegmentLike, payload: ParquetPayload) -> list[Sample]:
-        """Rows [start, stop) as dicts: __key__, __id__, then one entry per (projected) column."""
+        """Rows [start, stop) as dicts: __key__, __id__, __url__, then one entry per (projected) column."""
         if not payload.groups:
             return []
         rel = self.manifest.shard_paths[seg.shard]
@@ -208,11 +208,11 @@ class ParquetReader:
         except (pa.ArrowException, OSError) as exc:
             raise ShardFormatError(f"{url}: cannot decode row groups {list(payload.groups)} ({exc}); rewrite the dataset") from None
         table = table.slice(seg.start - payload.first_row, seg.stop - seg.start)
-        return rows_of(table, first_id=self._offsets[seg.shard] + seg.start)
+        return rows_of(table, first_id=self._offsets[seg.shard] + seg.start, url=url)
 
 
-def rows_of(table: pa.Table, *, first_id: int) -> list[Sample]:
-    """Table rows as sample dicts; each column converted once, None (null) cells left out."""
+def rows_of(table: pa.Table, *, first_id: int, url: str) -> list[Sample]:
+    """Table rows as sample dicts from the shard at `url`; each column converted once, None (null) cells left out."""
     n = table.num_rows
     columns = {name: column_values(table.column(name)) for name in table.column_names if name != "__key__"}
     if "__key__" in table.column_names:
@@ -221,7 +221,7 @@ def rows_of(table: pa.Table, *, first_id: int) -> list[Sample]:
         keys = [f"{first_id + i:012d}" for i in range(n)]
     out: list[Sample] = []
     for i in range(n):
-        d: Sample = {"__key__": keys[i], "__id__": first_id + i}
+        d: Sample = {"__key__": keys[i], "__id__": first_id + i, "__url__": url}
         for name, values in columns.items():
             value = values[i]
             if value is not None:

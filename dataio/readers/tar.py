@@ -126,12 +126,13 @@ class TarReader:
         return TarPayload(begin, data, index.samples[seg.start : seg.stop])
 
     def parse(self, seg: SegmentLike, payload: TarPayload) -> list[Sample]:
-        """Samples as WebDataset dicts: __key__, __id__, then EXT -> bytes per member (projected)."""
+        """Samples as WebDataset dicts: __key__, __id__, __url__, then EXT -> bytes per member (projected)."""
         fields, base, data = self.fields, payload.base, payload.data
         first_id = self._offsets[seg.shard] + seg.start
+        url = self.store.url_of(self.manifest.shard_paths[seg.shard])  # one string shared by the samples
         out: list[Sample] = []
         for i, sample in enumerate(payload.samples):
-            d: Sample = {"__key__": sample.key, "__id__": first_id + i}
+            d: Sample = {"__key__": sample.key, "__id__": first_id + i, "__url__": url}
             for member in sample.members:
                 if fields is None or member.ext in fields:
                     a = member.offset - base

@@ -1,7 +1,8 @@
 """Small deterministic tar and Parquet datasets for tests, written without the shardify writer.
 
 `write_tar_dataset(store, [5, 0, 3])` publishes shards/shard-000000.tar (+ .idx) ... and a
-manifest; it returns the manifest and the samples per shard as readers should yield them.
+manifest; it returns the manifest and the samples per shard as readers should yield them
+(with `__url__`, the redacted URL of their shard).
 Keys are the global sample id, zero-padded, so they are unique across shards.
 """
 
@@ -78,9 +79,9 @@ def tar_bytes(samples: Sequence[dict], fields: Sequence[str] = ("jpg", "cls", "j
     return buf.getvalue()
 
 
-def as_tar_sample(sample: dict) -> dict:
-    """What a tar reader yields for a generated sample (cls as ASCII bytes)."""
-    return {**sample, "cls": str(sample["cls"]).encode()}
+def as_tar_sample(sample: dict, url: str) -> dict:
+    """What a tar reader yields for a generated sample of the shard at `url` (cls as ASCII bytes)."""
+    return {**sample, "__url__": url, "cls": str(sample["cls"]).encode()}
 
 
 def write_tar_dataset(
@@ -89,7 +90,8 @@ def write_tar_dataset(
     """Publish tar shards, their v1.2 indexes and the manifest; return it and the tar-shaped samples."""
     shards = make_samples(shard_sizes, seed=seed, real_images=real_images)
     manifest = write_tar_samples(store, shards)
-    return manifest, [[as_tar_sample(s) for s in samples] for samples in shards]
+    return manifest, [[as_tar_sample(s, store.url_of(rel)) for s in samples]
+                      for samples, rel in zip(shards, manifest.shard_paths)]
 
 
 def write_tar_samples(store: Store, shards: Sequence[Sequence[dict]]) -> Manifest:
@@ -129,9 +131,9 @@ def parquet_bytes(samples: Sequence[dict], *, row_group_size: int) -> tuple[byte
     return data, tuple(md.row_group(g).num_rows for g in range(md.num_row_groups))
 
 
-def as_parquet_sample(sample: dict) -> dict:
-    """What a Parquet reader yields for a generated sample (json as str, cls as int)."""
-    return {**sample, "json": sample["json"].decode()}
+def as_parquet_sample(sample: dict, url: str) -> dict:
+    """What a Parquet reader yields for a generated sample of the shard at `url` (json as str, cls as int)."""
+    return {**sample, "__url__": url, "json": sample["json"].decode()}
 
 
 def write_parquet_dataset(
@@ -153,7 +155,8 @@ def write_parquet_dataset(
         shard_checksums=tuple(sums), row_groups=tuple(groups), source="tests.shardgen",
     )
     write_manifest(store, manifest)
-    return manifest, [[as_parquet_sample(s) for s in samples] for samples in shards]
+    return manifest, [[as_parquet_sample(s, store.url_of(rel)) for s in samples]
+                      for samples, rel in zip(shards, manifest.shard_paths)]
 
 
 class FlakyMemoryFS(MemoryFileSystem):

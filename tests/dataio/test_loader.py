@@ -13,10 +13,12 @@ from dataio import (
     LoaderConfig,
     ManifestError,
     ShardFormatError,
+    ShardLoader,
     StorageError,
     make_loader,
 )
 from dataio.batch import PackedBytes
+from dataio.plan.types import Topology
 from dataio.storage.store import Store
 from tests.dataio.shardgen import (
     make_samples,
@@ -227,6 +229,16 @@ def test_corrupt_sample_skipped_keeps_equal_steps(corrupt_dataset) -> None:
     assert sorted(real_keys(batches)) == sorted(f"{i:06d}" for i in range(11) if f"{i:06d}" != bad_key)
 
 
+def test_corrupt_sample_skipped_by_dali_names_its_shard(corrupt_dataset) -> None:
+    pytest.importorskip("nvidia.dali")
+    url, bad_key = corrupt_dataset
+    with make_loader(url, batch_size=4, num_workers=1, image_size=8, tail="pad", on_corrupt="skip",
+                     decode="dali") as loader:
+        batches = list(loader)
+        assert loader.stats.corrupt_keys == [f"{url}/shards/shard-000001.tar#{bad_key}"]
+    assert all("__url__" not in b and "__id__" not in b for b in batches)
+
+
 # --- bad input and arguments ------------------------------------------------------------------
 
 
@@ -286,6 +298,19 @@ def test_make_loader_takes_exactly_the_config_fields_with_the_same_defaults() ->
     fields = {f.name: f.default for f in dataclasses.fields(LoaderConfig)}
     assert set(params) - {"url"} == set(fields)
     assert all(params[name].default == default for name, default in fields.items() if name != "batch_size")
+
+
+def test_topology_is_built_once_by_make_loader_and_passed_down(dataset) -> None:
+    with make_loader(dataset, batch_size=2, num_workers=0, decode=None, rank=1, world_size=3) as loader:
+        assert loader.topology == Topology(rank=1, world_size=3, num_workers=1)  # in-process: one plan worker
+        assert (loader.rank, loader.world_size) == (1, 3)
+    with make_loader(dataset, batch_size=2, num_workers=2, decode=None) as loader:  # no process group
+        assert loader.topology == Topology(rank=0, world_size=1, num_workers=2)
+    config = LoaderConfig(batch_size=2, num_workers=2, decode=None)
+    with pytest.raises(ValueError, match="plans 1 workers"):
+        ShardLoader(dataset, config, topology=Topology(rank=0, world_size=1, num_workers=1))
+    with ShardLoader(dataset, config, topology=Topology(rank=1, world_size=2, num_workers=2)) as loader:
+        assert len(loader) == TOTAL // (2 * 2)
 
 
 def test_unknown_option_and_field(dataset) -> None:

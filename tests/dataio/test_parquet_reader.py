@@ -57,7 +57,7 @@ def test_segment_equals_pyarrow_rows(local, seg):
     got = read(make_reader(store, manifest), seg)
     assert got == samples[seg.shard][seg.start : seg.stop]
     table = pq.read_table(store.path(manifest.shard_paths[seg.shard]))
-    assert [{k: v for k, v in s.items() if k != "__id__"} for s in got] == table.to_pylist()[seg.start : seg.stop]
+    assert [{k: v for k, v in s.items() if k not in ("__id__", "__url__")} for s in got] == table.to_pylist()[seg.start : seg.stop]
 
 
 def test_only_overlapping_row_groups_and_projected_columns_are_read(local):
@@ -74,7 +74,7 @@ def test_only_overlapping_row_groups_and_projected_columns_are_read(local):
     fetched = sum(end - start for _, start, end in store.ranges)
     assert needed <= fetched == reader.payload_bytes(seg) < md.row_group(1).total_byte_size * 2
     got = reader.parse(seg, payload)
-    assert got == [{"__key__": s["__key__"], "__id__": s["__id__"], "cls": s["cls"]} for s in samples[3][7:9]]
+    assert got == [{"__key__": s["__key__"], "__id__": s["__id__"], "__url__": s["__url__"], "cls": s["cls"]} for s in samples[3][7:9]]
 
 
 def test_footer_is_read_once_per_shard(local):

@@ -60,7 +60,7 @@ def test_segment_equals_what_tarfile_sees(local, seg):
     got = read(make_reader(store, manifest), seg)
     assert got == samples[seg.shard][seg.start : seg.stop]
     expect = tarfile_samples(store.path(manifest.shard_paths[seg.shard]))[seg.start : seg.stop]
-    assert [{k: v for k, v in s.items() if k != "__id__"} for s in got] == expect
+    assert [{k: v for k, v in s.items() if k not in ("__id__", "__url__")} for s in got] == expect
     offset = sum(manifest.shard_num_samples[: seg.shard])
     assert [s["__id__"] for s in got] == list(range(offset + seg.start, offset + seg.stop))
 
@@ -75,7 +75,7 @@ def test_whole_shards_equal_what_webdataset_sees(local):
         seen = [{k: v for k, v in s.items() if not k.startswith("__") or k == "__key__"}
                 for s in wds.WebDataset(url, shardshuffle=False, empty_check=False)]
         got = read(reader, Seg(shard, 0, manifest.shard_num_samples[shard]))
-        assert [{k: v for k, v in s.items() if k != "__id__"} for s in got] == seen
+        assert [{k: v for k, v in s.items() if k not in ("__id__", "__url__")} for s in got] == seen
 
 
 def test_one_ranged_read_of_exactly_the_span(local):
@@ -93,7 +93,7 @@ def test_one_ranged_read_of_exactly_the_span(local):
 def test_fields_are_projected(local):
     store, manifest, samples = local
     got = read(make_reader(store, manifest, fields=["cls"]), Seg(0, 1, 3))
-    assert got == [{"__key__": s["__key__"], "__id__": s["__id__"], "cls": s["cls"]} for s in samples[0][1:3]]
+    assert got == [{"__key__": s["__key__"], "__id__": s["__id__"], "__url__": s["__url__"], "cls": s["cls"]} for s in samples[0][1:3]]
     with pytest.raises(ValueError, match="not in this dataset"):
         make_reader(store, manifest, fields=["png"])
 
