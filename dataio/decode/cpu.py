@@ -223,7 +223,12 @@ def _resize(hwc: np.ndarray, size: int) -> np.ndarray:
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:
-    """Any PIL mode -> RGB, decoding the pixels; 16-bit greyscale keeps its top 8 bits, not a clip."""
+    """Any PIL mode -> RGB uint8, decoding the pixels.
+
+    16-bit samples keep their top 8 bits (not a clip); alpha (RGBA, LA, palette transparency) is
+    composited on BLACK: RGB * alpha / 255, so a transparent pixel is black whatever colour it
+    stores; CMYK/YCCK JPEGs go through PIL's conversion (Adobe's inverted CMYK included).
+    """
     if img.mode == "RGB":
         img.load()
         return img
@@ -231,8 +236,12 @@ def _to_rgb(img: Image.Image) -> Image.Image:
         arr = np.asarray(img)
         arr = (arr.astype(np.uint32) >> 8) if img.mode.startswith("I;16") else np.clip(arr, 0, 255)
         return Image.fromarray(arr.astype(np.uint8), "L").convert("RGB")
-    if img.mode == "P" and "transparency" in img.info:
-        img = img.convert("RGBA")  # PIL wants palette transparency resolved before dropping alpha
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (img.mode == "P" and "transparency" in img.info) \
+            or (img.mode in ("L", "RGB", "1") and "transparency" in img.info):
+        rgba = np.asarray(img.convert("RGBA"))  # (H, W, 4) uint8; premultiplied modes converted by PIL
+        alpha = rgba[:, :, 3:4].astype(np.uint16)
+        rgb = (rgba[:, :, :3].astype(np.uint16) * alpha + 127) // 255  # over black, rounded
+        return Image.fromarray(rgb.astype(np.uint8), "RGB")
     return img.convert("RGB")
 
 

@@ -24,7 +24,7 @@ import torch
 
 from dataio.batch import PackedBytes
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
-from dataio.decode.images import IMAGE_EXTS, check_pixels, read_header
+from dataio.decode.images import IMAGE_FIELD_ORDER, check_pixels, read_header
 from dataio.decode.transforms import CropBox, center_crop, random_resized_crop
 from dataio.errors import CorruptSampleError
 from dataio.rand import SampleRandom, sample_seed
@@ -32,7 +32,10 @@ from dataio.rand import SampleRandom, sample_seed
 ON_CORRUPT = ("raise", "skip")
 SKIPPED_KEY = "__skipped__"  # same key as dataio.loader.worker: "URL#key" of substituted samples
 _DALI_FORMATS = ("jpeg", "png", "webp", "bmp")  # formats DALI decodes like PIL; the rest go to the CPU
-_DALI_MODES = ("RGB", "L", "RGBA", "P", "LA")  # colour modes whose RGB conversion matches PIL's
+# Colour modes DALI turns into the CPU path's pixels. Alpha (RGBA, LA, palettes that may carry
+# transparency) is composited on black by the CPU path, which DALI does not do; 16-bit modes
+# ("I;16", "RGB;16", ...), CMYK/YCCK and GIF/TIFF go to the CPU path as well, per sample.
+_DALI_MODES = ("RGB", "L")
 
 
 def _dali() -> Any:
@@ -54,7 +57,7 @@ class _Job:
     """One batch on its way through DALI: the input batch and what was fed for it."""
 
     batch: dict[str, Any]
-    field: str
+    fields: tuple[str, ...]  # the batch's raw image fields, dropped from the output
     items: list[np.ndarray]  # uint8 views into the batch's PackedBytes: no copy per sample
     seeds: list[int]
     dali_rows: list[int]  # rows decoded by DALI, in feed order
@@ -76,7 +79,7 @@ class DaliDecoder:
     def __init__(
         self, decode_config: DecodeConfig, *, batch_size: int, seed: int, num_threads: int = 2,
         prefetch_queue_depth: int = 2, device: str = "auto", on_corrupt: str = "raise",
-        url_of: Callable[[int], str] | None = None,
+        url_of: Callable[[int], str] | None = None, image_fields: tuple[str, ...] = IMAGE_FIELD_ORDER,
     ) -> None:
         if not isinstance(decode_config, DecodeConfig):
             raise TypeError(f"decode_config must be a dataio.decode.cpu.DecodeConfig, got {type(decode_config).__name__}")
@@ -92,6 +95,7 @@ class DaliDecoder:
         self.device = _resolve_device(device)
         self.on_corrupt = on_corrupt
         self.url_of = url_of
+        self.image_fields = tuple(image_fields)  # each row's image: the first of these it has bytes in
         self.epoch = 0
         self.num_rebuilds = 0  # pipelines rebuilt after DALI failed on a batch
         self.num_cpu_samples = 0  # samples decoded by the CPU path instead (refused or failed in DALI)
@@ -153,10 +157,7 @@ class DaliDecoder:
 
     # --- preparation: header checks, crop boxes, flips ---------------------------------------
     def _prepare(self, batch: dict[str, Any]) -> _Job:
-        field = _image_field(batch)
-        packed: PackedBytes = batch[field]
-        buf, offsets = packed.data.numpy(), packed.offsets.tolist()
-        items = [buf[offsets[i]: offsets[i + 1]] for i in range(len(offsets) - 1)]
+        fields, items = _image_items(batch, self.image_fields)
         keys = [str(k) for k in batch["__key__"]]
         if len(keys) != len(items) or not 0 < len(items) <= self.batch_size:
             raise ValueError(f"batch has {len(keys)} keys and {len(items)} images; expected 1..{self.batch_size} of each")
@@ -176,7 +177,7 @@ class DaliDecoder:
             box = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)  # (n, [x, y, w, h]) in pixels
             feeds = {"encoded": [items[i] for i in dali_rows], "anchor": np.ascontiguousarray(box[:, :2]),
                      "shape": np.ascontiguousarray(box[:, 2:]), "mirror": np.asarray(flips, dtype=np.int32)}
-        return _Job(batch, field, items, seeds, dali_rows, cpu_rows, feeds)
+        return _Job(batch, fields, items, seeds, dali_rows, cpu_rows, feeds)
 
     def _seeds(self, batch: dict[str, Any], keys: list[str]) -> list[int]:
         """Per-sample seeds: the CPU path's (seed, epoch, sample id) when the batch has ids."""
@@ -188,6 +189,8 @@ class DaliDecoder:
 
     def _plan(self, data: np.ndarray, seed: int) -> tuple[CropBox, bool] | None:
         """(crop box, flip) from the header, or None when the CPU path should decode this sample."""
+        if not len(data):
+            return None  # no image field in this sample: the CPU path reports it
         header = read_header(data)
         if header is None:
             return None
@@ -331,7 +334,7 @@ class DaliDecoder:
         if dali_images is not None:
             images[job.dali_rows] = dali_images
         bad = self._decode_cpu_rows(job, images)
-        batch = {k: v for k, v in job.batch.items() if k not in (job.field, "__id__", "epoch")}
+        batch = {k: v for k, v in job.batch.items() if k not in (*job.fields, "__id__", "epoch")}
         mask = batch.get("mask")
         mask = torch.ones(n, dtype=torch.bool) if mask is None else mask.clone()
         if bad:
@@ -347,6 +350,11 @@ class DaliDecoder:
         for i in job.cpu_rows:
             self.num_cpu_samples += 1
             try:
+                if not len(job.items[i]):
+                    url = self._url(job, i)
+                    raise CorruptSampleError(
+                        f"{url}: sample {str(keys[i])!r} has no image (none of {list(job.fields)} holds bytes); "
+                        "pass on_corrupt='skip' to leave such samples out, or fix the shard", url=url, key=str(keys[i]))
                 arr = self._cpu.decode(job.items[i].tobytes(), seed=job.seeds[i], key=str(keys[i]), url=self._url(job, i))
             except CorruptSampleError:
                 if self.on_corrupt == "raise":
@@ -396,12 +404,21 @@ def _resolve_device(device: str) -> torch.device:
     return dev
 
 
-def _image_field(batch: dict[str, Any]) -> str:
-    """The raw image field of a batch: the first image extension holding PackedBytes."""
-    for name, value in batch.items():
-        if name in IMAGE_EXTS and isinstance(value, PackedBytes):
-            return name
-    raise ValueError(
-        f"batch has no raw image field (one of {IMAGE_EXTS} as PackedBytes; it has {sorted(batch)}); "
-        "DaliDecoder needs the loader's decode='dali' raw batches"
-    )
+def _image_items(batch: dict[str, Any], order: tuple[str, ...]) -> tuple[tuple[str, ...], list[np.ndarray]]:
+    """(the batch's raw image fields, each row's image bytes): per row the first of `order` holding
+    non-empty bytes (absent fields are empty items in the loader's raw batches); empty if none."""
+    fields = tuple(n for n in order if isinstance(batch.get(n), PackedBytes))
+    if not fields:
+        raise ValueError(
+            f"batch has no raw image field (one of {list(order)} as PackedBytes; it has {sorted(batch)}); "
+            "DaliDecoder needs the loader's decode='dali' raw batches"
+        )
+    columns = []
+    for name in fields:
+        packed: PackedBytes = batch[name]
+        buf, offsets = packed.data.numpy(), packed.offsets.tolist()
+        columns.append([buf[offsets[i]: offsets[i + 1]] for i in range(len(offsets) - 1)])
+    items = []
+    for row in zip(*columns):
+        items.append(next((view for view in row if len(view)), row[0]))
+    return fields, items

@@ -20,6 +20,10 @@ from dataio.errors import CorruptSampleError, ImageTooLargeError
 
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's own bomb threshold (~ 9459 x 9459)
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")
+# A sample's image is whichever image field it has (WebDataset's "jpg;png;webp"); a sample with
+# several is decoded from the first present in this order (IMAGE_EXTS' order), then any other
+# image-typed field of the manifest (e.g. a Hugging Face `image` column) in manifest order.
+IMAGE_FIELD_ORDER = IMAGE_EXTS
 JPEG_MAGIC = b"\xff\xd8"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # simplejpeg's colour space names -> PIL's mode names, so both paths speak one vocabulary.
@@ -27,6 +31,21 @@ _JPEG_MODES = {"YCbCr": "RGB", "RGB": "RGB", "Gray": "L", "CMYK": "CMYK", "YCCK"
 # PNG IHDR colour type -> PIL's mode at 8 bits; 16-bit images get their own names (not 8-bit RGB).
 _PNG_MODES = {0: "L", 2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
 _PNG_MODES_16 = {0: "I;16", 2: "RGB;16", 4: "LA;16", 6: "RGBA;16"}
+
+
+def order_image_fields(names: Any) -> tuple[str, ...]:
+    """Image field names in the documented order: IMAGE_FIELD_ORDER first, the others as given."""
+    names = list(dict.fromkeys(names))
+    return tuple([n for n in IMAGE_FIELD_ORDER if n in names] + [n for n in names if n not in IMAGE_FIELD_ORDER])
+
+
+def pick_image(sample: Any, fields: tuple[str, ...]) -> tuple[str, Any] | None:
+    """(field, bytes) of the sample's image: the first of `fields` (ordered) holding non-empty bytes."""
+    for name in fields:
+        value = sample.get(name)
+        if isinstance(value, (bytes, bytearray, memoryview)) and len(value):
+            return name, value
+    return None
 
 
 @dataclass(frozen=True, slots=True)

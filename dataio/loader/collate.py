@@ -16,7 +16,16 @@ import numpy as np
 import torch
 
 from dataio.batch import PackedBytes
+from dataio.decode.images import pick_image
 from dataio.errors import CorruptSampleError
+from dataio.loader.fields import (
+    FieldError,
+    collate_values,
+    field_kinds,
+    kind_of,
+    label_field,
+    parse_value,
+)
 from dataio.rand import sample_seed
 
 SKIPPED_KEY = "__skipped__"  # worker -> main only: URL#key of corrupt samples replaced; popped in main
@@ -72,9 +81,9 @@ def as_bytes(sample: dict[str, Any]) -> dict[str, Any]:
     return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}
 
 
-def label_of(sample: dict[str, Any]) -> int:
-    """The sample's integer label from its `cls` field (ASCII bytes or an int); -1 when absent."""
-    value = sample.get(LABEL_FIELD)
+def label_of(sample: dict[str, Any], field: str = LABEL_FIELD) -> int:
+    """The sample's integer label from its label field (ASCII bytes or an int); -1 when absent."""
+    value = sample.get(field)
     if value is None:
         return -1
     if isinstance(value, (int, np.integer)):
@@ -85,45 +94,64 @@ def label_of(sample: dict[str, Any]) -> int:
         key = sample.get("__key__", "?")
         url = url_of(sample)
         raise CorruptSampleError(
-            f"{url}: sample {key!r}: label field 'cls' is {bytes(value)[:20]!r}, not an integer; "
+            f"{url}: sample {key!r}: label field {field!r} is {bytes(value)[:20]!r}, not an integer; "
             "fix the source labels and rewrite the shard", url=url, key=str(key),
         ) from None
 
 
 def default_collate(
-    samples: Sequence[dict[str, Any]], *, images: torch.Tensor | None, image_field: str | None,
+    samples: Sequence[dict[str, Any]], *, images: torch.Tensor | None,
+    image_fields: tuple[str, ...] = (), kinds: dict[str, str] | None = None, label: str = LABEL_FIELD,
 ) -> dict[str, Any]:
-    """Keys, labels, the decoded images (N, 3, H, W) or raw fields packed into one tensor each.
+    """Keys, labels, the decoded images (N, 3, H, W), and every other field as its kind's column
+    (see dataio.loader.fields): a field some samples lack is None (empty bytes) for them.
 
     Bookkeeping keys other than __key__ (__id__, __url__) stay in the worker: a batch carries no
-    per-sample strings it does not need.
-    """
+    per-sample strings it does not need."""
+    kinds = kinds or {}
     batch: dict[str, Any] = {
         "__key__": [str(s["__key__"]) for s in samples],
-        "label": torch.tensor([label_of(s) for s in samples], dtype=torch.int64),
+        "label": torch.tensor([label_of(s, label) for s in samples], dtype=torch.int64),
     }
     if images is not None:
         batch["image"] = images
-    for name in [k for k in samples[0] if k not in _META_KEYS and k != LABEL_FIELD]:
-        if images is not None and name == image_field:
+    names = dict.fromkeys(k for s in samples for k in s if k not in _META_KEYS and k != label)
+    for name in names:
+        if images is not None and name in image_fields:
             continue  # decoded: the bytes stay in the worker
-        batch[name] = pack_field([s.get(name) for s in samples])
+        kind = kinds.get(name) or kind_of(name, None)
+        batch[name] = collate_values(kind, [s.get(name) for s in samples], pack_bytes)
     return batch
 
 
-def pack_field(values: list[Any]) -> Any:
-    """Bytes -> PackedBytes (one tensor + offsets), numbers -> a tensor, anything else -> a list."""
-    if all(isinstance(v, BYTES_LIKE) for v in values):
-        return pack_bytes(values)
-    if all(isinstance(v, str) for v in values):
-        return pack_bytes([v.encode() for v in values])
-    if all(isinstance(v, (bool, np.bool_)) for v in values):
-        return torch.tensor(values, dtype=torch.bool)
-    if all(isinstance(v, (int, np.integer)) for v in values):
-        return torch.tensor([int(v) for v in values], dtype=torch.int64)
-    if all(isinstance(v, (float, int, np.floating, np.integer)) for v in values):
-        return torch.tensor([float(v) for v in values], dtype=torch.float64)
-    return values
+def parse_fields(
+    owner: BatchContext, samples: list[dict[str, Any]], kinds: dict[str, str], skip: set[int]
+) -> list[dict[str, Any]]:
+    """Samples with text, JSON and numbers parsed; a bad one raises, or joins `skip` (on_corrupt='skip')."""
+    skip_names = {*_META_KEYS, *owner.job.image_fields, label_field(owner.job.manifest)}
+    names = [n for n in dict.fromkeys(k for s in samples for k in s) if n not in skip_names]
+    todo = [n for n in names if (kinds.get(n) or kind_of(n, None)) in ("text", "json", "number")]
+    if not todo:
+        return samples
+    out = []
+    for i, sample in enumerate(samples):
+        parsed = dict(sample)
+        for name in todo:
+            value = sample.get(name)
+            if value is None:
+                continue
+            try:
+                parsed[name] = parse_value(kinds.get(name) or kind_of(name, None), value, name)
+            except FieldError as exc:
+                key, url = str(sample.get("__key__", "?")), url_of(sample)
+                if owner.job.on_corrupt == "raise":
+                    raise CorruptSampleError(
+                        f"{url}: sample {key!r}: {exc}; fix the source and rewrite the shard, or pass "
+                        "on_corrupt='skip'", url=url, key=key,
+                    ) from None
+                skip.add(i)
+        out.append(parsed)
+    return out
 
 
 def assemble(
@@ -135,21 +163,32 @@ def assemble(
     skipped: list[str] = []
     images = None
     start = time.perf_counter()
-    if job.decode == "cpu":
-        samples, mask, skipped, images = decode_images(owner, samples, mask, epoch=epoch)
-    elif job.transform is not None:
+    kinds = field_kinds(job.manifest)
+    label = label_field(job.manifest)
+    bad: set[int] = set()
+    if job.decode != "cpu" and job.transform is not None:  # the hook sees the raw sample (bytes)
         samples = [job.transform(as_bytes(s)) for s in samples]
+    if job.collate is None:
+        samples = parse_fields(owner, samples, kinds, bad)
+        if bad and job.decode != "cpu":
+            samples, mask, skipped = substitute(owner, samples, [None if i in bad else True for i in range(len(samples))], mask)
+    if job.decode == "cpu":
+        samples, mask, skipped, images = decode_images(owner, samples, mask, epoch=epoch, bad=bad)
     decode_s = time.perf_counter() - start if job.decode == "cpu" else 0.0
     if job.collate is not None:
         if images is not None:  # the hook sees each sample's decoded (3, H, W) image
             samples = [{**s, "image": images[i]} for i, s in enumerate(samples)]
         batch = job.collate([as_bytes(s) for s in samples])
     else:
-        batch = default_collate(samples, images=images, image_field=job.image_field)
+        batch = default_collate(samples, images=images, image_fields=job.image_fields,
+                                kinds=kinds, label=label)
     if isinstance(batch, dict):
+        ids = [int(s["__id__"]) for s in samples]
         if job.decode == "dali":  # DALI seeds each sample's crop like the CPU path: (seed, epoch, id)
-            batch["__id__"] = torch.tensor([int(s["__id__"]) for s in samples], dtype=torch.int64)
+            batch["__id__"] = torch.tensor(ids, dtype=torch.int64)
             batch["epoch"] = epoch
+        if job.collate is None:
+            batch["__shard__"], batch["__position__"] = shard_positions(job.manifest, ids)
         batch.setdefault("mask", torch.tensor(mask, dtype=torch.bool))
         batch.setdefault("read_s", read_s)
         batch.setdefault("decode_s", decode_s)
@@ -159,24 +198,46 @@ def assemble(
     return batch
 
 
+_OFFSETS: dict[int, tuple[Any, np.ndarray]] = {}  # id(manifest) -> (manifest, global id of each shard's first sample)
+
+
+def shard_positions(manifest: Any, ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(shard number, position in its shard) of each global sample id, int64 [N] each: where a sample
+    came from, for dataio.sources_of (no per-sample strings cross the worker pipe)."""
+    entry = _OFFSETS.get(id(manifest))
+    if entry is None or entry[0] is not manifest:
+        if len(_OFFSETS) > 8:
+            _OFFSETS.clear()
+        entry = _OFFSETS[id(manifest)] = (manifest, np.cumsum([0, *manifest.shard_num_samples], dtype=np.int64))
+    offsets = entry[1]
+    arr = np.asarray(ids, dtype=np.int64)
+    shards = np.searchsorted(offsets, arr, side="right") - 1
+    return torch.from_numpy(shards), torch.from_numpy(arr - offsets[shards])
+
+
 def decode_images(
-    owner: BatchContext, samples: list[dict[str, Any]], mask: list[bool], *, epoch: int
+    owner: BatchContext, samples: list[dict[str, Any]], mask: list[bool], *, epoch: int, bad: set[int] | None = None,
 ) -> tuple[list[dict[str, Any]], list[bool], list[str], torch.Tensor]:
-    """(samples, mask, skipped, images (N, 3, H, W)): corrupt samples raise or get a substitute."""
+    """(samples, mask, skipped, images (N, 3, H, W)): each sample's own image field; corrupt samples
+    (and those in `bad`) raise or get a substitute."""
     job = owner.job
+    bad = bad or set()
     seeds = [sample_seed(job.plan_config.seed, epoch, int(s["__id__"])) for s in samples]
-    items = [s.get(job.image_field) for s in samples]
-    if all(isinstance(x, BYTES_LIKE) for x in items):
+    picked = [pick_image(s, job.image_fields) for s in samples]
+    if not bad and all(p is not None for p in picked):
         try:  # the common case: one call filling one preallocated batch tensor
             images = owner.decoder.decode_batch(
-                items, seeds=seeds, keys=[str(s["__key__"]) for s in samples],
+                [p[1] for p in picked], seeds=seeds, keys=[str(s["__key__"]) for s in samples],  # type: ignore[index]
                 url=url_of(samples[0]),
             )
             return samples, mask, [], images
         except CorruptSampleError:
             pass  # sample by sample below: the error names the sample's own shard
     decoded: list[np.ndarray | None] = []
-    for sample, seed in zip(samples, seeds):
+    for i, (sample, seed) in enumerate(zip(samples, seeds)):
+        if i in bad:
+            decoded.append(None)
+            continue
         try:
             decoded.append(decode_one(owner, sample, seed))
         except CorruptSampleError:
@@ -189,19 +250,20 @@ def decode_images(
 
 def decode_one(owner: BatchContext, sample: dict[str, Any], seed: int) -> np.ndarray:
     """One sample's image as (3, H, W); CorruptSampleError names its shard URL and key."""
-    key, field = str(sample.get("__key__", "?")), owner.job.image_field
+    key, fields = str(sample.get("__key__", "?")), owner.job.image_fields
     url = url_of(sample)
-    data = sample.get(field) if field else None
-    if not isinstance(data, (bytes, bytearray, memoryview)):
+    picked = pick_image(sample, fields)
+    if picked is None:
         raise CorruptSampleError(
-            f"{url}: sample {key!r} has no {field!r} bytes; pass decode=None to read raw fields, or "
-            "fix the shard", url=url, key=key,
+            f"{url}: sample {key!r} has no image (none of the image fields {list(fields)} holds bytes; "
+            f"it has {[k for k in sample if not k.startswith('__')]}); pass decode=None to read raw fields, "
+            "on_corrupt='skip' to leave such samples out, or fix the shard", url=url, key=key,
         )
-    return owner.decoder.decode(bytes(data), seed=seed, key=key, url=url)
+    return owner.decoder.decode(bytes(picked[1]), seed=seed, key=key, url=url)
 
 
 def substitute(
-    owner: BatchContext, samples: list[dict[str, Any]], decoded: list[np.ndarray | None], mask: list[bool]
+    owner: BatchContext, samples: list[dict[str, Any]], decoded: list[Any], mask: list[bool]
 ) -> tuple[list[dict[str, Any]], list[bool], list[str]]:
     """Replace each corrupt sample (None in `decoded`, in place) by the next good one of the batch, masked out."""
     good = [i for i, image in enumerate(decoded) if image is not None]

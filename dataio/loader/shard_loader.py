@@ -144,7 +144,7 @@ class ShardLoader:
             seed=config.seed, batch_size=config.batch_size, tail=config.tail, shuffle=config.shuffle,
             shuffle_window=window_samples(self.manifest, config),
         )
-        self.image_field, self.read_fields = fields_to_read(self.manifest, config, self.store.url)
+        self.image_fields, self.read_fields = fields_to_read(self.manifest, config, self.store.url)
         self.stats = LoaderStats()
         self._sizes = tuple(self.manifest.shard_num_samples)
         self._state = PlanState(epoch=0)  # where the current (or next) iteration starts
@@ -261,7 +261,7 @@ class ShardLoader:
             store=self.store, manifest=self.manifest, plan_config=self.plan_config, topology=self.topology,
             batch_size=c.batch_size,
             fields=self.read_fields, verify_index=c.verify_index, decode=c.decode, decode_config=decode_config,
-            image_field=self.image_field, transform=c.transform, collate=c.collate, on_corrupt=c.on_corrupt,
+            image_fields=self.image_fields, transform=c.transform, collate=c.collate, on_corrupt=c.on_corrupt,
             prefetch_bytes=c.prefetch_bytes, max_in_flight=c.max_in_flight, cache_dir=c.cache_dir,
             cache_limit_bytes=c.cache_limit_bytes,
         )
@@ -274,6 +274,7 @@ class ShardLoader:
                 self._decode_config(), batch_size=self.config.batch_size, seed=self.config.seed,
                 num_threads=self.config.dali_threads, prefetch_queue_depth=2,
                 on_corrupt=self.config.on_corrupt, url_of=sample_url_of(self.store, self.manifest),
+                image_fields=self.image_fields,
             )
         return self._dali
 

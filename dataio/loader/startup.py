@@ -10,9 +10,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from dataio.decode.images import IMAGE_EXTS
+from dataio.decode.images import IMAGE_EXTS, order_image_fields
 from dataio.errors import ManifestError, ShardifyError
 from dataio.format.manifest import Manifest, read_manifest
+from dataio.loader.fields import label_field
 from dataio.readers.base import check_fields
 from dataio.storage.store import Store
 
@@ -79,19 +80,26 @@ def open_dataset(url: str, config: LoaderConfig) -> tuple[Store, Manifest]:
     return store, manifest
 
 
-def fields_to_read(manifest: Manifest, config: LoaderConfig, url: str) -> tuple[str | None, tuple[str, ...] | None]:
-    """(image field, reader projection): the first image-typed field; a projection keeps `cls`."""
+def image_fields_of(manifest: Manifest) -> tuple[str, ...]:
+    """Every image field of the dataset, in the order a sample's image is picked (IMAGE_FIELD_ORDER)."""
     names = [f.name for f in manifest.fields if f.type == "image"]
     names += [n for n in manifest.field_names if n in IMAGE_EXTS and n not in names]
+    return order_image_fields(names)
+
+
+def fields_to_read(manifest: Manifest, config: LoaderConfig, url: str) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """(image fields, reader projection): each sample's image is the first of its image fields it
+    has (see dataio.decode.images.IMAGE_FIELD_ORDER); a projection keeps the label field."""
+    names = image_fields_of(manifest)
     fields = config.fields
     if fields is not None:
-        names = [n for n in names if n in fields]
-        if "cls" in manifest.field_names and "cls" not in fields:
-            fields = (*fields, "cls")  # the label is part of every batch
-    image_field = names[0] if names else None
-    if config.decode is not None and image_field is None:
+        names = tuple(n for n in names if n in fields)
+        label = label_field(manifest)
+        if label in manifest.field_names and label not in fields:
+            fields = (*fields, label)  # the label is part of every batch
+    if config.decode is not None and not names:
         raise ValueError(
             f"{url}: decode={config.decode!r} but no image field is read (dataset fields "
             f"{list(manifest.field_names)}, fields={config.fields}); pass decode=None for raw fields"
         )
-    return image_field, fields
+    return names, fields

@@ -53,7 +53,7 @@ class WorkerJob:
     verify_index: bool
     decode: str | None  # "cpu", "dali" or None (dali decodes in the main process)
     decode_config: DecodeConfig | None
-    image_field: str | None
+    image_fields: tuple[str, ...]  # a sample's image: the first of these it has (IMAGE_FIELD_ORDER)
     transform: Callable[..., Any] | None
     collate: Callable[[list[dict[str, Any]]], Any] | None
     on_corrupt: str
