@@ -25,6 +25,7 @@ _LAZY = {
     "LoaderConfig": "dataio.loader.config",
     "LoaderStats": "dataio.loader.shard_loader",
     "StorageOptions": "dataio.storage.store",
+    "sources_of": "dataio.format.provenance",
 }
 
 __all__ = [

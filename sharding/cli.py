@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--image-column", help="table column with image paths or bytes (default: guessed)")
     w.add_argument("--label-column", help="table column with labels (default: label/cls/class/target if present)")
     w.add_argument("--key-column", help="table column with unique sample keys (default: row number)")
+    w.add_argument("--key", choices=("index", "path"), default="index",
+                   help="sample keys: index (000042, the scan order) or path (the relative path, sanitised: "
+                        "cat/img_1 for cat/img 1.jpg; unique and the same on every re-run)")
     w.add_argument("--quiet", action="store_true", help="no progress bar, only a summary")
     _storage_flags(w)
 
@@ -139,7 +142,7 @@ def _write(args: argparse.Namespace) -> int:
     dest = Store(args.dest, options)
     _check_reachable(dest)
     source = open_source(args.src, storage=options, image_column=args.image_column,
-                         label_column=args.label_column, key_column=args.key_column)
+                         label_column=args.label_column, key_column=args.key_column, key=args.key)
     total = sum(r.size_bytes for r in source.refs)
     progress = Progress(total_samples=len(source.refs), total_bytes=total, what="write", quiet=args.quiet)
     try:

@@ -8,6 +8,7 @@ from typing import Any
 from dataio.decode import images
 from dataio.errors import CorruptSampleError, ShardifyError
 from dataio.format.manifest import checksum_bytes
+from dataio.format.provenance import dumps_sources, sources_path
 from dataio.storage.store import Store, redact
 from sharding.config import Layout, ShardResult, WriteConfig
 from sharding.parquet_writer import ParquetShardWriter, parquet_schema
@@ -96,23 +97,28 @@ def write_shard(
     """Load, check and write the samples of one shard; publish it (and then its index) atomically."""
     index, rel, refs = task
     skipped: list[dict[str, str]] = []
+    origins: list[str] = []  # each written sample's source, for the provenance sidecar
     samples = checked_samples(source, refs, config, skipped, report)
     with dest.open_atomic(rel) as f:
         if config.format == "tar":
             writer: Any = TarShardWriter(f)
             for sample in samples:
                 writer.add(sample.key, _tar_members(sample))
+                origins.append(sample.origin or sample.where)
             tar_index = writer.close()
         else:
             writer = ParquetShardWriter(f, parquet_schema(layout.image_exts, layout.has_labels, layout.extra_fields))
             for sample in samples:
                 writer.add(_parquet_row(sample))
+                origins.append(sample.origin or sample.where)
             row_groups = writer.close()
     common = dict(index=index, path=rel, num_samples=writer.num_samples, num_bytes=writer.num_bytes,
                   checksum=writer.checksum.hexdigest(), skipped=tuple(skipped))
     if writer.num_samples == 0:
         dest.remove(rel)  # every sample skipped: an empty shard is no use to anyone
         return ShardResult(**common)
+    # Beside the shard (and its index), never inside: stock readers see only the user's samples.
+    dest.write_bytes(sources_path(rel), dumps_sources(rel, common["checksum"], [redact(o) for o in origins]))
     if config.format == "parquet":
         return ShardResult(**common, row_groups=row_groups)
     index_rel = rel.rsplit(".", 1)[0] + ".idx"

@@ -9,6 +9,7 @@ to shards is known before any worker starts and does not depend on the number of
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,7 @@ class RawSample:
     image: bytes | None
     extras: dict[str, Any]
     where: str
+    origin: str = ""  # provenance: relative path in the source, "row N" of a table, a URL, or TAR#KEY
 
 
 @dataclass(kw_only=True)
@@ -77,6 +79,35 @@ def normalize_ext(ext: str) -> str:
 
 
 IMAGE_EXT_SET = {normalize_ext(e) for e in IMAGE_EXTS}
+
+
+KEY_MODES = ("index", "path")
+_UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-/]+")
+
+
+def path_keys(rels: Sequence[str]) -> list[str]:
+    """WebDataset-style keys from relative paths: extension dropped, sanitised, unique, stable.
+
+    `cat/img 1.v2.jpg` -> `cat/img_1_v2`: anything but letters, digits, `_`, `-` and `/` becomes
+    `_` (WebDataset splits KEY.EXT at the first dot of the basename, tar names cannot hold
+    whitespace); paths that collide after that get `_2`, `_3`... in the order given (sorted scans
+    give the same keys on every re-run of the same source).
+    """
+    keys: list[str] = []
+    seen: set[str] = set()
+    for rel in rels:
+        stem = rel.replace("\\", "/")
+        base = stem.rsplit("/", 1)[-1]
+        if "." in base:
+            stem = stem[: len(stem) - len(base) + base.rindex(".")]
+        key = re.sub(r"/+", "/", _UNSAFE_KEY_CHARS.sub("_", stem)).strip("/") or "_"
+        unique, n = key, 1
+        while unique in seen:
+            n += 1
+            unique = f"{key}_{n}"
+        seen.add(unique)
+        keys.append(unique)
+    return keys
 
 
 def key_width(n: int) -> int:

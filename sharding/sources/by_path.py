@@ -14,9 +14,9 @@ from sharding.sources.tar import expand_braces, open_dataset, open_tars
 
 def open_source(
     src: str, *, storage: Any = None, image_column: str | None = None, label_column: str | None = None,
-    key_column: str | None = None,
+    key_column: str | None = None, key: str = "index",
 ) -> Source:
-    """Scan SRC: a brace pattern / .tar / directory of .tar (re-shard), a table file, or an image folder."""
+    """Scan SRC (a path or URL): a brace pattern / .tar / directory of .tar (re-shard), a table file, or an image folder."""
     shown = redact(src, storage.secrets if storage else ())
     if "{" in src or src.endswith(".tar"):
         paths = expand_braces(src)
@@ -34,17 +34,21 @@ def open_source(
         if os.path.isfile(path):
             if not path.lower().endswith(TABLE_EXTS):
                 raise SourceError(f"{path}: not a table ({', '.join(TABLE_EXTS)}) nor a .tar shard")
-            return open_table(path, image_column=image_column, label_column=label_column, key_column=key_column)
+            return open_table(path, image_column=image_column, label_column=label_column, key_column=key_column,
+                              key=key, storage=storage)
         if os.path.isfile(os.path.join(path, "manifest.json")):
             return open_dataset(Store(path, storage), shown)
         tars = sorted(e.name for e in os.scandir(path) if e.is_file() and e.name.endswith(".tar"))
         if tars:
             return open_tars(Store(path, storage), tars, shown)
-        return open_folder(path)
+        return open_folder(path, key=key)
+    if src.lower().endswith(TABLE_EXTS):
+        return open_table(src, image_column=image_column, label_column=label_column, key_column=key_column,
+                          key=key, storage=storage)
     store = Store(src, storage)
     if store.exists("manifest.json"):
         return open_dataset(store, shown)
     tars = [n for n in store.list() if n.endswith(".tar") and "/" not in n]
-    if not tars:
-        raise SourceError(f"{shown}: no .tar shards found there; remote sources must be WebDataset tar shards")
-    return open_tars(store, tars, shown)
+    if tars:
+        return open_tars(store, tars, shown)
+    return open_folder(src, key=key, storage=storage)  # ROOT/CLASS/IMAGE in object storage

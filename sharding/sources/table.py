@@ -1,13 +1,20 @@
-"""A table source: CSV, JSONL or Parquet rows whose columns hold image paths or bytes, labels, keys, values."""
+"""A table source: CSV, JSONL or Parquet rows whose columns hold image paths, URLs or bytes, labels, keys, values.
+
+The image column may hold paths (relative to the table), URLs (s3://, ...), raw bytes, or
+Hugging Face `datasets`' image struct `{bytes, path}`. Each row's image format comes from its
+own bytes (a table may mix JPEG and PNG). The table itself may live in object storage.
+"""
 
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dataio.decode.images import probe, read_header
 from dataio.errors import ShardifyError
 from dataio.format.manifest import Field
 from sharding.sources.base import (
@@ -17,25 +24,33 @@ from sharding.sources.base import (
     SourceError,
     key_width,
     normalize_ext,
-    read_file,
+    path_keys,
 )
+from sharding.sources.remote import RemoteFiles, is_url
 
 _IMAGE_COLUMN_GUESSES = ("image", "img", "image_path", "path", "file", "filename", "filepath", "jpg", "png")
 _LABEL_COLUMN_GUESSES = ("label", "cls", "class", "target", "category")
+IMAGE_KINDS = ("path", "bytes", "struct")  # how the image column holds images
 
 
-def _read_table(path: str) -> Any:
+def _read_table(path: str, storage: Any = None) -> Any:
+    import pyarrow as pa
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
     import pyarrow.parquet as pq
 
     lower = path.lower()
     try:
+        source: Any = path
+        if is_url(path):
+            source = pa.BufferReader(RemoteFiles(storage).read(path))
         if lower.endswith(".csv"):
-            return pcsv.read_csv(path)
+            return pcsv.read_csv(source)
         if lower.endswith((".jsonl", ".ndjson")):
-            return pjson.read_json(path)
-        return pq.read_table(path, memory_map=True)
+            return pjson.read_json(source)
+        return pq.read_table(source, memory_map=not is_url(path))
+    except ShardifyError:
+        raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ...
         raise SourceError(f"{path}: cannot read this table ({type(exc).__name__}: {exc}); check its format") from None
 
@@ -54,42 +69,92 @@ def _field_type(arrow_type: Any) -> str:
     return "json"
 
 
+def image_struct_fields(arrow_type: Any) -> tuple[str, ...] | None:
+    """The child names of a struct column (Hugging Face's image is `{bytes, path}`); None if not a struct."""
+    import pyarrow as pa
+
+    if not pa.types.is_struct(arrow_type):
+        return None
+    return tuple(arrow_type.field(i).name for i in range(arrow_type.num_fields))
+
+
+def ext_of_bytes(data: Any) -> str | None:
+    """The file extension of image bytes, from their header (PIL for formats the fast parser skips)."""
+    header = read_header(data)
+    if header is not None and header.format:
+        fmt = header.format
+    else:
+        try:
+            fmt = probe(bytes(data))[0]
+        except ShardifyError:
+            return None
+    return normalize_ext({"jpeg": "jpg", "mpo": "jpg", "tiff": "tif"}.get(fmt, fmt))
+
+
 @dataclass(kw_only=True)
 class TableSource(Source):
     path: str
     image_column: str | None
-    image_is_bytes: bool
+    image_kind: str | None
     extra_columns: tuple[str, ...]
+    storage: Any = None
     _table: Any = field(default=None, repr=False)
 
     def _rows(self, rows: list[int]) -> list[dict[str, Any]]:
         if self._table is None:
-            self._table = _read_table(self.path)
+            self._table = _read_table(self.path, self.storage)
         columns = [c for c in (self.image_column, *self.extra_columns) if c]
         return self._table.select(columns).take(rows).to_pylist()
 
+    def _image_of(self, row_number: int, value: Any, files: RemoteFiles) -> tuple[bytes, str, str]:
+        """(bytes, where, origin) of one row's image; SourceError names the row and what to do."""
+        where = f"{self.path} row {row_number}"
+        if self.image_kind == "bytes":
+            return bytes(value), where, f"row {row_number}"
+        if self.image_kind == "struct":
+            data, rel = value.get("bytes"), value.get("path")
+            if data:
+                return bytes(data), where, f"row {row_number}" + (f" ({rel})" if rel else "")
+            if not rel:
+                raise SourceError(f"{where}: column {self.image_column!r} has neither bytes nor a path in this row")
+            value = rel
+        target = resolve(self.path, str(value))
+        return files.read(target), target, str(value)
+
     def load(self, refs: Sequence[Ref]) -> Iterator[tuple[Ref, RawSample | Exception]]:
-        base = os.path.dirname(os.path.abspath(self.path))
-        for ref, row in zip(refs, self._rows([r.loc for r in refs])):
-            where = f"{self.path} row {ref.loc}"
-            image, ext = None, None
-            if self.image_column:
-                value = row[self.image_column]
-                if value is None:
-                    yield ref, SourceError(f"{where}: column {self.image_column!r} is empty")
-                    continue
-                if self.image_is_bytes:
-                    image, ext = bytes(value), self.image_exts[0]
-                else:
-                    where = os.path.join(base, str(value))
-                    try:
-                        image = read_file(where)
-                    except OSError as exc:
-                        yield ref, SourceError(f"{where} (row {ref.loc}): cannot read ({exc.strerror or exc})")
-                        continue
-                    ext = normalize_ext(os.path.splitext(str(value))[1]) or "jpg"
+        rows = self._rows([r.loc for r in refs])
+        files = RemoteFiles(self.storage)
+
+        def one(item: tuple[Ref, dict[str, Any]]) -> RawSample | Exception:
+            ref, row = item
+            image, ext, where, origin = None, None, f"{self.path} row {ref.loc}", f"row {ref.loc}"
+            try:
+                if self.image_column:
+                    value = row[self.image_column]
+                    if value is None:
+                        raise SourceError(f"{where}: column {self.image_column!r} is empty")
+                    image, where, origin = self._image_of(ref.loc, value, files)
+                    ext = ext_of_bytes(image) or _ext_of_name(origin) or "jpg"
+            except (ShardifyError, OSError) as exc:
+                return exc if isinstance(exc, ShardifyError) else SourceError(f"{where}: cannot read ({exc})")
             extras = {c: row[c] for c in self.extra_columns}
-            yield ref, RawSample(ref.key, ref.label, ext, image, extras, where)
+            return RawSample(ref.key, ref.label, ext, image, extras, where, origin=origin)
+
+        yield from zip(refs, files.map(one, list(zip(refs, rows))))
+
+
+def resolve(table: str, value: str) -> str:
+    """A path from the table: a URL as it is, else relative to the table's own directory (or URL)."""
+    if is_url(value) or os.path.isabs(value):
+        return value
+    if is_url(table):
+        return posixpath.join(posixpath.dirname(table), value)
+    return os.path.join(os.path.dirname(os.path.abspath(table)), value)
+
+
+def _ext_of_name(name: str) -> str | None:
+    ext = normalize_ext(posixpath.splitext(name.split("?", 1)[0])[1])
+    return ext or None
 
 
 def _pick_column(columns: list[str], asked: str | None, guesses: tuple[str, ...], what: str, flag: str, path: str) -> str | None:
@@ -116,64 +181,95 @@ def _labels(values: list[Any], path: str, column: str) -> tuple[list[int | None]
     return [None if v is None else index[str(v)] for v in values], names
 
 
-def _image_ext_of_bytes(values: list[Any]) -> str:
-    from dataio.decode.images import probe
+def _image_kind(table: Any, column: str, path: str) -> str:
+    arrow_type = table.schema.field(column).type
+    children = image_struct_fields(arrow_type)
+    if children is not None:
+        if "bytes" not in children:
+            raise SourceError(
+                f"{path}: image column {column!r} is a struct of {list(children)} without 'bytes'; a Hugging "
+                "Face image column is {bytes, path}: export it with its bytes (datasets' Image feature), or "
+                "pass the column holding the images with --image-column"
+            )
+        return "struct"
+    kind = _field_type(arrow_type)
+    if kind == "bytes":
+        return "bytes"
+    if kind == "str":
+        return "path"
+    raise SourceError(f"{path}: image column {column!r} holds {kind}, not file paths, URLs or bytes")
 
-    for v in values:
-        if v:
-            try:
-                return normalize_ext(probe(bytes(v))[0] or "jpg")
-            except ShardifyError:
-                continue
-    return "jpg"
+
+def _scan_images(table: Any, column: str, kind: str, path: str, storage: Any) -> tuple[list[int], set[str], list[str]]:
+    """(estimated size, image extensions, path-like names for --key path) of every row's image."""
+    values = table.column(column).to_pylist()
+    if kind == "path":
+        targets = [resolve(path, str(v)) if v else "" for v in values]
+        sizes = RemoteFiles(storage).sizes(targets)
+        exts = {_ext_of_name(str(v)) or "jpg" for v in values if v}
+        return sizes, exts, [_url_path(str(v or "")) for v in values]
+    blobs = [(v or {}).get("bytes") if kind == "struct" else v for v in values]
+    exts = {e for e in (ext_of_bytes(b) for b in blobs if b) if e}
+    names = [_url_path(str((v or {}).get("path") or "")) for v in values] if kind == "struct" else [""] * len(values)
+    sizes = [len(b or b"") for b in blobs]
+    if kind == "struct":  # rows that keep only a path (no bytes): the image is read from that path
+        exts |= {_ext_of_name(n) or "jpg" for b, n in zip(blobs, names) if not b and n}
+    return sizes, exts or {"jpg"}, names
 
 
-def open_table(path: str, *, image_column: str | None, label_column: str | None, key_column: str | None) -> TableSource:
-    """A CSV/JSONL/Parquet table; the image column holds paths (relative to the table) or bytes."""
-    table = _read_table(path)
+def _url_path(value: str) -> str:
+    """The path part of a URL (bucket included), or the path itself."""
+    return value.split("://", 1)[1] if "://" in value else value
+
+
+def open_table(path: str, *, image_column: str | None, label_column: str | None, key_column: str | None,
+               key: str = "index", storage: Any = None) -> TableSource:
+    """A CSV/JSONL/Parquet table; the image column holds paths (relative to the table), URLs, bytes or {bytes, path}."""
+    table = _read_table(path, storage)
     columns = list(table.column_names)
     if table.num_rows == 0:
         raise SourceError(f"{path}: the table has no rows; nothing to write")
     image_col = _pick_column(columns, image_column, _IMAGE_COLUMN_GUESSES, "image", "--image-column", path)
     label_col = _pick_column(columns, label_column, _LABEL_COLUMN_GUESSES, "label", "--label-column", path)
     key_col = _pick_column(columns, key_column, (), "key", "--key-column", path)
-    image_is_bytes = False
-    exts: tuple[str, ...] = ()
-    sizes = [0] * table.num_rows
+    kind, exts, sizes, names = None, set(), [0] * table.num_rows, [""] * table.num_rows
     if image_col:
-        image_type = _field_type(table.schema.field(image_col).type)
-        image_is_bytes = image_type == "bytes"
-        values = table.column(image_col).to_pylist()
-        if image_is_bytes:
-            exts = (_image_ext_of_bytes(values),)
-            sizes = [len(v or b"") for v in values]
-        elif image_type == "str":
-            base = os.path.dirname(os.path.abspath(path))
-            exts = tuple(sorted({normalize_ext(os.path.splitext(str(v))[1]) or "jpg" for v in values if v}))
-            sizes = [_size_or_zero(os.path.join(base, str(v))) if v else 0 for v in values]
-        else:
-            raise SourceError(f"{path}: image column {image_col!r} holds {image_type}, not file paths or bytes")
+        kind = _image_kind(table, image_col, path)
+        sizes, exts, names = _scan_images(table, image_col, kind, path, storage)
     labels: list[int | None] = [None] * table.num_rows
     label_names = None
     if label_col:
         labels, label_names = _labels(table.column(label_col).to_pylist(), path, label_col)
-    keys = _keys(table.column(key_col).to_pylist() if key_col else None, table.num_rows, path, key_col)
+    if key_col:
+        keys = _keys(table.column(key_col).to_pylist(), table.num_rows, path, key_col)
+    elif key == "path" and any(names):
+        keys = path_keys([n or f"row-{i}" for i, n in enumerate(names)])
+    else:
+        keys = _keys(None, table.num_rows, path, None)
     extra = tuple(c for c in columns if c not in (image_col, label_col, key_col))
     extra_fields = tuple(Field(name=c, type=_field_type(table.schema.field(c).type)) for c in extra)
     json_bytes = 64 if extra else 0
     refs = [Ref(keys[i], labels[i], i, sizes[i] + json_bytes, 2 + bool(extra)) for i in range(table.num_rows)]
     return TableSource(
-        description=path, refs=refs, label_names=label_names, image_exts=exts, extra_fields=extra_fields,
-        has_labels=label_col is not None, path=path, image_column=image_col, image_is_bytes=image_is_bytes,
-        extra_columns=extra, _table=table,
+        description=path, refs=refs, label_names=label_names or _hf_label_names(table, label_col),
+        image_exts=tuple(sorted(exts)), extra_fields=extra_fields, has_labels=label_col is not None, path=path,
+        image_column=image_col, image_kind=kind, extra_columns=extra, storage=storage, _table=table,
     )
 
 
-def _size_or_zero(path: str) -> int:
+def _hf_label_names(table: Any, column: str | None) -> tuple[str, ...] | None:
+    """Class names a Hugging Face export keeps in its schema metadata (a ClassLabel feature)."""
+    import json
+
+    meta = (table.schema.metadata or {}).get(b"huggingface")
+    if not column or not meta:
+        return None
     try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
+        feature = json.loads(meta)["info"]["features"][column]
+        names = feature.get("names") if isinstance(feature, dict) else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return tuple(str(n) for n in names) if isinstance(names, list) and names else None
 
 
 _BAD_KEY = re.compile(r"[.\s\\]|^/|/$|//")
@@ -188,10 +284,10 @@ def _keys(values: list[Any] | None, n: int, path: str, column: str | None) -> li
         if not k or _BAD_KEY.search(k):
             raise SourceError(
                 f"{path}: key {k!r} in column {column!r} is not usable as a WebDataset key (no dots, spaces "
-                "or backslashes; WebDataset splits KEY.EXT at the first dot); pick another --key-column"
+                "or backslashes; WebDataset splits KEY.EXT at the first dot); pick another --key-column, "
+                "or use --key path"
             )
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise SourceError(f"{path}: key {dup!r} appears more than once in column {column!r}; keys must be unique")
     return keys
-

@@ -61,7 +61,8 @@ class TarSource(Source):
                 image_ext = next((e for e in fields if _is_image_ext(e)), None)
                 image = fields.pop(image_ext) if image_ext else None
                 fields.pop("cls", None)
-                yield ref, RawSample(ref.key, ref.label, image_ext, image, fields, f"{where} sample {ref.key}")
+                yield ref, RawSample(ref.key, ref.label, image_ext, image, fields, f"{where} sample {ref.key}",
+                                     origin=f"{self.names[shard]}#{ref.key}")
         finally:
             for f in handles.values():
                 f.close()

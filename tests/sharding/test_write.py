@@ -156,7 +156,7 @@ def test_overwrite_replaces_the_dataset(image_folder: Path, tmp_path: Path) -> N
     assert run("write", image_folder, dest, "--max-samples-per-shard", 3, "--quiet") == 0
     assert run("write", image_folder, dest, "--format", "parquet", "--overwrite", "--quiet") == 0
     names = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
-    assert names == ["manifest.json", "shards/shard-000000.parquet"]
+    assert names == ["manifest.json", "shards/shard-000000.parquet", "shards/shard-000000.sources.json"]
 
 
 def test_overwrite_refuses_to_delete_foreign_files(image_folder: Path, tmp_path: Path, capsys) -> None:

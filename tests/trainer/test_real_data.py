@@ -1,0 +1,25 @@
+"""The trainer on a real, messy image folder: every format and colour mode, written by `shardify write`
+as tar and as Parquet, trained on 2 gloo ranks with torchrun (the loader decodes each sample's own image)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sharding.cli import main as shardify
+from tests.dataio.mixed_images import write_mixed_folder
+from tests.trainer.harness import ok, run_trainer, summary
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+
+@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+def test_trainer_on_a_mixed_folder(tmp_path, fmt):
+    expected = write_mixed_folder(tmp_path / "images", copies=2)
+    assert shardify(["write", str(tmp_path / "images"), str(tmp_path / "ds"), "--format", fmt, "--workers", "1",
+                     "--quiet", "--max-samples-per-shard", "8"]) == 0
+    out = tmp_path / "out"
+    ok(run_trainer(["--data", str(tmp_path / "ds"), "--val-data", str(tmp_path / "ds"), "--batch-size", "4",
+                    "--epochs", "1", "--image-size", "16", "--num-workers", "1", "--out", str(out),
+                    "--resume", "none", "--log-every", "2"]))
+    rep = summary(out)
+    assert rep["world_size"] == 2 and rep["validation"]["samples"] == len(expected)
