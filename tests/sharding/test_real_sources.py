@@ -1,0 +1,116 @@
+"""Sources as they arrive: image folders and tables in object storage (SeaweedFS), Hugging Face-style
+Parquet ({bytes, path} image structs, ClassLabel names), provenance sidecars and --key path."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dataio import make_loader, sources_of
+from dataio.format.manifest import read_manifest
+from dataio.storage.store import Store
+from sharding.sources.base import path_keys
+from tests.dataio.mixed_images import mixed_images
+from tests.sharding.conftest import run
+
+pytestmark = pytest.mark.timeout(180)
+IMAGES = mixed_images()
+
+
+def _flags(server) -> list[str]:
+    return ["--endpoint-url", server.endpoint_url, "--access-key", server.key, "--secret-key", server.secret,
+            "--region", "us-east-1"]
+
+
+def hf_parquet(path: Path, names: list[str], *, label_names: tuple[str, ...] = ("a", "b"), bytes_field: bool = True,
+               row_group_size: int = 100) -> None:
+    """What `datasets.Dataset.to_parquet` writes for an Image + ClassLabel + text dataset."""
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())] if bytes_field else [("path", pa.string())])
+    images = [({"bytes": IMAGES[n][1], "path": f"{n}.{IMAGES[n][0]}"} if bytes_field else {"path": n}) for n in names]
+    table = pa.table({
+        "image": pa.array(images, struct),
+        "label": pa.array([i % len(label_names) for i in range(len(names))], pa.int64()),
+        "caption": pa.array([f"a {n}" for n in names], pa.string()),
+    })
+    features = {"image": {"_type": "Image"}, "label": {"names": list(label_names), "_type": "ClassLabel"},
+                "caption": {"dtype": "string", "_type": "Value"}}
+    meta = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    pq.write_table(table.replace_schema_metadata(meta), path, row_group_size=row_group_size)
+
+
+def test_path_keys_are_sanitised_unique_and_stable() -> None:
+    rels = ["cat/img 1.v2.jpg", "cat/img_1_v2.png", "dog/ü.jpg", "a//b.JPG"]
+    assert path_keys(rels) == ["cat/img_1_v2", "cat/img_1_v2_2", "dog/_", "a/b"]
+    assert path_keys(rels) == path_keys(list(rels))
+
+
+@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+def test_hugging_face_parquet_reshards_with_labels_captions_and_provenance(tmp_path, fmt) -> None:
+    names = ["jpeg_rgb", "png_rgba", "webp", "png16_grey", "jpeg_cmyk", "gif"]
+    hf_parquet(tmp_path / "train.parquet", names)
+    dest = tmp_path / "ds"
+    assert run("write", tmp_path / "train.parquet", dest, "--format", fmt, "--workers", 1, "--quiet") == 0
+    m = read_manifest(Store(str(dest)))
+    assert m.label_names == ("a", "b") and {"jpg", "png", "webp", "gif"} <= {f.name for f in m.fields}
+    with make_loader(str(dest), batch_size=3, image_size=8, num_workers=0, shuffle=False) as loader:
+        batches = list(loader)
+        shards = [int(s) for b in batches for s in b["__shard__"]]
+        positions = [int(p) for b in batches for p in b["__position__"]]
+        origins = sources_of(loader, shards, positions)
+    captions = [c for b in batches for c in (b["caption"] if fmt == "parquet" else [j["caption"] for j in b["json"]])]
+    assert captions == [f"a {n}" for n in names]
+    assert [int(x) for b in batches for x in b["label"]] == [0, 1, 0, 1, 0, 1]
+    assert origins == [f"row {i} ({n}.{IMAGES[n][0]})" for i, n in enumerate(names)]
+    assert sources_of(str(dest), shards[:1], positions[:1]) == origins[:1]
+
+
+def test_struct_image_column_without_bytes_is_a_clear_error(tmp_path, capsys) -> None:
+    hf_parquet(tmp_path / "t.parquet", ["jpeg_rgb"], bytes_field=False)
+    assert run("write", tmp_path / "t.parquet", tmp_path / "ds", "--workers", 1, "--quiet") == 2
+    err = capsys.readouterr().err
+    assert "'image' is a struct of ['path'] without 'bytes'" in err and "--image-column" in err
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+@pytest.mark.slow
+def test_folder_and_url_table_in_object_storage(s3_server, tmp_path) -> None:
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
+    expected = {}
+    for i, name in enumerate(["jpeg_rgb", "png_rgba", "webp", "png16_rgb", "bmp", "tiff"]):
+        rel = f"{'ab'[i % 2]}/{name}.{IMAGES[name][0]}"
+        client.put_object(Bucket=bucket, Key=f"raw/{rel}", Body=IMAGES[name][1])
+        expected[rel] = name
+    src, dest = f"s3://{bucket}/raw/", f"s3://{bucket}/shards"
+    assert run("write", src, dest, "--workers", 2, "--quiet", "--key", "path", *_flags(s3_server)) == 0
+    store = Store(dest, s3_server.options())
+    m = read_manifest(store)
+    assert m.num_samples == 6 and m.label_names == ("a", "b")
+    with make_loader(dest, batch_size=2, image_size=8, num_workers=0, storage=s3_server.options(),
+                     shuffle=False) as loader:
+        batches = list(loader)
+        origins = sources_of(loader, [s for b in batches for s in b["__shard__"]],
+                             [p for b in batches for p in b["__position__"]])
+    keys = [k for b in batches for k in b["__key__"]]
+    assert sorted(origins) == sorted(expected) and keys == [o.rsplit(".", 1)[0] for o in origins]
+    # A local table whose path column holds s3:// URLs, and the same table stored in the bucket.
+    table = pa.table({"path": [f"s3://{bucket}/raw/{rel}" for rel in sorted(expected)],
+                      "label": [expected[rel] for rel in sorted(expected)]})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    (tmp_path / "urls.parquet").write_bytes(buf.getvalue())
+    client.put_object(Bucket=bucket, Key="tables/urls.parquet", Body=buf.getvalue())
+    for table_src in (tmp_path / "urls.parquet", f"s3://{bucket}/tables/urls.parquet"):
+        out = tmp_path / f"t{len(str(table_src))}"
+        assert run("write", table_src, out, "--format", "parquet", "--workers", 1, "--quiet", *_flags(s3_server)) == 0
+        with make_loader(str(out), batch_size=3, image_size=8, num_workers=0, shuffle=False) as loader:
+            batches = list(loader)
+            origins = sources_of(loader, [s for b in batches for s in b["__shard__"]],
+                                 [p for b in batches for p in b["__position__"]])
+        assert origins == [f"s3://{bucket}/raw/{rel}" for rel in sorted(expected)]
+        assert sum(len(b["__key__"]) for b in batches) == 6
