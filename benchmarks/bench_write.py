@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import io
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -102,7 +103,7 @@ def s3_contenders(src: Path, common: list[str], workers: int, shard_size: str, n
     flags = [*common, "--workers", str(workers), "--endpoint-url", server.endpoint_url, "--access-key", server.key,
              "--secret-key", server.secret, "--region", "us-east-1", "--overwrite"]
     return [
-        Contender(f"shardify tar -> S3 (SeaweedFS), header check, {workers} workers",
+        Contender(f"shardify tar -> S3 (SeaweedFS), structure check (default), {workers} workers",
                   shardify_run(src, flags, lambda dest: f"s3://{bucket}/{dest.name}")),
         Contender("upload ceiling: boto3 put_object of the same bytes (1 process, not a writer)",
                   upload_ceiling(server, bucket, num_bytes, parse_size(shard_size))),
@@ -125,17 +126,56 @@ def contenders(src: Path, shard_size: str, workers: int, s3: bool, num_bytes: in
     common = ["--shard-size", shard_size]
     out = [
         Contender("webdataset ShardWriter (1 process)", shardwriter_run(src, parse_size(shard_size))),
+        Contender(f"shardify tar, structure check (default), {workers} workers",
+                  shardify_run(src, [*common, "--workers", str(workers)])),
+        Contender("shardify tar, structure check (default), 1 worker", shardify_run(src, [*common, "--workers", "1"])),
+        Contender(f"shardify tar, full decode check, {workers} workers",
+                  shardify_run(src, [*common, "--validate", "full", "--workers", str(workers)])),
         Contender(f"shardify tar, header check, {workers} workers",
                   shardify_run(src, [*common, "--validate", "header", "--workers", str(workers)])),
-        Contender("shardify tar, header check, 1 worker", shardify_run(src, [*common, "--validate", "header", "--workers", "1"])),
-        Contender(f"shardify tar, full decode check (default), {workers} workers",
-                  shardify_run(src, [*common, "--workers", str(workers)])),
-        Contender(f"shardify parquet, header check, {workers} workers",
-                  shardify_run(src, [*common, "--format", "parquet", "--validate", "header", "--workers", str(workers)])),
+        Contender(f"shardify parquet, structure check (default), {workers} workers",
+                  shardify_run(src, [*common, "--format", "parquet", "--workers", str(workers)])),
     ]
     if s3:
-        out += s3_contenders(src, [*common, "--validate", "header"], workers, shard_size, num_bytes, stack)
+        out += s3_contenders(src, common, workers, shard_size, num_bytes, stack)
     return out
+
+
+DAMAGES: dict[str, Callable[[bytes, random.Random], bytes]] = {
+    "cut at a random point": lambda d, r: d[: r.randrange(64, len(d) - 2)],
+    "2 KB of garbage spliced in": lambda d, r: _splice(d, r, r.randbytes(2048)),
+    "4 KB zeroed (a lost disk block)": lambda d, r: _splice(d, r, bytes(4096)),
+    "16 random bytes": lambda d, r: _splice(d, r, r.randbytes(16)),
+    "one bit flipped": lambda d, r: _splice(d, r, bytes([d[len(d) // 2] ^ (1 << r.randrange(8))]), len(d) // 2),
+}
+
+
+def _splice(data: bytes, rng: random.Random, piece: bytes, at: int | None = None) -> bytes:
+    at = rng.randrange(len(data) // 8, len(data) - len(piece) - 2) if at is None else at
+    return data[:at] + piece + data[at + len(piece):]
+
+
+def catch_rates(src: Path, num_files: int, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Fraction of damaged JPEGs each --validate level refuses, per kind of damage."""
+    from dataio.decode import images
+    from dataio.errors import CorruptSampleError
+
+    checks = {"header": lambda d: images.read_header(d, fast_only=True) or images.probe(d),
+              "structure (default)": images.check_structure, "full": images.validate}
+    rng = random.Random(seed)
+    files = sorted(src.rglob("*.jpg"))
+    rates: dict[str, dict[str, float]] = {}
+    for name, damage in DAMAGES.items():
+        caught = dict.fromkeys(checks, 0)
+        for path in rng.sample(files, min(num_files, len(files))):
+            bad = damage(path.read_bytes(), rng)
+            for level, check in checks.items():
+                try:
+                    check(bad)
+                except CorruptSampleError:
+                    caught[level] += 1
+        rates[name] = {level: n / min(num_files, len(files)) for level, n in caught.items()}
+    return rates
 
 
 def measure(items: list[Contender], repeats: int, work: Path) -> None:
@@ -157,7 +197,8 @@ def paired_ratio(peer: Contender, c: Contender) -> float:
     return statistics.median(p / x for p, x in zip(peer.seconds, c.seconds))
 
 
-def report(items: list[Contender], num_files: int, num_bytes: int, args: argparse.Namespace) -> str:
+def report(items: list[Contender], num_files: int, num_bytes: int, args: argparse.Namespace,
+           rates: dict[str, dict[str, float]]) -> str:
     base = statistics.median(items[0].seconds)
     lines = [
         "# Write throughput: shardify vs webdataset's ShardWriter",
@@ -167,7 +208,7 @@ def report(items: list[Contender], num_files: int, num_bytes: int, args: argpars
         f"Data: {num_files} synthetic ImageNet-like JPEGs (tools.make_synthetic, {args.num_classes} classes, "
         f"{num_bytes / 1e6:.0f} MB, page cache warm); shards of {args.shard_size}; median of {args.repeats} "
         "interleaved repeats; wall time including the scan and worker start-up. Command: "
-        "`.venv/bin/python -m benchmarks.bench_write`.",
+        f"`.venv/bin/python -m benchmarks.bench_write --num-images {args.num_images} --repeats {args.repeats}`.",
         "",
         "| writer | median s | samples/s | MB/s | vs ShardWriter (medians) | vs ShardWriter (median of per-repeat ratios) | all runs (s) |",
         "|---|---:|---:|---:|---:|---:|---|",
@@ -182,15 +223,17 @@ def report(items: list[Contender], num_files: int, num_bytes: int, args: argpars
     met = "MET" if ratio >= TARGET_RATIO else "NOT MET"
     lines += [
         "",
-        f"**Target** (tar from an image folder without re-encoding, all cores, >= {TARGET_RATIO}x ShardWriter's "
-        f"samples/s): **{met}** on this machine: {ratio:.2f}x ({items[1].name}; median of per-repeat ratios).",
+        f"**Target** (`shardify write` with its default validation, tar from an image folder without "
+        f"re-encoding, all cores, >= {TARGET_RATIO}x ShardWriter's samples/s): **{met}** on this machine: "
+        f"{ratio:.2f}x ({items[1].name}; median of per-repeat ratios).",
         "",
         "Notes:",
-        "- The target is measured with `--validate header` (format and pixel limit read from the header: "
-        "decompression bombs and non-images are refused, bytes are copied unchanged). shardify's default, "
-        "`--validate full`, decodes every image to catch truncated or corrupt files; that costs a JPEG "
-        "decode per sample (a few ms here), so it runs at decode speed, far below a plain byte copy. "
-        "ShardWriter checks nothing.",
+        "- The default check (`--validate structure`) reads the pixel limit from the header and walks each "
+        "file's framing to its end marker without decoding pixels (JPEG markers to EOI, PNG chunk CRCs to IEND, "
+        "WebP RIFF and chunk sizes, GIF blocks to the trailer, BMP/PPM pixel-array sizes); only formats with no "
+        "walk (TIFF, ...) and files whose walk objects are decoded, the decoder then judging. `--validate full` "
+        "decodes every image (JPEG at 1/8 scale, every Huffman block still decoded): its row is the cost of "
+        "the stronger check. `--validate header` checks the header only. ShardWriter checks nothing.",
         "- shardify also does what ShardWriter does not: an xxh3 checksum of every shard, the .idx index "
         "beside each shard, fsync + atomic rename of every shard, and the manifest.",
         f"- Load average when the benchmark started: {args.load_start}, on {os.cpu_count()} cores (other "
@@ -207,9 +250,20 @@ def report(items: list[Contender], num_files: int, num_bytes: int, args: argpars
         lines.append(
             "- Here the all-cores run is no faster than the 1-worker run: with the machine this loaded, "
             "a second process finds no idle core. The lead over ShardWriter comes from a lower cost per "
-            "sample (ustar headers built directly, a header-only check, one pass with no re-encoding), "
+            "sample (ustar headers built directly, a walk instead of a decode, one pass with no re-encoding), "
             "not from parallelism; on an idle many-core machine the workers add to it."
         )
+    if rates:
+        levels = list(next(iter(rates.values())))
+        lines += ["", f"What each level refuses: {args.catch_samples} JPEGs of the same folder per row, each "
+                  "damaged once (seeded); the fraction refused (`benchmarks.bench_write.catch_rates`).", "",
+                  "| damage | " + " | ".join(levels) + " |", "|---|" + "---:|" * len(levels)]
+        lines += [f"| {name} | " + " | ".join(f"{r[level]:.0%}" for level in levels) + " |"
+                  for name, r in rates.items()]
+        lines += ["", "A cut file is always refused by the walk (no end marker). Damage inside a JPEG's "
+                  "entropy-coded data shows in its framing only where it forges a marker (an 0xFF byte not "
+                  "followed by 0x00 or RSTn); `full` decodes every block, but libjpeg only warns about most "
+                  "corrupt entropy data and PIL, the judge, then accepts the image: compare the two columns."]
     return "\n".join(lines) + "\n"
 
 
@@ -223,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--data", default="out/bench/synthetic", help="cached synthetic image folder")
     parser.add_argument("--no-s3", action="store_true")
+    parser.add_argument("--catch-samples", type=int, default=200, help="damaged JPEGs per kind of damage")
     parser.add_argument("--out", default=str(HERE / "results_write.md"))
     args = parser.parse_args(argv)
     args.load_start = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -235,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             measure(items, args.repeats, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = report(items, num_files, num_bytes, args)
+    rates = catch_rates(src, args.catch_samples, args.seed) if args.catch_samples else {}
+    text = report(items, num_files, num_bytes, args, rates)
     Path(args.out).write_text(text)
     print("\n" + text)
     return 0

@@ -76,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--workers", type=_positive_int, default=_num_cores(), help="processes (default: all cores)")
     w.add_argument("--max-side", type=_positive_int, help="downscale images so the longer side is at most this")
     w.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS, help="refuse larger images")
-    w.add_argument("--validate", choices=("full", "header"), default="full",
-                   help="full: decode every image (default); header: format and pixel limit only")
+    w.add_argument("--validate", choices=("structure", "full", "header"), default="structure",
+                   help="structure: walk each file's framing to its end marker, catching truncation and "
+                        "damaged structure, decoding only what the walk cannot vouch for (default); "
+                        "full: decode every pixel; header: format and pixel limit only")
     w.add_argument("--on-error", choices=("fail", "skip"), default="fail", help="unreadable samples: stop, or skip and list them")
     w.add_argument("--overwrite", action="store_true", help="replace the dataset at DEST")
     w.add_argument("--image-column", help="table column with image paths or bytes (default: guessed)")

@@ -21,7 +21,7 @@ class WriteConfig:
     num_workers: int = 1
     max_side: int | None = None
     max_pixels: int = images.DEFAULT_MAX_PIXELS
-    validate: str = "full"
+    validate: str = "structure"
     on_error: str = "fail"
     overwrite: bool = False
 
@@ -38,8 +38,9 @@ class WriteConfig:
             raise ValueError("max side must be a positive number of pixels")
         if self.max_pixels < 1:
             raise ValueError("max pixels must be positive")
-        if self.validate not in ("full", "header"):
-            raise ValueError(f"validate {self.validate!r}: choose full (decode every pixel) or header")
+        if self.validate not in ("structure", "full", "header"):
+            raise ValueError(f"validate {self.validate!r}: choose structure (walk each file to its end "
+                             "marker), full (decode every pixel) or header")
         if self.on_error not in ("fail", "skip"):
             raise ValueError(f"on_error {self.on_error!r}: choose fail or skip")
 

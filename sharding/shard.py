@@ -17,13 +17,15 @@ from sharding.tar_writer import TarShardWriter
 
 
 def prepare_image(sample: RawSample, config: WriteConfig) -> tuple[str, bytes]:
-    """Check an image against the pixel limit (and decode it for full validation) or downscale it."""
+    """Check an image (pixel limit; structure walk by default, every pixel decoded with "full") or downscale it."""
     assert sample.image is not None and sample.image_ext is not None
     if config.max_side is not None:
         return images.downscale(sample.image, config.max_side, max_pixels=config.max_pixels,
                                 url=sample.where, key=sample.key)[::-1]
     if config.validate == "full":
         images.validate(sample.image, max_pixels=config.max_pixels, url=sample.where, key=sample.key)
+    elif config.validate == "structure":
+        images.check_structure(sample.image, max_pixels=config.max_pixels, url=sample.where, key=sample.key)
     else:
         header = images.read_header(sample.image, fast_only=True)
         if header is None:  # not JPEG/PNG, or a header the fast path cannot read: PIL decides

@@ -1,5 +1,5 @@
 """Image checks shared by the writer and the decoders: the one header parser, pixel limit,
-validation, downscale.
+validation (structure walk or full decode), downscale.
 
 The pixel limit refuses decompression bombs before any pixel is decoded: the header alone says
 how large the image claims to be.
@@ -16,6 +16,7 @@ from typing import Any
 import simplejpeg
 from PIL import Image
 
+from dataio.decode.structure import UNCHECKED, structure_problem
 from dataio.errors import CorruptSampleError, ImageTooLargeError
 
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's own bomb threshold (~ 9459 x 9459)
@@ -150,6 +151,30 @@ def validate(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = ""
             f"{url}: sample {key!r}: image does not decode ({type(exc).__name__}: {exc})", url=url, key=key
         ) from None
     return fmt, width, height
+
+
+def check_structure(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = "", key: str = "") -> None:
+    """The writer's default check: pixel limit from the header, then a walk of the file's framing.
+
+    Truncation anywhere and damaged framing are caught without decoding (see structure.py). Only
+    files the walk cannot vouch for are decoded (`validate`), which then judges: a format with no
+    walker, or a file whose walk found a problem that a decoder may still accept (a JPEG cut just
+    before EOI decodes). So this refuses nothing that `validate` accepts.
+    """
+    header = read_header(data, fast_only=True)
+    if header is None:  # not JPEG/PNG, or a header the fast path cannot read: PIL decides
+        probe(data, max_pixels=max_pixels, url=url, key=key)
+    else:
+        check_pixels(header.width, header.height, max_pixels=max_pixels, url=url, key=key)
+    problem = structure_problem(data)
+    if problem is None:
+        return
+    try:
+        validate(data, max_pixels=max_pixels, url=url, key=key)
+    except CorruptSampleError as exc:
+        if problem == UNCHECKED:
+            raise
+        raise CorruptSampleError(f"{exc}; {problem}", url=url, key=key) from None
 
 
 def _jpeg_decodes(data: bytes) -> bool:

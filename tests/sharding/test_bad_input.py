@@ -98,14 +98,14 @@ def test_pixel_limit_refuses_large_images(image_folder: Path, tmp_path: Path, ca
     from PIL import Image
 
     Image.new("RGB", (300, 200)).save(image_folder / "cat" / "huge.png")
-    for mode in ("full", "header"):
+    for mode in ("structure", "full", "header"):
         err = _fails(capsys, "write", image_folder, tmp_path / mode, "--max-pixels", 50_000, "--validate", mode)
         assert str(image_folder / "cat" / "huge.png") in err and "60000 pixels exceeds the limit" in err
         assert not (tmp_path / mode / "manifest.json").exists()
 
 
-def test_header_check_accepts_what_only_a_full_decode_rejects(image_folder: Path, tmp_path: Path, capsys) -> None:
-    """--validate header reads the header only (fast); the default full decode catches a truncated file."""
+def test_header_check_accepts_what_the_default_and_full_checks_reject(image_folder: Path, tmp_path: Path, capsys) -> None:
+    """--validate header reads the header only; the default structure walk and a full decode catch a truncated file."""
     import io
     import random
 
@@ -119,5 +119,7 @@ def test_header_check_accepts_what_only_a_full_decode_rejects(image_folder: Path
     assert run("write", image_folder, tmp_path / "header", "--validate", "header", "--quiet") == 0
     assert run("verify", tmp_path / "header", "--quiet") == 1  # verify always decodes
     assert "does not decode" in capsys.readouterr().out
-    err = _fails(capsys, "write", image_folder, tmp_path / "full", "--quiet")
+    err = _fails(capsys, "write", image_folder, tmp_path / "default", "--quiet")
+    assert str(bad) in err and "does not decode" in err and "without EOI (truncated)" in err
+    err = _fails(capsys, "write", image_folder, tmp_path / "full", "--validate", "full", "--quiet")
     assert str(bad) in err and "does not decode" in err
