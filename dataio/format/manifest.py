@@ -16,10 +16,21 @@ from typing import Any
 import xxhash
 
 from dataio.errors import ManifestError, StorageError
+from dataio.format.manifest_parts import (
+    PARTS_THRESHOLD,
+    Counts,
+    PartColumn,
+    PartedTable,
+    check_parts_entry,
+    load_sizes,
+    part_paths,
+    write_parts,
+)
 from dataio.storage.store import Store, check_relative_many
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 1  # one JSON file holding the whole shard table
+PARTED_VERSION = 2  # a JSON root plus Parquet parts (manifest_parts.py), past PARTS_THRESHOLD shards
 CHECKSUM_ALGORITHM = "xxh3_64"
 FORMATS = ("tar", "parquet")
 FIELD_TYPES = ("image", "int", "float", "str", "json", "bytes", "npy")
@@ -28,6 +39,7 @@ _TOP_KEYS = {
     "shardify_manifest", "format", "fields", "num_samples", "num_bytes", "checksum_algorithm",
     "tool_version", "created_utc", "source", "label_names", "skipped", "shards",
 }
+_ROOT_KEYS = (_TOP_KEYS - {"shards"}) | {"num_shards", "fingerprint", "parts"}
 _SHARD_COLUMNS_TAR = ("path", "num_samples", "num_bytes", "checksum", "index_path", "index_bytes", "index_checksum")
 _SHARD_COLUMNS_PARQUET = ("path", "num_samples", "num_bytes", "checksum", "row_groups")
 
@@ -98,6 +110,8 @@ class Manifest:
     label_names: tuple[str, ...] | None = None
     skipped: tuple[dict[str, str], ...] = ()
     _fingerprint: list[str] = field(default_factory=list, repr=False, compare=False)
+    # Set when loaded from a parted root: its fingerprint and totals, and the parts' loader.
+    parted: PartedTable | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -117,11 +131,18 @@ class Manifest:
 
     @property
     def num_samples(self) -> int:
+        if self.parted is not None:
+            return int(self.parted.num_samples.sum())
         return sum(self.shard_num_samples)
 
     @property
     def num_bytes(self) -> int:
-        return sum(self.shard_num_bytes)
+        return self.parted.total_bytes if self.parted is not None else sum(self.shard_num_bytes)
+
+    @property
+    def part_paths(self) -> list[str]:
+        """The manifest's own files besides manifest.json (Parquet parts), relative to the dataset."""
+        return [] if self.parted is None else part_paths(self.parted.parts)
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -144,13 +165,33 @@ class Manifest:
     @property
     def fingerprint(self) -> str:
         """Identifies the dataset's content: shard paths, sizes and checksums, hashed."""
+        if self.parted is not None:
+            return self.parted.fingerprint  # computed by the writer: no worker reads every part
         if not self._fingerprint:
-            h = xxhash.xxh3_64()
-            h.update(self.format.encode())
-            for path, n, checksum in zip(self.shard_paths, self.shard_num_samples, self.shard_checksums):
-                h.update(f"\0{path}\0{n}\0{checksum}".encode())
-            self._fingerprint.append(h.hexdigest())
+            self._fingerprint.append(self.computed_fingerprint())
         return self._fingerprint[0]
+
+    def computed_fingerprint(self) -> str:
+        """The fingerprint recomputed from every shard (a parted manifest: reads every part)."""
+        h = xxhash.xxh3_64()
+        h.update(self.format.encode())
+        for path, n, checksum in zip(self.shard_paths, self.shard_num_samples, self.shard_checksums):
+            h.update(f"\0{path}\0{n}\0{checksum}".encode())
+        return h.hexdigest()
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "fields": [{"name": f.name, "type": f.type} for f in self.fields],
+            "num_samples": self.num_samples,
+            "num_bytes": self.num_bytes,
+            "checksum_algorithm": CHECKSUM_ALGORITHM,
+            "tool_version": self.tool_version,
+            "created_utc": self.created_utc,
+            "source": self.source,
+            "label_names": None if self.label_names is None else list(self.label_names),
+            "skipped": [dict(s) for s in self.skipped],
+        }
 
     def to_json(self) -> dict[str, Any]:
         shards: dict[str, Any] = {
@@ -164,20 +205,7 @@ class Manifest:
             }
         else:
             shards["row_groups"] = [list(r) for r in self.row_groups]
-        return {
-            "shardify_manifest": MANIFEST_VERSION,
-            "format": self.format,
-            "fields": [{"name": f.name, "type": f.type} for f in self.fields],
-            "num_samples": self.num_samples,
-            "num_bytes": self.num_bytes,
-            "checksum_algorithm": CHECKSUM_ALGORITHM,
-            "tool_version": self.tool_version,
-            "created_utc": self.created_utc,
-            "source": self.source,
-            "label_names": None if self.label_names is None else list(self.label_names),
-            "skipped": [dict(s) for s in self.skipped],
-            "shards": shards,
-        }
+        return {"shardify_manifest": MANIFEST_VERSION, **self._header(), "shards": shards}
 
     def dumps(self) -> bytes:
         return json.dumps(self.to_json(), separators=(",", ":")).encode()
@@ -192,10 +220,12 @@ class Manifest:
         if not isinstance(doc, dict) or "shardify_manifest" not in doc:
             raise bad("not a shardify manifest (no 'shardify_manifest' version key)")
         version = doc["shardify_manifest"]
+        if version == PARTED_VERSION:
+            raise bad("a parted root (version 2) loads only with its store: use read_manifest")
         if version != MANIFEST_VERSION:
             raise ManifestError(
                 f"{where}: manifest version {version!r} is not supported by this shardify "
-                f"(it reads version {MANIFEST_VERSION}); upgrade shardify or rewrite the dataset"
+                f"(it reads versions {MANIFEST_VERSION} and {PARTED_VERSION}); upgrade shardify or rewrite the dataset"
             )
         unknown = set(doc) - _TOP_KEYS
         if unknown:
@@ -245,7 +275,11 @@ class Manifest:
 
 
 def read_manifest(store: Store) -> Manifest:
-    """Load and validate the manifest at the store's prefix; ManifestError if absent or wrong."""
+    """Load and validate the manifest at the store's prefix (either form); ManifestError if absent or wrong.
+
+    A parted manifest loads its root and the sizes part only; the rest of the shard table is
+    fetched part by part as shards in it are used (`manifest_parts.PartedTable`).
+    """
     where = store.url_of(MANIFEST_NAME)
     try:
         raw = store.read(MANIFEST_NAME)
@@ -263,12 +297,75 @@ def read_manifest(store: Store) -> Manifest:
             f"{where} is not valid JSON ({exc}); the dataset is damaged: rewrite it with "
             "`shardify write ... --overwrite`"
         ) from None
+    if isinstance(doc, dict) and doc.get("shardify_manifest") == PARTED_VERSION:
+        return _from_root(store, doc, where)
     return Manifest.from_json(doc, where=where)
 
 
-def write_manifest(store: Store, manifest: Manifest) -> None:
-    """Publish the manifest atomically; call it only after every shard it lists is published."""
-    store.write_bytes(MANIFEST_NAME, manifest.dumps())
+def _from_root(store: Store, doc: dict[str, Any], where: str) -> Manifest:
+    """A Manifest over a parted root: counts in memory, the other columns loaded part by part."""
+
+    def bad(why: str) -> ManifestError:
+        return ManifestError(f"{where}: {why}; rewrite the dataset with `shardify write ... --overwrite`")
+
+    unknown = set(doc) - _ROOT_KEYS - {"shardify_manifest"}
+    if unknown:
+        raise bad(f"unknown keys {sorted(unknown)}")
+    if doc.get("checksum_algorithm") != CHECKSUM_ALGORITHM:
+        raise bad(f"checksum algorithm {doc.get('checksum_algorithm')!r} is not {CHECKSUM_ALGORITHM!r}")
+    fmt, fingerprint, num_shards = doc.get("format"), doc.get("fingerprint"), doc.get("num_shards")
+    if fmt not in FORMATS or not isinstance(fingerprint, str) or not isinstance(num_shards, int) or num_shards < 0:
+        raise bad(f"format must be one of {FORMATS}, with a fingerprint and num_shards")
+    if not isinstance(doc.get("num_bytes"), int) or not isinstance(doc.get("num_samples"), int):
+        raise bad("num_samples and num_bytes must be integers")
+    try:
+        check_parts_entry(doc.get("parts"), fingerprint)
+    except (ValueError, TypeError) as exc:
+        raise bad(f"bad parts list: {exc}") from None
+    sizes = load_sizes(store, doc["parts"], fingerprint, num_shards)
+    if int(sizes.sum()) != doc["num_samples"]:
+        raise bad(f"num_samples {doc['num_samples']} != sum over shards {int(sizes.sum())}")
+    table = PartedTable(store, doc["parts"], fmt=fmt, fingerprint=fingerprint, num_samples=sizes,
+                        total_bytes=doc["num_bytes"])
+    col = {name: PartColumn(table, name) for name in table.column_names}
+    try:
+        return Manifest(
+            format=fmt,
+            fields=tuple(Field(name=f["name"], type=f["type"]) for f in doc.get("fields", [])),
+            shard_paths=col["path"], shard_num_samples=Counts(sizes),  # type: ignore[arg-type]
+            shard_num_bytes=col["num_bytes"], shard_checksums=col["checksum"],  # type: ignore[arg-type]
+            index_paths=col.get("index_path", ()), index_num_bytes=col.get("index_bytes", ()),  # type: ignore[arg-type]
+            index_checksums=col.get("index_checksum", ()), row_groups=col.get("row_groups", ()),  # type: ignore[arg-type]
+            tool_version=str(doc.get("tool_version", "")), created_utc=str(doc.get("created_utc", "")),
+            source=str(doc.get("source", "")),
+            label_names=None if doc.get("label_names") is None else tuple(doc["label_names"]),
+            skipped=tuple(dict(s) for s in doc.get("skipped", [])), parted=table,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise bad(f"malformed: {exc}") from None
+
+
+def write_manifest(store: Store, manifest: Manifest, *, parts_threshold: int = PARTS_THRESHOLD) -> None:
+    """Publish the manifest atomically; call it only after every shard it lists is published.
+
+    Up to `parts_threshold` shards: one JSON file. Past it: the Parquet parts first (each
+    atomically, in a directory named by the fingerprint), then the small JSON root, last.
+    """
+    if manifest.num_shards <= parts_threshold:
+        store.write_bytes(MANIFEST_NAME, manifest.dumps())
+        return
+    columns: dict[str, Any] = {"path": manifest.shard_paths, "num_bytes": manifest.shard_num_bytes,
+                               "checksum": manifest.shard_checksums}
+    if manifest.format == "tar":
+        columns |= {"index_path": manifest.index_paths, "index_bytes": manifest.index_num_bytes,
+                    "index_checksum": manifest.index_checksums}
+    else:
+        columns["row_groups"] = manifest.row_groups
+    parts = write_parts(store, fingerprint=manifest.fingerprint, fmt=manifest.format,
+                        num_samples=manifest.shard_num_samples, columns=columns)
+    root = {"shardify_manifest": PARTED_VERSION, **manifest._header(), "num_shards": manifest.num_shards,
+            "fingerprint": manifest.fingerprint, "parts": parts}
+    store.write_bytes(MANIFEST_NAME, json.dumps(root, separators=(",", ":")).encode())
 
 
 def label_histogram(labels: Sequence[int]) -> dict[int, int]:

@@ -50,7 +50,7 @@ class LoaderConfig:
     cache_limit_bytes: int | None = None
     storage: StorageOptions | None = None
     verify_index: bool = True
-    check_shards: bool = True  # one listing of the prefix at start-up: missing shards fail early
+    check_shards: bool = True  # one listing of the prefix at start-up (single-file manifests): missing shards fail early
     pin_memory: bool = False
     multiprocessing_context: str | None = None
     prefetch_factor: int = 2  # batches in flight per worker (DataLoader's own queue)
@@ -98,10 +98,10 @@ class LoaderConfig:
 def window_samples(manifest: Manifest, config: LoaderConfig) -> int:
     """The shuffle window in samples: shuffle_window, lowered so a window of the dataset's mean-sized
     samples fits in shuffle_window_bytes. A function of the manifest: the same on every rank."""
-    total_samples = sum(manifest.shard_num_samples)
+    total_samples = manifest.num_samples
     if config.shuffle_window_bytes is None or total_samples == 0:
         return config.shuffle_window
-    mean_bytes = max(1.0, sum(manifest.shard_num_bytes) / total_samples)
+    mean_bytes = max(1.0, manifest.num_bytes / total_samples)
     return max(1, min(config.shuffle_window, int(config.shuffle_window_bytes // mean_bytes)))
 
 

@@ -146,7 +146,7 @@ class ShardLoader:
         )
         self.image_fields, self.read_fields = fields_to_read(self.manifest, config, self.store.url)
         self.stats = LoaderStats()
-        self._sizes = tuple(self.manifest.shard_num_samples)
+        self._sizes = self.manifest.shard_num_samples  # a tuple, or (parted) an int64 array
         self._state = PlanState(epoch=0)  # where the current (or next) iteration starts
         self._delivered = 0  # batches handed to the caller since `_state`
         self._finished = False  # the last iteration ran to its end

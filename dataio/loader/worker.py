@@ -196,7 +196,7 @@ class WorkerStream:
         # batch_number counts rank-level batches from the epoch's start, across earlier topologies.
         self.numbers_before = sum(p.batches for p in state.progress)
         self.plan = plan_worker(
-            tuple(job.manifest.shard_num_samples), config=job.plan_config, slot=slot, state=state
+            job.manifest.shard_num_samples, config=job.plan_config, slot=slot, state=state
         )
         self._prefetcher: Any = None
         self._last = int(self.plan.batch_numbers[-1]) if len(self.plan.batch_numbers) else -1

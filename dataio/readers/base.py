@@ -10,11 +10,12 @@ number (the shard's offset in manifest order + its index in the shard).
 from __future__ import annotations
 
 import bisect
-import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import numpy as np
 
 from dataio.format.manifest import Manifest
 from dataio.plan.types import Segment
@@ -81,9 +82,12 @@ def check_segment(manifest: Manifest, seg: SegmentLike) -> None:
         raise ValueError(f"segment {seg!r}: range [{seg.start}, {seg.stop}) is outside shard of {n} samples")
 
 
-def shard_offsets(manifest: Manifest) -> list[int]:
-    """Global id of each shard's first sample: prefix sums of the shard sizes in manifest order."""
-    return list(itertools.accumulate(manifest.shard_num_samples, initial=0))
+def shard_offsets(manifest: Manifest) -> np.ndarray:
+    """(S+1,) int64: global id of each shard's first sample, prefix sums of the sizes in manifest order."""
+    sizes = np.asarray(manifest.shard_num_samples, dtype=np.int64)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return offsets
 
 
 def sample_url_of(store: Store, manifest: Manifest) -> Callable[[int], str]:

@@ -106,7 +106,6 @@ class ParquetReader:
         self.fields = check_fields(manifest, fields)
         self.cache = cache
         self._offsets = shard_offsets(manifest)
-        self._group_starts = [list(itertools.accumulate(g, initial=0)) for g in manifest.row_groups]
         self._footers = LruCache(FOOTER_CACHE_SHARDS)
 
 
@@ -139,7 +138,7 @@ class ParquetReader:
 
     def _groups(self, seg: SegmentLike) -> tuple[tuple[int, ...], int]:
         """Row groups overlapping [start, stop) and the first one's starting row."""
-        starts = self._group_starts[seg.shard]
+        starts = list(itertools.accumulate(self.manifest.row_groups[seg.shard], initial=0))
         groups = tuple(g for g in range(len(starts) - 1) if starts[g] < seg.stop and starts[g + 1] > seg.start)
         return groups, (starts[groups[0]] if groups else 0)
 
@@ -208,7 +207,7 @@ class ParquetReader:
         except (pa.ArrowException, OSError) as exc:
             raise ShardFormatError(f"{url}: cannot decode row groups {list(payload.groups)} ({exc}); rewrite the dataset") from None
         table = table.slice(seg.start - payload.first_row, seg.stop - seg.start)
-        return rows_of(table, first_id=self._offsets[seg.shard] + seg.start, url=url)
+        return rows_of(table, first_id=int(self._offsets[seg.shard]) + seg.start, url=url)
 
 
 def rows_of(table: pa.Table, *, first_id: int, url: str) -> list[Sample]:

@@ -128,7 +128,7 @@ class TarReader:
     def parse(self, seg: SegmentLike, payload: TarPayload) -> list[Sample]:
         """Samples as WebDataset dicts: __key__, __id__, __url__, then EXT -> bytes per member (projected)."""
         fields, base, data = self.fields, payload.base, payload.data
-        first_id = self._offsets[seg.shard] + seg.start
+        first_id = int(self._offsets[seg.shard]) + seg.start
         url = self.store.url_of(self.manifest.shard_paths[seg.shard])  # one string shared by the samples
         out: list[Sample] = []
         for i, sample in enumerate(payload.samples):

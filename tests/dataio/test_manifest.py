@@ -89,9 +89,9 @@ def test_shard_view():
 
 
 def test_unknown_version_is_refused(store):
-    doc = tar_manifest().to_json() | {"shardify_manifest": 2}
+    doc = tar_manifest().to_json() | {"shardify_manifest": 3}
     _write_doc(store, doc)
-    with pytest.raises(ManifestError, match="version 2 is not supported.*upgrade shardify"):
+    with pytest.raises(ManifestError, match="version 3 is not supported.*upgrade shardify"):
         read_manifest(store)
 
 
