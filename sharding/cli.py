@@ -16,6 +16,7 @@ from dataclasses import replace
 from dataio.decode.images import DEFAULT_MAX_PIXELS
 from dataio.errors import ShardifyError
 from dataio.format.manifest import read_manifest
+from dataio.format.manifest_parts import PARTS_THRESHOLD
 from dataio.storage.store import RetryPolicy, StorageOptions, Store, redact
 
 
@@ -82,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "full: decode every pixel; header: format and pixel limit only")
     w.add_argument("--on-error", choices=("fail", "skip"), default="fail", help="unreadable samples: stop, or skip and list them")
     w.add_argument("--overwrite", action="store_true", help="replace the dataset at DEST")
+    w.add_argument("--prefixes", type=_positive_int, metavar="N",
+                   help="spread shards over N hashed directories (shards/7f/...) so S3's per-prefix request "
+                        "limits are not hit (default: 1 up to 10k shards, then one per ~10k shards)")
+    w.add_argument("--manifest-parts-above", type=int, default=PARTS_THRESHOLD, metavar="SHARDS",
+                   help="more shards than this: a small JSON root plus Parquet parts instead of one JSON "
+                        f"manifest (default {PARTS_THRESHOLD})")
     w.add_argument("--image-column", help="table column with image paths or bytes (default: guessed)")
     w.add_argument("--label-column", help="table column with labels (default: label/cls/class/target if present)")
     w.add_argument("--key-column", help="table column with unique sample keys (default: row number)")
@@ -95,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("url")
     i.add_argument("--max-rows", type=_positive_int, default=20, help="shard and skipped rows to show")
     i.add_argument("--no-labels", action="store_true", help="skip the label histogram (it reads the labels)")
+    i.add_argument("--urls", metavar="FILE",
+                   help="write every shard's URL, one a line, to FILE ('-': stdout) for webdataset, DALI or "
+                        "other tools, and print nothing else")
     _storage_flags(i)
 
     v = sub.add_parser("verify", help="check every shard, index, sample and image against the manifest")
@@ -140,6 +150,7 @@ def _write(args: argparse.Namespace) -> int:
         format=args.format, shard_size_bytes=args.shard_size, max_samples_per_shard=args.max_samples_per_shard,
         shuffle=args.shuffle, seed=args.seed, num_workers=args.workers, max_side=args.max_side,
         max_pixels=args.max_pixels, validate=args.validate, on_error=args.on_error, overwrite=args.overwrite,
+        num_prefixes=args.prefixes, parts_threshold=args.manifest_parts_above,
     )
     dest = Store(args.dest, options)
     _check_reachable(dest)
@@ -165,7 +176,16 @@ def _inspect(args: argparse.Namespace) -> int:
 
     store = Store(args.url, _options(args))
     _check_reachable(store)
-    print_inspect(store, read_manifest(store), Console(), max_rows=args.max_rows, labels=not args.no_labels)
+    manifest = read_manifest(store)
+    if args.urls:
+        lines = "".join(f"{store.url_of(p)}\n" for p in manifest.shard_paths)
+        if args.urls == "-":
+            sys.stdout.write(lines)
+        else:
+            with open(args.urls, "w", encoding="utf-8") as f:
+                f.write(lines)
+        return 0
+    print_inspect(store, manifest, Console(), max_rows=args.max_rows, labels=not args.no_labels)
     return 0
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from dataio.decode import images
 from dataio.format.manifest import Field
+from dataio.format.manifest_parts import PARTS_THRESHOLD
 from sharding.sources.base import Source
 
 
@@ -24,6 +25,8 @@ class WriteConfig:
     validate: str = "structure"
     on_error: str = "fail"
     overwrite: bool = False
+    num_prefixes: int | None = None  # hashed directories under shards/; None: chosen from the shard count
+    parts_threshold: int = PARTS_THRESHOLD  # more shards than this: a JSON root + Parquet parts
 
     def __post_init__(self) -> None:
         if self.format not in ("tar", "parquet"):
@@ -32,6 +35,10 @@ class WriteConfig:
             raise ValueError("shard size must be at least 1 byte")
         if self.max_samples_per_shard is not None and self.max_samples_per_shard < 1:
             raise ValueError("max samples per shard must be at least 1")
+        if self.num_prefixes is not None and not 1 <= self.num_prefixes <= 65536:
+            raise ValueError("prefixes must be between 1 and 65536")
+        if self.parts_threshold < 0:
+            raise ValueError("the manifest parts threshold must be >= 0")
         if self.num_workers < 1:
             raise ValueError("workers must be at least 1")
         if self.max_side is not None and self.max_side < 1:

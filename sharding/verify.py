@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dataio.decode import images
 from dataio.errors import ShardifyError
-from dataio.format.manifest import Manifest, checksum_bytes
+from dataio.format.manifest import MANIFEST_NAME, Manifest, checksum_bytes
 from dataio.format.tar_index import TarIndex, build_index, parse_index
 from dataio.storage.store import Store
 
@@ -125,5 +125,22 @@ def verify_dataset(store: Store, manifest: Manifest, *, max_pixels: int = images
             on_shard(manifest.shard_num_samples[i], manifest.shard_num_bytes[i])
         return found
 
+    broken = _check_parts(store, manifest)
+    if broken:
+        return broken  # the shard table itself is unreadable: nothing to check the shards against
     with ThreadPoolExecutor(max(1, num_workers)) as pool:
         return [p for found in pool.map(one, range(manifest.num_shards)) for p in found]
+
+
+def _check_parts(store: Store, manifest: Manifest) -> list[Problem]:
+    """A parted manifest: every part readable and matching the root, and the root's fingerprint right."""
+    if manifest.parted is None:
+        return []
+    try:
+        actual = manifest.computed_fingerprint()  # reads every part, each checked against the root
+    except ShardifyError as exc:
+        return [Problem(store.url_of(MANIFEST_NAME), "", str(exc))]
+    if actual != manifest.fingerprint:
+        return [Problem(store.url_of(MANIFEST_NAME), "", f"fingerprint {manifest.fingerprint} in the root, the parts "
+                        f"give {actual}: the root and its parts do not match")]
+    return []
