@@ -176,7 +176,7 @@ def read_part(store: Store, parts: dict[str, Any], entry: dict[str, Any], finger
     try:
         data = store.read(rel)
     except StorageError as exc:
-        if "FileNotFoundError" in str(exc):
+        if exc.not_found:
             raise ManifestError(f"manifest part {where} is missing (the root lists it); {_FIX}") from None
         raise
     try:

@@ -208,7 +208,7 @@ def shard_positions(manifest: Any, ids: Sequence[int]) -> tuple[torch.Tensor, to
     if entry is None or entry[0] is not manifest:
         if len(_OFFSETS) > 8:
             _OFFSETS.clear()
-        entry = _OFFSETS[id(manifest)] = (manifest, np.cumsum([0, *manifest.shard_num_samples], dtype=np.int64))
+        entry = _OFFSETS[id(manifest)] = (manifest, np.concatenate([[0], np.cumsum(np.asarray(manifest.shard_num_samples, dtype=np.int64))]))
     offsets = entry[1]
     arr = np.asarray(ids, dtype=np.int64)
     shards = np.searchsorted(offsets, arr, side="right") - 1
