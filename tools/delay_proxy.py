@@ -36,17 +36,18 @@ class Faults:
     error_rate: float = 0.0  # answered 503 SlowDown without reaching upstream
     truncate_rate: float = 0.0  # response body cut in half, then the connection closed
     reset_rate: float = 0.0  # connection reset (RST) instead of an answer
+    hang_rate: float = 0.0  # request read, never forwarded, never answered (a stuck endpoint)
     methods: tuple[str, ...] = ("GET",)  # which methods the three faults apply to
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.delay_s < 0:
             raise ValueError("delay_s must be >= 0")
-        for name in ("error_rate", "truncate_rate", "reset_rate"):
+        for name in ("error_rate", "truncate_rate", "reset_rate", "hang_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1]")
-        if self.error_rate + self.truncate_rate + self.reset_rate > 1.0:
-            raise ValueError("error_rate + truncate_rate + reset_rate must be at most 1")
+        if self.error_rate + self.truncate_rate + self.reset_rate + self.hang_rate > 1.0:
+            raise ValueError("error_rate + truncate_rate + reset_rate + hang_rate must be at most 1")
 
 
 @dataclass(slots=True)
@@ -57,6 +58,7 @@ class ProxyStats:
     num_errors: int = 0
     num_truncated: int = 0
     num_resets: int = 0
+    num_hangs: int = 0
 
 
 class _Request:
@@ -124,6 +126,7 @@ class DelayProxy:
         error_rate: float = 0.0,
         truncate_rate: float = 0.0,
         reset_rate: float = 0.0,
+        hang_rate: float = 0.0,
         methods: tuple[str, ...] = ("GET",),
         seed: int = 0,
         port: int = 0,
@@ -133,7 +136,8 @@ class DelayProxy:
             raise ValueError(f"upstream must be an http:// URL, got {upstream_url!r}")
         self.upstream = (parts.hostname, parts.port or 80)
         self.faults = Faults(delay_s=delay_s, error_rate=error_rate, truncate_rate=truncate_rate,
-                             reset_rate=reset_rate, methods=tuple(m.upper() for m in methods), seed=seed)
+                             reset_rate=reset_rate, hang_rate=hang_rate, methods=tuple(m.upper() for m in methods),
+                             seed=seed)
         self.stats = ProxyStats()
         self._rng = random.Random(seed)
         self._port = port
@@ -201,10 +205,11 @@ class DelayProxy:
 
     def _pick_fault(self, method: str) -> str:
         f = self.faults
-        if method not in f.methods or not (f.error_rate or f.truncate_rate or f.reset_rate):
+        if method not in f.methods or not (f.error_rate or f.truncate_rate or f.reset_rate or f.hang_rate):
             return ""
         x = self._rng.random()
-        for name, rate in (("error", f.error_rate), ("truncate", f.truncate_rate), ("reset", f.reset_rate)):
+        for name, rate in (("error", f.error_rate), ("truncate", f.truncate_rate), ("reset", f.reset_rate),
+                           ("hang", f.hang_rate)):
             if x < rate:
                 return name
             x -= rate
@@ -224,6 +229,10 @@ class DelayProxy:
                 fault = self._pick_fault(request.method)
                 if self.faults.delay_s:
                     await asyncio.sleep(self.faults.delay_s)
+                if fault == "hang":
+                    self.stats.num_hangs += 1
+                    await asyncio.sleep(3600)  # until the client gives up or the proxy stops
+                    return
                 if fault == "reset":
                     self.stats.num_resets += 1
                     _reset(writer)
@@ -306,10 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--error-rate", type=float, default=0.0, help="fraction of GETs answered 503 SlowDown")
     parser.add_argument("--truncate-rate", type=float, default=0.0, help="fraction of GET bodies cut short")
     parser.add_argument("--reset-rate", type=float, default=0.0, help="fraction of GETs whose connection is reset")
+    parser.add_argument("--hang-rate", type=float, default=0.0, help="fraction of requests never answered")
+    parser.add_argument("--methods", default="GET", help="comma-separated methods the faults apply to, e.g. PUT")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     proxy = DelayProxy(args.upstream, args.delay_ms / 1000, error_rate=args.error_rate,
-                       truncate_rate=args.truncate_rate, reset_rate=args.reset_rate, seed=args.seed,
+                       truncate_rate=args.truncate_rate, reset_rate=args.reset_rate, hang_rate=args.hang_rate,
+                       methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), seed=args.seed,
                        port=args.port)
     with proxy:
         print(f"proxy {proxy.url} -> {args.upstream} (+{args.delay_ms:g} ms per request)")

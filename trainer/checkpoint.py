@@ -2,8 +2,9 @@
 
 A checkpoint holds model, optimizer, LR schedule, grad scaler, step/epoch, every rank's RNG
 states and the loader state. Files are named ckpt-STEP.pt and only ever appear complete
-(Store.open_atomic: temp + rename locally, a completed upload on S3), so the newest name is
-the newest complete checkpoint. Loading uses torch.load(weights_only=True): no arbitrary
+(Store.open_atomic: temp + fsync + rename locally; on object stores an upload that a HEAD
+confirms by size and ETag), so the newest name is the newest complete checkpoint. A save the
+store does not confirm raises StorageError; the trainer then reports it and does not record it. Loading uses torch.load(weights_only=True): no arbitrary
 unpickling.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dataio.errors import ShardifyError
 from dataio.storage.store import Store
 
 FORMAT_VERSION = 1
@@ -42,8 +44,11 @@ def save(store: Store, step: int, payload: dict[str, Any], *, keep: int) -> str:
     name = checkpoint_name(step)
     with store.open_atomic(name) as f:
         torch.save({"format_version": FORMAT_VERSION, **payload}, f)
-    for old in list_checkpoints(store)[:-keep]:
-        store.remove(old)
+    try:
+        for old in list_checkpoints(store)[:-keep]:
+            store.remove(old)
+    except (ShardifyError, OSError):
+        pass  # the new checkpoint is stored; the next save prunes what this one could not
     return store.url_of(name)
 
 

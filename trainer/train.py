@@ -13,7 +13,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dataio.storage.store import Store
+from dataio.errors import ShardifyError
+from dataio.storage.store import Store, redact
 from trainer import checkpoint as ckpt_io
 from trainer import comm_hooks, data, runtime
 from trainer.config import TrainConfig, config_dict
@@ -155,10 +156,21 @@ def save(run: Run, *, epoch_done: bool) -> None:
                    "step": run.step, "epoch": run.epoch, "epoch_done": epoch_done,
                    "loader": run.loader.state_dict(), "rng": rngs, "identity": run.identity,
                    "world_size": run.rt.world_size, "config": config_dict(run.cfg)}
-        url = ckpt_io.save(run.store, run.step, payload, keep=run.cfg.keep_checkpoints)
-        run.recorder.event({"kind": "checkpoint", "step": run.step, "epoch": run.epoch, "url": url})
-    runtime.barrier(run.rt)
-    run.last_saved_step = run.step
+        try:
+            url = ckpt_io.save(run.store, run.step, payload, keep=run.cfg.keep_checkpoints)
+        except (ShardifyError, OSError) as exc:
+            # Not stored, so not recorded: training goes on and the next interval tries again;
+            # `--resume auto` only ever sees checkpoints the store confirmed.
+            run.recorder.event({"kind": "checkpoint_failed", "step": run.step, "epoch": run.epoch,
+                                "error": redact(str(exc))})
+            run.recorder.note(f"checkpoint at step {run.step} FAILED and was not recorded ({redact(str(exc))}); "
+                              f"training goes on, the next checkpoint will try again (last stored: "
+                              f"{'none' if run.last_saved_step < 0 else f'step {run.last_saved_step}'})")
+        else:
+            run.recorder.event({"kind": "checkpoint", "step": run.step, "epoch": run.epoch, "url": url})
+            run.last_saved_step = run.step
+    # Rank 0 knows whether the store confirmed it; the gather is also the barrier after the save.
+    run.last_saved_step = runtime.gather(run.rt, run.last_saved_step)[0]
 
 
 def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:

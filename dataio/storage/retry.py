@@ -42,6 +42,10 @@ class ShortReadError(OSError):
     """Fewer bytes arrived than the index or manifest promised; transient until proven otherwise."""
 
 
+class UnconfirmedWriteError(OSError):
+    """After an upload the store does not show the object as written (absent, other size or ETag)."""
+
+
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 _NOT_FOUND = (FileNotFoundError,)  # s3fs raises it for a missing key and for a missing bucket
 _TRANSIENT_WORDS = (
@@ -66,7 +70,7 @@ def is_transient(exc: BaseException) -> bool:
     """True for errors worth retrying: timeouts, resets, 5xx and throttling, short reads."""
     if isinstance(exc, _PERMANENT):
         return False
-    if isinstance(exc, (ShortReadError, ConnectionError, TimeoutError)):
+    if isinstance(exc, (ShortReadError, UnconfirmedWriteError, ConnectionError, TimeoutError)):
         return True
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True

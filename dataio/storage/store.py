@@ -9,9 +9,11 @@ spawn) makes its own client; s3fs clients must not cross a fork.
 from __future__ import annotations
 
 import contextlib
-import io
+import hashlib
 import os
 import re
+import shutil
+import tempfile
 import tomllib
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,12 +25,19 @@ from dataio.storage.redact import redact
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
     RetryPolicy,
     ShortReadError,
+    UnconfirmedWriteError,
     is_transient,
     safe_cause,
     with_retry,
 )
 
 T = TypeVar("T")
+
+# Objects up to this size stay in memory while written; above it they spool to a temporary file.
+_SPOOL_BYTES = 64 << 20
+# Below this an upload is one PUT (its ETag is the MD5 of the bytes); above, a multipart upload.
+_SINGLE_PUT_BYTES = 100 << 20
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StorageOptions:
@@ -304,42 +313,99 @@ class Store:
 
     @contextlib.contextmanager
     def open_atomic(self, rel: str) -> Iterator[BinaryIO]:
-        """A writer whose bytes appear at `rel` only if the block exits cleanly, all at once.
+        """A writer whose bytes appear at `rel` only if the block exits cleanly and the store confirms them.
 
-        Local disk: a hidden temporary name in the same directory, fsync, rename. S3: one
-        multipart (or single) upload whose object appears when it completes; aborted on error.
-        Other stores: bytes collected in memory and put in one request.
+        Local disk: a hidden temporary name in the same directory, fsync, rename, fsync of the
+        directory. Object stores: the bytes are collected in a spooled temporary file (memory up
+        to 64 MiB, then disk); each upload attempt sends all of them afresh (a single PUT, or a
+        multipart upload that appears only when complete), then a HEAD must show the expected
+        size (and the MD5 ETag of a single PUT). Anything else raises StorageError naming the URL.
         """
-        path = self.path(rel)
         if self.is_local:
-            directory, name = os.path.split(path)
-            os.makedirs(directory or ".", exist_ok=True)
-            tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            try:
-                with open(tmp, "wb") as f:
-                    yield f
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-        elif self.protocol in ("s3", "s3a"):
-            f = self.fs.open(path, "wb")
-            try:
+            with self._open_local_atomic(rel) as f:
                 yield f
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    f.discard()  # aborts the multipart upload: no object appears
-                # Mark it closed, or fsspec's __del__ would try to flush the discarded buffer.
-                f.closed = True
-                raise
-            self._retry(f.close, f"uploading {self.url_of(rel)}")
-        else:
-            buf = io.BytesIO()
-            yield buf
-            data = buf.getvalue()
-            self._retry(lambda: self.fs.pipe_file(path, data), f"writing {self.url_of(rel)}")
+            return
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
+            yield spool  # type: ignore[misc]
+            self._upload_confirmed(rel, spool)
+
+    @contextlib.contextmanager
+    def _open_local_atomic(self, rel: str) -> Iterator[BinaryIO]:
+        path = self.path(rel)
+        directory, name = os.path.split(path)
+        os.makedirs(directory or ".", exist_ok=True)
+        tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_directory(directory or ".")  # the rename itself survives a power cut
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def _upload_confirmed(self, rel: str, spool: Any) -> None:
+        """Upload the whole spool (again on each try) and confirm it with a HEAD; StorageError if never."""
+        path = self.path(rel)
+        spool.flush()
+        size, md5 = _size_and_md5(spool)
+
+        def once() -> None:
+            spool.seek(0)
+            single = size < _SINGLE_PUT_BYTES or self.protocol not in ("s3", "s3a")
+            if single:
+                self.fs.pipe_file(path, spool.read())
+            else:
+                # A fresh file object per try: fsspec marks a file closed even when its upload
+                # raised, so closing the same one again would "succeed" without uploading.
+                out = self.fs.open(path, "wb")
+                try:
+                    shutil.copyfileobj(spool, out, 8 << 20)
+                    out.close()
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        out.discard()  # aborts the multipart upload: no object appears
+                    out.closed = True  # or fsspec's __del__ would flush the discarded buffer
+                    raise
+            self._confirm(path, rel, size, md5 if single else None)
+
+        self._retry(once, f"uploading {self.url_of(rel)} ({size} bytes)")
+
+    def _confirm(self, path: str, rel: str, size: int, md5: str | None) -> None:
+        """HEAD the object just written: the expected size, and the MD5 ETag where the store gives one."""
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(path)
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            raise UnconfirmedWriteError(f"the store accepted the upload but has no object at {self.url_of(rel)}") from None
+        got = int(info.get("size", -1))
+        etag = str(info.get("ETag") or info.get("etag") or "").strip('"').lower()
+        if got != size:
+            raise UnconfirmedWriteError(f"the store holds {got} bytes, {size} were written")
+        if md5 is not None and etag and "-" not in etag and len(etag) == 32 and etag != md5:
+            raise UnconfirmedWriteError(f"the store's ETag {etag} is not the MD5 {md5} of the bytes written")
+
+
+def _size_and_md5(f: Any) -> tuple[int, str]:
+    f.seek(0)
+    h = hashlib.md5(usedforsecurity=False)
+    size = 0
+    while piece := f.read(8 << 20):
+        h.update(piece)
+        size += len(piece)
+    return size, h.hexdigest()
+
+
+def _fsync_directory(directory: str) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def with_options(store: Store, **changes: Any) -> Store:

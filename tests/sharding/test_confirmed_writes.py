@@ -1,0 +1,137 @@
+"""Every write is confirmed by the store or fails loudly: PUTs failed (100%, 50%) or hung by the proxy.
+
+Before: `Store.open_atomic` retried `f.close()` on an s3fs file that fsspec had already marked
+closed when its upload raised, so the retry "succeeded" — `shardify write` printed success with
+nothing stored, and the trainer recorded checkpoints that never existed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dataio.errors import StorageError
+from dataio.format.manifest import read_manifest
+from dataio.storage.store import RetryPolicy, StorageOptions, Store
+from tests.sharding.conftest import run
+from tools.delay_proxy import DelayProxy
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+FAST = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0)
+
+
+@pytest.fixture(autouse=True)
+def _no_backoff(monkeypatch) -> None:
+    """Our retries without sleeping and botocore's inner ones off (the CLI and the trainer build
+    their own policies; botocore backs off a second or two per throttled PUT): CI time."""
+    monkeypatch.setattr(RetryPolicy, "delay_s", lambda self, attempt: 0.0)
+    plain = StorageOptions.fsspec_kwargs
+
+    def one_try(self, protocol):
+        kwargs = plain(self, protocol)
+        if "config_kwargs" in kwargs:
+            kwargs["config_kwargs"]["retries"] = {"max_attempts": 1, "mode": "standard"}
+        return kwargs
+
+    monkeypatch.setattr(StorageOptions, "fsspec_kwargs", one_try)
+
+
+def _flags(server, endpoint: str) -> list[str]:
+    return ["--endpoint-url", endpoint, "--access-key", server.key, "--secret-key", server.secret,
+            "--region", "us-east-1"]
+
+
+def _direct(server, url: str) -> Store:
+    return Store(url, server.options())
+
+
+@pytest.mark.parametrize("size", [3000, 101 << 20])  # one PUT; a multipart upload (parts are PUTs)
+def test_store_write_through_failing_puts_raises_naming_the_url(s3_server, size: int) -> None:
+    url = f"s3://{s3_server.new_bucket()}/p"
+    with DelayProxy(s3_server.endpoint_url, 0.0, error_rate=1.0, methods=("PUT",)) as proxy:
+        store = Store(url, replace(s3_server.options(), endpoint_url=proxy.url), FAST)
+        with pytest.raises(StorageError, match=rf"uploading {url}/obj\.bin .*gave up after 3 attempts"):
+            with store.open_atomic("obj.bin") as f:
+                f.write(b"x" * size)
+        assert proxy.stats.num_errors >= 3
+    assert _direct(s3_server, url).list() == []
+    bucket = url.split("/")[2]
+    assert not s3_server.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
+def test_store_write_through_a_hanging_put_fails_within_the_timeouts(s3_server) -> None:
+    url = f"s3://{s3_server.new_bucket()}/p"
+    with DelayProxy(s3_server.endpoint_url, 0.0, hang_rate=1.0, methods=("PUT",)) as proxy:
+        options = replace(s3_server.options(), endpoint_url=proxy.url, connect_timeout_s=1.0, read_timeout_s=1.0)
+        store = Store(url, options, RetryPolicy(max_attempts=2, base_delay_s=0.0, max_delay_s=0.0))
+        with pytest.raises(StorageError, match=rf"uploading {url}/obj\.bin"):
+            store.write_bytes("obj.bin", b"y" * 5000)
+        assert proxy.stats.num_hangs >= 2
+    assert _direct(s3_server, url).list() == []
+
+
+def test_store_write_is_confirmed_by_size_and_etag(s3_server) -> None:
+    url = f"s3://{s3_server.new_bucket()}/p"
+    with DelayProxy(s3_server.endpoint_url, 0.0, error_rate=0.5, methods=("PUT",), seed=3) as proxy:
+        store = Store(url, replace(s3_server.options(), endpoint_url=proxy.url),
+                      RetryPolicy(max_attempts=8, base_delay_s=0.0, max_delay_s=0.0))
+        for i in range(6):
+            store.write_bytes(f"o{i}.bin", bytes([i]) * (1000 + i))
+        assert proxy.stats.num_errors > 0
+    direct = _direct(s3_server, url)
+    assert [direct.read(f"o{i}.bin") for i in range(6)] == [bytes([i]) * (1000 + i) for i in range(6)]
+
+
+def test_shardify_write_with_every_put_failing_exits_non_zero(s3_server, image_folder: Path, capsys) -> None:
+    url = f"s3://{s3_server.new_bucket()}/ds"
+    with DelayProxy(s3_server.endpoint_url, 0.0, error_rate=1.0, methods=("PUT",)) as proxy:
+        code = run("write", image_folder, url, "--max-samples-per-shard", 10, "--workers", 1, "--quiet",
+                   *_flags(s3_server, proxy.url))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"uploading {url}/" in err and "gave up" in err
+    assert s3_server.secret not in err
+    assert not _direct(s3_server, url).exists("manifest.json")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_shardify_write_with_half_the_puts_failing_is_complete_or_fails(s3_server, image_folder: Path,
+                                                                        capsys, workers: int) -> None:
+    url = f"s3://{s3_server.new_bucket()}/ds"
+    with DelayProxy(s3_server.endpoint_url, 0.0, error_rate=0.5, methods=("PUT",), seed=1) as proxy:
+        code = run("write", image_folder, url, "--max-samples-per-shard", 5, "--workers", workers, "--quiet",
+                   *_flags(s3_server, proxy.url))
+        assert proxy.stats.num_errors > 0
+    store = _direct(s3_server, url)
+    if code != 0:  # a clean failure: no manifest
+        assert not store.exists("manifest.json")
+        return
+    m = read_manifest(store)  # a success: every shard it names is there, whole
+    assert m.num_samples == 24
+    assert run("verify", url, "--quiet", *_flags(s3_server, s3_server.endpoint_url)) == 0
+
+
+def test_trainer_reports_failed_checkpoints_keeps_training_and_records_none(s3_server, tmp_path,
+                                                                           monkeypatch) -> None:
+    from trainer.__main__ import main
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret)
+    url = f"s3://{s3_server.new_bucket()}/run/ckpt"
+    with DelayProxy(s3_server.endpoint_url, 0.0, error_rate=1.0, methods=("PUT",)) as proxy:
+        args = ["--data", "synthetic:?samples=64&classes=4", "--model", "mlp", "--image-size", "4",
+                "--batch-size", "8", "--out", str(tmp_path), "--checkpoint-dir", url, "--checkpoint-every", "2",
+                "--s3-endpoint-url", proxy.url, "--no-live", "--max-steps", "4"]
+        assert main(args) == 0
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    failed = [r for r in records if r["kind"] == "checkpoint_failed"]
+    assert [r["step"] for r in failed] == [2, 4]  # each interval tried again
+    assert all(f"{url}/ckpt-" in r["error"] and s3_server.secret not in r["error"] for r in failed)
+    assert not [r for r in records if r["kind"] == "checkpoint"]
+    assert any(r["kind"] == "note" and "FAILED and was not recorded" in r["text"] for r in records)
+    assert records[-1]["kind"] == "summary"  # training went on to the end
+    assert _direct(s3_server, url).list() == []
