@@ -4,8 +4,10 @@ The model (pure arithmetic, no I/O):
     all-reduce of B bytes on N ranks (ring):  t(N) = 2(N-1) * alpha * buckets + 2(N-1)/N * B / bw
         alpha is one hop's latency, bw the link bandwidth, both fitted from a sweep of message
         sizes at N=2, where t = 2 * alpha + B / bw is a straight line in B (or given for a cluster).
-    step at N:      local_s (measured at N=1: everything but data wait) + (1 - overlap) * t(N)
-                    where overlap is the measured share of all-reduce time hidden behind backward.
+    step at N:      local_s + wait_s (both measured at N=1: a rank's own work, and the data wait it
+                    did not hide) + (1 - overlap) * t(N), overlap being the measured share of
+                    all-reduce time hidden behind backward. Comm measured beyond the link model at
+                    the largest measured N (a hook's own work, waiting for peers) is kept, constant.
     per-rank rate:  min(batch / step, input ceiling per rank, storage bandwidth / N / bytes per sample)
 The first two terms make the comm wall (efficiency falls below a threshold), the last two the data
 wall (the input pipeline or the shared storage cannot feed a rank as fast as it computes).
@@ -36,24 +38,26 @@ class Measured:
     """What the runs measured; rates in samples/s, times in seconds per optimizer step."""
 
     samples_per_step: float  # per rank: batch_size x grad_accum
-    local_s: float  # step at N=1 minus its data wait: compute, copy, optimizer, bookkeeping
+    local_s: float  # step at N=1 minus its data wait and comm: compute, copy, optimizer, bookkeeping
+    wait_s: float = 0.0  # data wait per step measured at N=1 (loading not hidden), kept as measured
     wire_bytes: float  # bytes each rank all-reduces per step
     num_buckets: int = 1  # all-reduce calls per step (each pays the latency)
+    comm_extra_s: float = 0.0  # measured comm per step beyond the link model (hook work, peers' jitter), N > 1
     overlap_share: float = 0.0  # of all-reduce time that ran during backward (hidden)
     input_per_rank: float | None = None  # the input pipeline's ceiling on one rank; None: unknown
     bytes_per_sample: float = 0.0  # stored bytes read per sample (for the storage wall)
     storage_bytes_per_s: float | None = None  # aggregate storage bandwidth; None: unbounded
 
     def __post_init__(self) -> None:
-        if not self.samples_per_step > 0 or not self.local_s > 0:
-            raise ValueError("samples_per_step and local_s must be > 0")
-        if not 0.0 <= self.overlap_share <= 1.0 or self.num_buckets < 1 or self.wire_bytes < 0:
+        if not self.samples_per_step > 0 or not self.local_s > 0 or self.wait_s < 0:
+            raise ValueError("samples_per_step and local_s must be > 0, wait_s >= 0")
+        if not 0.0 <= self.overlap_share <= 1.0 or self.num_buckets < 1 or min(self.wire_bytes, self.comm_extra_s) < 0:
             raise ValueError("overlap_share in [0, 1], num_buckets >= 1, wire_bytes >= 0, please")
 
 
 def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], *, world_size: int = 2) -> Link:
     """Least-squares line t = a + b * bytes through all-reduce timings at `world_size` ranks, read as a
-    ring: a = 2(N-1) * latency, b = 2(N-1)/N / bandwidth. Repeats of a size are fine (they are medians'd)."""
+    ring: a = 2(N-1) * latency, b = 2(N-1)/N / bandwidth. Repeats of a size are reduced to their median."""
     if world_size < 2:
         raise ValueError("an all-reduce sweep needs world_size >= 2")
     by_size: dict[float, list[float]] = {}
@@ -63,9 +67,13 @@ def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], *, world_si
         raise ValueError("fitting latency and bandwidth needs at least two message sizes")
     xs = sorted(by_size)
     ys = [statistics.median(by_size[x]) for x in xs]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+    # Weighted by 1/t^2 (relative error): sizes span decades, and the small ones carry the latency.
+    ws = [1.0 / max(y, 1e-12) ** 2 for y in ys]
+    total = sum(ws)
+    mean_x = sum(w * x for w, x in zip(ws, xs, strict=True)) / total
+    mean_y = sum(w * y for w, y in zip(ws, ys, strict=True)) / total
+    sxx = sum(w * (x - mean_x) ** 2 for w, x in zip(ws, xs, strict=True))
+    slope = sum(w * (x - mean_x) * (y - mean_y) for w, x, y in zip(ws, xs, ys, strict=True)) / sxx
     intercept = mean_y - slope * mean_x
     if not slope > 0:
         raise ValueError(f"all-reduce time does not grow with message size (slope {slope:.3g} s/byte): "
@@ -85,8 +93,9 @@ def allreduce_s(link: Link, num_bytes: float, world_size: int, *, num_messages: 
 def at(m: Measured, link: Link, world_size: int) -> dict[str, Any]:
     """Predicted step, rates and the limiting term at `world_size` ranks."""
     comm = allreduce_s(link, m.wire_bytes, world_size, num_messages=m.num_buckets)
+    comm += m.comm_extra_s if world_size > 1 else 0.0
     exposed = (1.0 - m.overlap_share) * comm
-    step = m.local_s + exposed
+    step = m.local_s + m.wait_s + exposed
     limits = {"compute+comm": m.samples_per_step / step}
     if m.input_per_rank is not None:
         limits["input pipeline"] = m.input_per_rank
@@ -96,7 +105,9 @@ def at(m: Measured, link: Link, world_size: int) -> dict[str, Any]:
     per_rank = limits[limit]
     return {"world_size": world_size, "samples_per_s": per_rank * world_size, "per_rank_samples_per_s": per_rank,
             "allreduce_s": comm, "exposed_comm_s": exposed, "step_s": m.samples_per_step / per_rank,
-            "limit": limit, "compute_samples_per_s": limits["compute+comm"] * world_size}
+            "limit": limit, "compute_samples_per_s": limits["compute+comm"] * world_size,
+            # paid but idle: exposed all-reduce plus waiting for data where the data wall binds
+            "wasted_share": 1.0 - m.local_s / (m.samples_per_step / per_rank)}
 
 
 def predict(m: Measured, link: Link, world_sizes: Iterable[int]) -> list[dict[str, Any]]:
@@ -139,7 +150,7 @@ def _say(comm_at: int | None, data_at: int | None, data_kind: str | None, first:
         return f"no wall up to {max_n} ranks: efficiency stays >= {min_eff:.0%} and the data keeps up"
     parts = []
     if data_at is not None:
-        parts.append(f"data wall ({data_kind}) at {data_at} ranks")
+        parts.append(f"data wall ({data_kind}) at {data_at} rank{'' if data_at == 1 else 's'}")
     if comm_at is not None:
-        parts.append(f"comm wall (efficiency < {min_eff:.0%}) at {comm_at} ranks")
+        parts.append(f"comm wall (efficiency < {min_eff:.0%}) at {comm_at} rank{'' if comm_at == 1 else 's'}")
     return f"{first} wall first: " + "; ".join(sorted(parts, key=lambda p: not p.startswith(first)))

@@ -127,6 +127,7 @@ class StepTimer:
         self._waits: list[tuple[float, float]] = []  # (perf_counter start, seconds) of each blocked next()
         self._comm: list[tuple[Any, list[Any], Any]] = []  # (first call, bucket list, backward end)
         self._step_start = 0.0
+        self.buckets_per_step = 0  # gradient all-reduce calls in the last step that had any
 
     def wall(self, pc_s: float) -> float:
         """A perf_counter reading as seconds since the epoch (comparable across ranks via NTP)."""
@@ -176,6 +177,7 @@ class StepTimer:
             e, o = self._comm_split(bwd_start, buckets, bwd_end)
             exposed, overlapped = exposed + e, overlapped + o
             splits.append((e, o))
+        self.buckets_per_step = sum(len(b) for _, b, _ in self._comm) or self.buckets_per_step
         wait = sum(d for _, d in self._waits)
         rec = StepRecord(step=step, epoch=epoch, start_s=self.wall(self._step_start), step_s=step_s,
                          wait_s=wait, h2d_s=sums["h2d"], compute_s=max(0.0, sums["fwd_bwd"] - exposed),

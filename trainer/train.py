@@ -112,6 +112,7 @@ def wrap(run: Run) -> None:
         run.net = DDP(run.model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_cap_mb)
         state, inner = comm_hooks.build(cfg.comm_hook)
         run.net.register_comm_hook(state, run.timer.hook.function(inner))
+        run.recorder.job.update(comm_hook=cfg.comm_hook, bucket_cap_mb=cfg.bucket_cap_mb)
         grads = run.recorder.job["grad_bytes"]
         run.recorder.wire_bytes = lambda: comm_hooks.wire_bytes(cfg.comm_hook, state, grads)
 
@@ -242,6 +243,7 @@ def train(run: Run) -> None:
                                autocast=run.rt.device.type == "cuda", features=cfg.feature_names)
             run.recorder.validation(run.val, step=run.step, epoch=run.epoch)
         run.epoch += 1
+    run.recorder.job["buckets_per_step"] = run.timer.buckets_per_step
     run.recorder.finish(run.val)
 
 

@@ -47,15 +47,15 @@ def fails_on_rank1(*, num_classes: int, image_size: int) -> nn.Module:
 
 
 def delayed_allreduce() -> tuple[None, object]:
-    """A --comm-hook factory: each bucket's all-reduce (mean) starts FAKE_COMM_DELAY_S late, a known comm cost.
-
-    The sleep runs inside the hook, so the timing wrapper counts it from the bucket's call to its done."""
+    """A --comm-hook factory: each bucket's all-reduce (mean) starts FAKE_COMM_DELAY_S late when there is
+    more than one rank, a known comm cost. The sleep runs inside the hook, so the timing wrapper counts it
+    from the bucket's call to its done."""
     import torch.distributed as dist
 
     delay_s = float(os.environ.get("FAKE_COMM_DELAY_S", "0"))
 
     def hook(state, bucket):  # noqa: ANN001, ANN202 - DDP checks annotations; none on purpose
-        if delay_s:
+        if delay_s and dist.get_world_size() > 1:
             time.sleep(delay_s)
         tensor = bucket.buffer().div_(dist.get_world_size())
         return dist.all_reduce(tensor, async_op=True).get_future()

@@ -55,6 +55,9 @@ def test_prediction_efficiency_and_the_comm_wall():
     assert rows[2]["step_s"] == pytest.approx(0.15)
     assert rows[2]["efficiency"] == pytest.approx(0.1 / 0.15)
     assert rows[8]["exposed_comm_s"] == pytest.approx(0.5 * 1.75 * 0.1)
+    # Data wait measured at N=1 (not hidden) stays in every step: 0.15 + 0.05 at N=2, wasted 1 - 0.1/0.2
+    waiting = predict.at(_measured(wait_s=0.05), link, 2)
+    assert waiting["step_s"] == pytest.approx(0.2) and waiting["wasted_share"] == pytest.approx(0.5)
     wall = predict.walls(m, link, max_world_size=64, min_efficiency=0.8)
     assert wall["comm_wall_at"] == 2 and wall["data_wall_at"] is None and wall["first"] == "comm"
 

@@ -1,0 +1,91 @@
+"""`python -m trainer.scaling` against delays it cannot miss: a loader that takes 50 ms per batch, a model
+that sleeps 100 ms per step, and (swept) a comm hook that adds 100 ms to the all-reduce on 2 ranks
+(delays large against a busy machine's scheduling noise, as in test_truthfulness)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.trainer.harness import REPO, env_for
+from trainer import predict, scaling
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+WAIT_S, COMPUTE_S, COMM_S, BATCH = 0.05, 0.1, 0.1, 4
+DELAYED = "tests.trainer.fakes:delayed_allreduce"
+
+
+def _near(got: float, want: float, rel: float = 0.10) -> bool:
+    return abs(got - want) <= rel * want
+
+
+def test_parse_keeps_trainer_flags_apart_and_checks_them():
+    cfg, rest = scaling.parse(["--nproc", "2,1,2", "--sweep", "comm-hook=none,fp16", "--", "--data", "x"])
+    assert cfg.nproc == (1, 2) and cfg.sweep_flag == "comm-hook" and cfg.sweep_values == ("none", "fp16")
+    assert rest == ["--data", "x"]
+    with pytest.raises(ValueError, match="--batch-size"):
+        scaling.parse(["--", "--data", "x", "--batch-size", "0"])
+    with pytest.raises(ValueError):
+        scaling.parse(["--nproc", "0,1", "--", "--data", "x"])
+
+
+def test_scaling_report_matches_the_injected_delays(tmp_path):
+    out = tmp_path / "scaling"
+    cmd = [sys.executable, "-m", "trainer.scaling", "--nproc", "1,2", "--steps", "8", "--out", str(out),
+           "--sweep", f"comm-hook=none,{DELAYED}", "--link-gbps", "10", "--link-latency-us", "200",
+           "--storage-gbps", "0.0005", "--price-per-hour", "2", "--deadline-hours", "1", "--epochs", "2",
+           "--input-batches", "8", "--",
+           "--data", f"synthetic:?samples=4000&classes=4&delay_s={WAIT_S}", "--model", "tests.trainer.fakes:sleepy",
+           "--batch-size", str(BATCH), "--image-size", "4", "--dist-timeout-s", "60"]
+    env = env_for({"FAKE_COMPUTE_S": str(COMPUTE_S), "FAKE_COMM_DELAY_S": str(COMM_S)})
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=220, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "scaling: measured" in done.stdout and "walls:" in done.stdout
+    result = json.loads((out / "scaling.json").read_text())
+    assert (out / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+    plain, delayed = result["variants"]
+    assert plain["variant"] == "none" and delayed["variant"] == DELAYED
+
+    def ms(row: dict, stage: str) -> float:
+        return row["stage_ms"][stage]  # mean over ranks, per step
+
+    for v in (plain, delayed):
+        for row in v["measured"]:
+            assert _near(ms(row, "wait"), 1000 * WAIT_S, 0.15), row  # the loader's delay, in next()
+            assert _near(ms(row, "compute"), 1000 * COMPUTE_S), row  # the model's sleep
+        one, two = v["measured"]
+        assert one["efficiency"] == 1.0 and _near(two["efficiency"], one["step_ms"] / two["step_ms"], 0.05)
+    # The swept lever's effect: 100 ms more exposed comm at 2 ranks, none at 1, and the efficiency it costs.
+    assert ms(delayed["measured"][1], "comm_exposed") == pytest.approx(1000 * COMM_S, rel=0.10)
+    assert ms(plain["measured"][1], "comm_exposed") < 0.3 * 1000 * COMM_S
+    assert ms(delayed["measured"][0], "comm_exposed") < 5
+    assert _near(delayed["measured"][1]["efficiency"], (WAIT_S + COMPUTE_S) / (WAIT_S + COMPUTE_S + COMM_S), 0.15)
+    # The prediction agrees with what it was calibrated on: the measured 2-rank point, each variant.
+    for v in (plain, delayed):
+        at_two = next(p for p in v["predicted"] if p["world_size"] == 2)
+        assert _near(at_two["samples_per_s"], v["measured"][1]["samples_per_s"], 0.15), (at_two, v["measured"][1])
+    # Prediction inputs: a rank's own step (no data wait) is the model's sleep; the loader alone gives
+    # batch / delay samples/s; 0.5 Mbit/s of storage for 48-byte samples feeds 1302 samples/s in all.
+    inputs = plain["inputs"]
+    assert _near(inputs["local_s"], COMPUTE_S, 0.15)
+    assert _near(result["input_ceiling"]["samples_per_s"], BATCH / WAIT_S, 0.15)
+    assert inputs["bytes_per_sample"] == 3 * 4 * 4
+    storage_total = 0.0005e9 / 8 / 48  # 1302 samples/s for all ranks together
+    per_rank = inputs["samples_per_step"] / (inputs["local_s"] + inputs["wait_s"])  # ~27 samples/s at most
+    wall = plain["walls"]
+    assert wall["data_wall_kind"] == "storage" and wall["first"] == "data"
+    # The storage wall sits where the storage's share per rank first falls below what a rank does there.
+    m, link = predict.Measured(**inputs), predict.Link(latency_s=200e-6, bytes_per_s=10e9 / 8)
+    assert storage_total / per_rank <= wall["data_wall_at"] < 1.5 * storage_total / per_rank
+    assert predict.at(m, link, wall["data_wall_at"] - 1)["limit"] != "storage"
+    assert predict.at(m, link, wall["data_wall_at"])["limit"] == "storage"
+    big = next(p for p in plain["predicted"] if p["world_size"] == 512)
+    assert big["limit"] == "storage" and big["samples_per_s"] == pytest.approx(storage_total)
+    # The bill: 2 ranks x $2/h for a 4,000-sample epoch at the measured rate; the cheapest is 1 rank.
+    two = plain["measured"][1]
+    assert two["cost"]["dollars_per_epoch"] == pytest.approx(4 / 3600 * 4000 / two["samples_per_s"])
+    assert plain["choice"]["cheapest"] == 1 and plain["choice"]["smallest_meeting_deadline"] == 1

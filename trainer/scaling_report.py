@@ -1,0 +1,243 @@
+"""The scaling report: measured rows per world size, the prediction past the machine, the bill.
+
+`build` is plain arithmetic over the runs' summaries (tested without processes); `write` saves
+scaling.json and scaling.png; `show` prints the rich tables and the verdict lines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from trainer import cost, predict
+from trainer.timing import PHASES
+
+SHARES = (*PHASES, "other")
+SHARE_LABELS = {"wait": "data wait", "h2d": "h2d", "compute": "compute", "comm_exposed": "exposed comm",
+                "opt": "optimizer", "other": "other"}
+
+
+def measured_row(summary: dict[str, Any], *, base: dict[str, Any] | None, threads: int, cpu_count: int) -> dict[str, Any]:
+    """One world size's row from its summary.json; efficiency against `base` (the smallest run)."""
+    n = summary["world_size"]
+    shares = {p: float(summary["stage_share"][p]) for p in PHASES}
+    shares["other"] = max(0.0, 1.0 - sum(shares.values()))
+    ranks = summary["ranks"]
+    steps = max(1, ranks[0]["steps"])
+    rate = float(summary["samples_per_s"])
+    row = {"world_size": n, "variant": summary["run"]["variant"], "samples_per_s": rate,
+           "per_rank_samples_per_s": rate / n, "efficiency": 1.0, "stage_share": shares,
+           "comm_overlapped_share": float(summary["comm_overlapped_share"]),
+           "step_ms": 1000 * max(r["step_s"] for r in ranks) / steps,
+           "stage_ms": {p: 1000 * sum(r[f"{p}_s"] for r in ranks) / len(ranks) / steps for p in PHASES},
+           "comm_ms": 1000 * max(r["comm_exposed_s"] + r["comm_overlapped_s"] for r in ranks) / steps,
+           "slowest_rank": summary["slowest_rank"], "slowest_rank_vs_median": summary["slowest_rank_vs_median"],
+           "straggler": summary["straggler"], "steps": steps, "oversubscribed": n * threads > cpu_count,
+           "dir": summary["run"]["dir"]}
+    if base is not None:
+        row["efficiency"] = rate / (n / base["world_size"] * base["samples_per_s"])
+    return row
+
+
+def measurements(runs: Sequence[dict[str, Any]], *, ceiling: dict[str, Any] | None,
+                 storage_gbps: float | None, link: predict.Link) -> predict.Measured:
+    """The prediction's inputs from the runs of one variant: local step at the smallest N, overlap at the largest."""
+    small = min(runs, key=lambda s: s["world_size"])
+    large = max(runs, key=lambda s: s["world_size"])
+    ranks = small["ranks"]
+    steps = sum(r["steps"] for r in ranks)
+    local = sum(r["step_s"] - r["wait_s"] - r["comm_exposed_s"] for r in ranks) / steps
+    wait = sum(r["wait_s"] for r in ranks) / steps
+    exposed = sum(r["comm_exposed_s"] for r in large["ranks"])
+    overlapped = sum(r["comm_overlapped_s"] for r in large["ranks"])
+    job = small["job"]
+    wire = job.get("wire_bytes") or job["grad_bytes"]
+    buckets = max(1, int(large["job"].get("buckets_per_step") or 1))
+    extra = 0.0
+    if large["world_size"] > 1:  # what the link model does not explain at the largest measured N, kept
+        measured = (exposed + overlapped) / sum(r["steps"] for r in large["ranks"])
+        extra = max(0.0, measured - predict.allreduce_s(link, wire, large["world_size"], num_messages=buckets))
+    return predict.Measured(
+        samples_per_step=job["global_batch"] / small["world_size"], local_s=max(local, 1e-9), wait_s=wait,
+        wire_bytes=wire, num_buckets=buckets, comm_extra_s=extra,
+        overlap_share=overlapped / (exposed + overlapped) if exposed + overlapped > 0 else 0.0,
+        input_per_rank=(ceiling or {}).get("samples_per_s"), bytes_per_sample=float(job.get("bytes_per_sample", 0.0)),
+        storage_bytes_per_s=None if storage_gbps is None else storage_gbps * 1e9 / 8)
+
+
+def link_of(cfg: Any, sweep: dict[str, Any] | None) -> tuple[predict.Link, dict[str, Any]]:
+    """The link: --link-gbps/--link-latency-us when given, else fitted from the sweep (either part)."""
+    fitted = None
+    if sweep is not None:
+        fitted = predict.fit_link(sweep["sizes_bytes"], sweep["seconds"], world_size=sweep["world_size"])
+    if cfg.link_gbps is not None:
+        latency = cfg.link_latency_us * 1e-6 if cfg.link_latency_us is not None else (fitted.latency_s if fitted else 0.0)
+        link, source = predict.Link(latency_s=latency, bytes_per_s=cfg.link_gbps * 1e9 / 8), "given"
+    elif fitted is not None:
+        latency = cfg.link_latency_us * 1e-6 if cfg.link_latency_us is not None else fitted.latency_s
+        link, source = predict.Link(latency_s=latency, bytes_per_s=fitted.bytes_per_s), "fitted at 2 ranks"
+    else:
+        raise ValueError("no all-reduce sweep and no --link-gbps: nothing to predict comm from")
+    return link, {"latency_us": link.latency_s * 1e6, "gbps": link.bytes_per_s * 8 / 1e9, "source": source,
+                  "sweep": sweep}
+
+
+def _priced(cfg: Any, rows: list[dict[str, Any]], epoch_samples: int) -> dict[str, Any] | None:
+    """Attach a cost to each row (measured or predicted) and choose; None without --price-per-hour."""
+    if cfg.price_per_hour is None:
+        return None
+    options = []
+    for row in rows:
+        wasted = cost.wasted_share(row["stage_share"]) if "stage_share" in row else row["wasted_share"]
+        row["cost"] = cost.cost_of(price_per_hour=cfg.price_per_hour, world_size=row["world_size"],
+                                   samples_per_s=row["samples_per_s"], epoch_samples=epoch_samples,
+                                   wasted_share=wasted)
+        options.append(row["cost"])
+    return cost.choose(options, epochs=cfg.epochs, deadline_hours=cfg.deadline_hours)
+
+
+def _variant(cfg: Any, summaries: list[dict[str, Any]], *, link: predict.Link, ceiling: dict[str, Any] | None,
+             threads: int, cpu_count: int) -> dict[str, Any]:
+    summaries = sorted(summaries, key=lambda s: s["world_size"])
+    base = summaries[0] if summaries else None
+    rows = [measured_row(s, base=base, threads=threads, cpu_count=cpu_count) for s in summaries]
+    m = measurements(summaries, ceiling=ceiling, storage_gbps=cfg.storage_gbps, link=link)
+    measured_ns = {r["world_size"] for r in rows}
+    sizes = sorted(measured_ns | set(cfg.predict))
+    predicted = predict.predict(m, link, sizes)
+    two = next((r for r in rows if r["world_size"] == 2), None)
+    check = None if two is None else {"measured_comm_ms": two["comm_ms"],
+                                      "link_model_comm_ms": 1000 * predict.allreduce_s(link, m.wire_bytes, 2,
+                                                                                       num_messages=m.num_buckets),
+                                      "kept_extra_ms": 1000 * m.comm_extra_s}
+    epoch_samples = int(summaries[0]["job"].get("dataset_samples") or summaries[0]["job"]["epoch_samples"])
+    choice = _priced(cfg, rows + [p for p in predicted if p["world_size"] not in measured_ns], epoch_samples)
+    _priced(cfg, [p for p in predicted if p["world_size"] in measured_ns], epoch_samples)  # shown, not chosen
+    return {"variant": summaries[0]["run"]["variant"], "measured": rows, "predicted": predicted,
+            "inputs": {k: getattr(m, k) for k in m.__slots__}, "model_check_at_2": check,
+            "walls": predict.walls(m, link, max_world_size=max(sizes), min_efficiency=cfg.min_efficiency),
+            "choice": choice, "epoch_samples": epoch_samples}
+
+
+def build(cfg: Any, runs: Sequence[dict[str, Any]], *, sweep: dict[str, Any] | None,
+          ceiling: dict[str, Any] | None, cpu_count: int) -> dict[str, Any]:
+    """scaling.json's content: per variant (one when nothing is swept) the measured and predicted rows."""
+    link, link_info = link_of(cfg, sweep)
+    by_variant: dict[Any, list[dict[str, Any]]] = {}
+    for s in runs:
+        by_variant.setdefault(s["run"]["variant"], []).append(s)
+    variants = [_variant(cfg, group, link=link, ceiling=ceiling, threads=cfg.threads, cpu_count=cpu_count)
+                for group in by_variant.values()]
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {"config": {k: getattr(cfg, k) for k in cfg.__slots__}, "cpu_count": cpu_count, "load_avg": load,
+            "link": link_info, "input_ceiling": ceiling, "variants": variants}
+
+
+def write(out: str, result: dict[str, Any]) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "scaling.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    from trainer.scaling_chart import write_chart
+
+    write_chart(os.path.join(out, "scaling.png"), result)
+
+
+def _money(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"${x:,.2f}" if x >= 1 else f"${x:.2g}"
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank" + ("" if n == 1 else "s")
+
+
+def measured_table(result: dict[str, Any]) -> Table:
+    swept = result["config"]["sweep_flag"]
+    table = Table(title="scaling: measured (real torchrun jobs, "
+                        f"{result['config']['threads']} thread(s) per rank, {result['cpu_count']} cores)")
+    table_shares = ("wait", "compute", "comm_exposed", "opt")
+    for name in ("ranks", *([swept] if swept else []), "samples/s", "efficiency",
+                 *(SHARE_LABELS[p] for p in table_shares), "other**", "comm overlapped*", "slowest rank",
+                 "$/epoch", "$/1k samples", "wasted"):
+        table.add_column(name, justify="right")
+    for v in result["variants"]:
+        for r in v["measured"]:
+            c = r.get("cost") or {}
+            share = r["stage_share"]
+            n = f"{r['world_size']}" + (" (oversubscribed)" if r["oversubscribed"] else "")
+            table.add_row(n, *([str(v["variant"]).split(":")[-1]] if swept else []), f"{r['samples_per_s']:.1f}",
+                          f"{r['efficiency']:.0%}", *(f"{share[p]:.0%}" for p in table_shares),
+                          f"{share['h2d'] + share['other']:.0%}", f"{r['comm_overlapped_share']:.0%}",
+                          f"r{r['slowest_rank']} {r['slowest_rank_vs_median']:.2f}x",
+                          _money(c.get("dollars_per_epoch")), _money(c.get("dollars_per_1k_samples")),
+                          "-" if not c else f"{c['wasted_share']:.0%}")
+    table.caption = ("shares of step time, all ranks; * ran inside compute (not added); ** host->device copy and "
+                     "bookkeeping; wasted = data wait + exposed comm (paid, idle). "
+                     "efficiency = samples/s at N / (N x samples/s at the smallest N)")
+    return table
+
+
+def predicted_table(v: dict[str, Any], link: dict[str, Any]) -> Table:
+    label = f" ({str(v['variant']).split(':')[-1]})" if v["variant"] is not None else ""
+    table = Table(title=f"prediction{label}: ring all-reduce, link {link['gbps']:.2f} Gbit/s, "
+                        f"{link['latency_us']:.0f} us/hop ({link['source']})")
+    for name in ("ranks", "samples/s", "efficiency", "all-reduce ms", "exposed ms", "limited by", "$/epoch"):
+        table.add_column(name, justify="right")
+    for r in v["predicted"]:
+        table.add_row(str(r["world_size"]), f"{r['samples_per_s']:.1f}", f"{r['efficiency']:.0%}",
+                      f"{1000 * r['allreduce_s']:.2f}", f"{1000 * r['exposed_comm_s']:.2f}", r["limit"],
+                      _money((r.get("cost") or {}).get("dollars_per_epoch")))
+    return table
+
+
+def lines(v: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    """The verdict lines of one variant: walls, model check, the bill's choices."""
+    label = f"[{str(v['variant']).split(':')[-1]}] " if v["variant"] is not None else ""
+    out = [f"{label}walls: {v['walls']['text']}"]
+    chk = v["model_check_at_2"]
+    if chk:
+        out.append(f"{label}all-reduce at 2 ranks: {chk['measured_comm_ms']:.2f} ms/step measured, the link model "
+                   f"says {chk['link_model_comm_ms']:.2f} ms; the prediction keeps the {chk['kept_extra_ms']:.2f} ms "
+                   "difference (hook work, waiting for peers) at every N")
+    ceiling = v["inputs"]["input_per_rank"]
+    if ceiling:
+        out.append(f"{label}input pipeline alone: {ceiling:.0f} samples/s per rank "
+                   f"(a rank computes {v['inputs']['samples_per_step'] / v['inputs']['local_s']:.0f})")
+    ch = v["choice"]
+    if ch:
+        text = f"{label}cheapest per epoch: {_ranks(ch['cheapest'])} ({_money(ch['cheapest_dollars_per_epoch'])})"
+        if cfg["deadline_hours"] is not None:
+            if ch["smallest_meeting_deadline"] is None:
+                text += f"; no world size finishes {cfg['epochs']} epochs in {cfg['deadline_hours']} h"
+            else:
+                text += (f"; smallest meeting {cfg['deadline_hours']} h for {cfg['epochs']} epochs: "
+                         f"{_ranks(ch['smallest_meeting_deadline'])} ({ch['hours_at_smallest']:.3g} h, "
+                         f"{_money(ch['dollars_at_smallest'])})")
+        out.append(text)
+    return out
+
+
+def show(console: Console, result: dict[str, Any]) -> None:
+    console.print(measured_table(result))
+    for v in result["variants"]:
+        console.print(predicted_table(v, result["link"]))
+        for line in lines(v, result["config"]):
+            console.print(line)
+    out = result["config"]["out"]
+    console.print(f"outputs: {os.path.join(out, 'scaling.json')}, {os.path.join(out, 'scaling.png')}")
+
+
+def log2_ticks(sizes: Sequence[int]) -> list[int]:
+    """Powers of two spanning `sizes` (chart ticks)."""
+    top = max(sizes)
+    return [2**k for k in range(0, int(math.log2(top)) + 1)]
