@@ -195,7 +195,7 @@ def input_ceiling(cfg: ScalingConfig, trainer_args: list[str]) -> dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from trainer import scaling_report
+    from trainer import scaling_chart, scaling_report
 
     console = Console(width=160) if not sys.stdout.isatty() else Console()
     try:
@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"trainer.scaling: error: {exc}")
         return 1
     result = scaling_report.build(cfg, runs, sweep=sweep, ceiling=ceiling, cpu_count=os.cpu_count() or 1)
-    scaling_report.write(cfg.out, result)
+    scaling_report.write_json(cfg.out, result)
+    scaling_chart.write_chart(os.path.join(cfg.out, "scaling.png"), result)
     scaling_report.show(console, result)
     return 0
 

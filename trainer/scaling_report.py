@@ -1,7 +1,7 @@
 """The scaling report: measured rows per world size, the prediction past the machine, the bill.
 
-`build` is plain arithmetic over the runs' summaries (tested without processes); `write` saves
-scaling.json and scaling.png; `show` prints the rich tables and the verdict lines.
+`build` is plain arithmetic over the runs' summaries (tested without processes); `write_json` saves
+scaling.json (trainer/scaling_chart.py draws scaling.png); `show` prints the rich tables and the verdict lines.
 """
 
 from __future__ import annotations
@@ -142,13 +142,10 @@ def build(cfg: Any, runs: Sequence[dict[str, Any]], *, sweep: dict[str, Any] | N
             "link": link_info, "input_ceiling": ceiling, "variants": variants}
 
 
-def write(out: str, result: dict[str, Any]) -> None:
+def write_json(out: str, result: dict[str, Any]) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "scaling.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
-    from trainer.scaling_chart import write_chart
-
-    write_chart(os.path.join(out, "scaling.png"), result)
 
 
 def _money(x: float | None) -> str:
