@@ -1,20 +1,14 @@
-"""Reusable checks for rank-aware, resumable delivery, with every rank run in one process.
-
-`check_resume` and `check_same_topology_resume` only need three callables, so any stateful
-piece (the plan here, the loader elsewhere) can reuse them:
-    deliver(state, topology) -> per rank, the list of batches from the state's position to the end
-    advance(state, topology, batches) -> the state after `batches` more delivered batches
-    real_keys(batch) -> the batch's non-padding sample keys
-A topology is a (world_size, num_workers) pair.
+"""The sample plan under test, every rank and worker in one process: hypothesis strategies for
+shard sizes and configs, one epoch planned for every (rank, worker) with the interface's promises
+checked, and the plan's `deliver` / `advance` for the resume harness (resume_harness.py).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
+from hypothesis import strategies as st
 
 from dataio.plan.plan import (
     READ_THROUGH_GAP,
@@ -24,47 +18,21 @@ from dataio.plan.plan import (
     shard_offsets,
 )
 from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
+from tests.dataio.resume_harness import Topology
 
 Batch = tuple[tuple[int, ...], tuple[bool, ...]]  # (sample ids, is_pad), comparable with ==
-Topology = tuple[int, int]
+
+# Shard sizes lean on the corner cases: empty and one-sample shards, and a few large ones.
+shard_size = st.one_of(st.sampled_from([0, 1]), st.integers(0, 12), st.integers(13, 120))
+shard_sizes = st.lists(shard_size, min_size=0, max_size=24)
+world_sizes = st.one_of(st.integers(1, 4), st.sampled_from([7, 16, 64]))
 
 
-def check_resume(deliver: Callable[[Any, Topology], list[list[Any]]],
-                 advance: Callable[[Any, Topology, int], Any],
-                 real_keys: Callable[[Any], Sequence[Any]],
-                 state: Any,
-                 schedule: Sequence[tuple[Topology, int | None]]) -> tuple[list[Any], Any]:
-    """Deliver `batches` per rank at each topology in turn (None: to the end); resume from the state.
-
-    Asserts equal steps on every rank at every stage and no key delivered twice; returns the real
-    keys delivered, in order, and the final state.
-    """
-    delivered: list[Any] = []
-    for topology, batches in schedule:
-        per_rank = deliver(state, topology)
-        steps = {len(rank_batches) for rank_batches in per_rank}
-        assert len(steps) == 1, f"unequal steps per rank at {topology}: {sorted(steps)}"
-        (available,) = steps
-        take = available if batches is None else batches
-        assert take <= available, f"asked for {take} batches at {topology}, only {available} left"
-        for rank_batches in per_rank:
-            for batch in rank_batches[:take]:
-                delivered.extend(real_keys(batch))
-        state = advance(state, topology, take)
-    twice = [k for k, count in Counter(delivered).items() if count > 1]
-    assert not twice, f"delivered twice: {twice[:10]}"
-    return delivered, state
-
-
-def check_same_topology_resume(deliver: Callable[[Any, Topology], list[list[Any]]],
-                               advance: Callable[[Any, Topology, int], Any],
-                               state: Any, topology: Topology, batches: int) -> None:
-    """Resuming at the topology that saved the state replays exactly the uninterrupted run."""
-    full = deliver(state, topology)
-    resumed = deliver(advance(state, topology, batches), topology)
-    assert len(full) == len(resumed)
-    for rank, (a, b) in enumerate(zip(full, resumed)):
-        assert a[batches:] == b, f"rank {rank}: resumed batches differ from the uninterrupted run"
+@st.composite
+def configs(draw: st.DrawFn) -> PlanConfig:
+    return PlanConfig(seed=draw(st.integers(0, 2**64 - 1)), batch_size=draw(st.integers(1, 16)),
+                      tail=draw(st.sampled_from(["drop", "pad"])), shuffle=draw(st.booleans()),
+                      shuffle_window=draw(st.one_of(st.sampled_from([1, 4096]), st.integers(2, 40))))
 
 
 def plan_deliver(sizes: Sequence[int], config: PlanConfig) -> Callable[[PlanState, Topology], list[list[Batch]]]:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dataio.errors import StorageError
+from dataio import StorageError
 from dataio.readers.by_format import make_reader
 from dataio.storage.cache import DiskCache
 from dataio.storage.store import Store

@@ -13,9 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
+from dataio import CorruptSampleError, ImageTooLargeError
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.decode.transforms import center_crop, jpeg_scale_denom, random_resized_crop
-from dataio.errors import CorruptSampleError, ImageTooLargeError
 from dataio.rand import SampleRandom, sample_seed
 
 DECODERS = ("simplejpeg", "pil")

@@ -25,11 +25,10 @@ from PIL import Image
 
 pytest.importorskip("nvidia.dali")
 
-from dataio import make_loader  # noqa: E402
+from dataio import CorruptSampleError, ImageTooLargeError, make_loader  # noqa: E402
 from dataio.batch import PackedBytes  # noqa: E402
 from dataio.decode.cpu import CpuDecoder, DecodeConfig  # noqa: E402
 from dataio.decode.dali import DaliDecoder  # noqa: E402
-from dataio.errors import CorruptSampleError, ImageTooLargeError  # noqa: E402
 from dataio.rand import sample_seed  # noqa: E402
 from dataio.storage.store import Store  # noqa: E402
 from tests.dataio.shardgen import write_tar_dataset, write_tar_samples  # noqa: E402

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from dataio import CorruptSampleError, ImageTooLargeError
 from dataio.decode.images import DEFAULT_MAX_PIXELS, downscale, probe, validate
-from dataio.errors import CorruptSampleError, ImageTooLargeError
 
 URL, KEY = "s3://bucket/ds/shards/shard-000003.tar", "000042"
 

@@ -20,45 +20,13 @@ from dataio import (
 from dataio.batch import PackedBytes
 from dataio.plan.types import Topology
 from dataio.storage.store import Store
+from tests.dataio.loader_helpers import ALL_KEYS, SIZES, TOTAL, real_keys, run_epoch
 from tests.dataio.shardgen import (
     make_samples,
     write_parquet_dataset,
     write_tar_dataset,
     write_tar_samples,
 )
-
-SIZES = [13, 0, 7, 1, 22, 5]  # deliberately uneven, with an empty and a one-sample shard
-TOTAL = sum(SIZES)
-ALL_KEYS = {f"{i:06d}" for i in range(TOTAL)}
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
-    root = str(tmp_path_factory.mktemp("loader") / "ds")
-    write_tar_dataset(Store(root), SIZES, real_images=True)
-    return root
-
-
-def real_keys(batches: list[dict]) -> list[str]:
-    """Keys of the real (mask True) samples, in delivery order."""
-    return [k for b in batches for k, m in zip(b["__key__"], b["mask"].tolist()) if m]
-
-
-def run_epoch(url: str, **options) -> tuple[list[dict], int]:
-    """(batches, len before iterating) of one whole epoch of a fresh loader."""
-    with make_loader(url, **options) as loader:
-        steps = len(loader)
-        return list(loader), steps
-
-
-def take(loader, num_batches: int) -> list[dict]:
-    """The first num_batches batches of an iteration, then break out of it."""
-    out = []
-    for batch in loader:
-        out.append(batch)
-        if len(out) == num_batches:
-            break
-    return out
 
 
 def write_tar_shards(store: Store, shards: list[list[dict]]) -> None:

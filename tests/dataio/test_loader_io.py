@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from dataio import make_loader
+from dataio import LoaderConfig, make_loader
 from dataio.format.manifest import read_manifest
 from dataio.loader.collate import as_bytes, pack_bytes
-from dataio.loader.config import LoaderConfig, window_samples
+from dataio.loader.config import window_samples
 from dataio.plan.types import Segment
 from dataio.readers.base import split_segment
 from dataio.readers.tar import TarPayload, TarReader, zero_copy

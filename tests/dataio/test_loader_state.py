@@ -11,8 +11,8 @@ import torch
 from dataio import ManifestError, ShardifyError, StateError, make_loader
 from dataio.loader.startup import agree_on_dataset
 from dataio.storage.store import Store
+from tests.dataio.loader_helpers import TOTAL, real_keys, run_epoch, take
 from tests.dataio.shardgen import write_tar_dataset
-from tests.dataio.test_loader import TOTAL, dataset, real_keys, run_epoch, take  # noqa: F401 - dataset is a fixture
 
 
 def test_state_round_trip_resumes_exactly_the_rest(dataset) -> None:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dataio.errors import ManifestError
+from dataio import ManifestError
 from dataio.format.manifest import (
     MANIFEST_NAME,
     Checksummer,

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dataio.errors import ShardFormatError, StorageError
+from dataio import ShardFormatError, StorageError
 from dataio.format.manifest import read_manifest
 from dataio.readers.by_format import make_reader
 from dataio.readers.parquet import ParquetReader, column_values

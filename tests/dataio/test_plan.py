@@ -10,23 +10,17 @@ from hypothesis import strategies as st
 from dataio.plan.plan import READ_THROUGH_GAP, num_steps, plan_worker, shard_offsets
 from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
 from dataio.rand import key, permutation
-from tests.dataio.plan_harness import plan_epoch, real_ids, segment_totals
+from tests.dataio.plan_harness import (
+    configs,
+    plan_epoch,
+    real_ids,
+    segment_totals,
+    shard_sizes,
+    world_sizes,
+)
 
 FRESH = PlanState(epoch=0)
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-# Shard sizes lean on the corner cases: empty and one-sample shards, and a few large ones.
-shard_size = st.one_of(st.sampled_from([0, 1]), st.integers(0, 12), st.integers(13, 120))
-shard_sizes = st.lists(shard_size, min_size=0, max_size=24)
-world_sizes = st.one_of(st.integers(1, 4), st.sampled_from([7, 16, 64]))
-
-
-@st.composite
-def configs(draw: st.DrawFn) -> PlanConfig:
-    return PlanConfig(seed=draw(st.integers(0, 2**64 - 1)), batch_size=draw(st.integers(1, 16)),
-                      tail=draw(st.sampled_from(["drop", "pad"])), shuffle=draw(st.booleans()),
-                      shuffle_window=draw(st.one_of(st.sampled_from([1, 4096]), st.integers(2, 40))))
-
 
 def flat(per_rank):
     return [b for rank_batches in per_rank for b in rank_batches]

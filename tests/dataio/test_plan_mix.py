@@ -1,5 +1,5 @@
 """The mixture plan (dataio/plan/mix.py): exact per-source counts, smooth interleaving, and the five
-plan properties of DESIGN.md over a mixture, all ranks in one process (plan_harness's checks)."""
+plan properties of DESIGN.md over a mixture, all ranks in one process (resume_harness's checks)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dataio.errors import StateError
+from dataio import StateError
 from dataio.plan.mix import (
     MixSource,
     MixState,
@@ -23,8 +23,8 @@ from dataio.plan.mix import (
 )
 from dataio.plan.plan import shard_offsets
 from dataio.plan.types import PlanConfig, WorkerSlot
-from tests.dataio.plan_harness import check_resume, check_same_topology_resume
-from tests.dataio.test_plan import configs
+from tests.dataio.plan_harness import configs
+from tests.dataio.resume_harness import check_resume, check_same_topology_resume
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 shard_sizes = st.lists(st.one_of(st.sampled_from([0, 1]), st.integers(0, 12), st.integers(13, 60)), max_size=6)

@@ -8,19 +8,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dataio.errors import StateError
+from dataio import StateError
 from dataio.plan.plan import READ_THROUGH_GAP, num_steps, plan_worker
 from dataio.plan.types import PLAN_VERSION, PlanConfig, PlanState, Progress, WorkerSlot
 from tests.dataio.plan_harness import (
-    check_resume,
-    check_same_topology_resume,
+    configs,
     plan_advance,
     plan_deliver,
     plan_epoch,
     real_ids,
     segment_totals,
+    shard_sizes,
 )
-from tests.dataio.test_plan import configs, shard_sizes
+from tests.dataio.resume_harness import check_resume, check_same_topology_resume
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 topologies = st.tuples(st.one_of(st.integers(1, 5), st.sampled_from([8, 16, 64])), st.integers(1, 8))

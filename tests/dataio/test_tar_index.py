@@ -8,7 +8,7 @@ import tarfile
 import pytest
 import webdataset as wds
 
-from dataio.errors import ShardFormatError
+from dataio import ShardFormatError
 from dataio.format.tar_index import (
     TAR_BLOCK,
     IndexedSample,

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from dataio.errors import ShardFormatError, StorageError
+from dataio import ShardFormatError, StorageError
 from dataio.format.manifest import read_manifest
 from dataio.readers.by_format import make_reader
 from dataio.readers.tar import TarReader

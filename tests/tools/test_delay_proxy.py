@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dataio.errors import StorageError
+from dataio import StorageError
 from dataio.storage.store import RetryPolicy, Store
 from tools.delay_proxy import DelayProxy
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 from botocore.exceptions import ClientError
 
-from dataio.errors import StorageError
+from dataio import StorageError
 from dataio.storage.store import RetryPolicy, Store
 from tools.s3_server import S3Server, pick_weed_ports
 
