@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--prefixes", type=_positive_int, metavar="N",
                    help="spread shards over N hashed directories (shards/7f/...) so S3's per-prefix request "
                         "limits are not hit (default: 1 up to 10k shards, then one per ~10k shards)")
+    w.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: --workers processes here (default); ray: one Ray task per shard, on a local Ray "
+                        "started for the run (--workers CPUs, 127.0.0.1 only) or the cluster at --ray-address")
+    w.add_argument("--ray-address", metavar="HOST:PORT", help="with --engine ray: join this Ray cluster")
     w.add_argument("--manifest-parts-above", type=int, default=PARTS_THRESHOLD, metavar="SHARDS",
                    help="more shards than this: a small JSON root plus Parquet parts instead of one JSON "
                         f"manifest (default {PARTS_THRESHOLD})")
@@ -150,7 +154,8 @@ def _write(args: argparse.Namespace) -> int:
         format=args.format, shard_size_bytes=args.shard_size, max_samples_per_shard=args.max_samples_per_shard,
         shuffle=args.shuffle, seed=args.seed, num_workers=args.workers, max_side=args.max_side,
         max_pixels=args.max_pixels, validate=args.validate, on_error=args.on_error, overwrite=args.overwrite,
-        num_prefixes=args.prefixes, parts_threshold=args.manifest_parts_above,
+        num_prefixes=args.prefixes, parts_threshold=args.manifest_parts_above, engine=args.engine,
+        ray_address=args.ray_address,
     )
     dest = Store(args.dest, options)
     _check_reachable(dest)

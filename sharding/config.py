@@ -27,6 +27,8 @@ class WriteConfig:
     overwrite: bool = False
     num_prefixes: int | None = None  # hashed directories under shards/; None: chosen from the shard count
     parts_threshold: int = PARTS_THRESHOLD  # more shards than this: a JSON root + Parquet parts
+    engine: str = "local"  # "local": worker processes here; "ray": Ray tasks (sharding/engine_ray.py)
+    ray_address: str | None = None  # engine "ray": an existing cluster; None starts a local Ray
 
     def __post_init__(self) -> None:
         if self.format not in ("tar", "parquet"):
@@ -37,6 +39,10 @@ class WriteConfig:
             raise ValueError("max samples per shard must be at least 1")
         if self.num_prefixes is not None and not 1 <= self.num_prefixes <= 65536:
             raise ValueError("prefixes must be between 1 and 65536")
+        if self.engine not in ("local", "ray"):
+            raise ValueError(f"engine {self.engine!r}: choose local or ray")
+        if self.ray_address is not None and self.engine != "ray":
+            raise ValueError("a Ray address needs --engine ray")
         if self.parts_threshold < 0:
             raise ValueError("the manifest parts threshold must be >= 0")
         if self.num_workers < 1:

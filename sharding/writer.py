@@ -155,7 +155,11 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
     prefixes = config.num_prefixes or default_prefixes(len(plan))
     tasks = [(i, shard_name(i, len(plan), config.format, prefixes), [source.refs[j] for j in run])
              for i, run in enumerate(plan)]
-    if config.num_workers == 1 or len(tasks) == 1:
+    if config.engine == "ray":
+        from sharding.engine_ray import run_ray
+
+        results = run_ray(tasks, source, dest, config, layout, progress, address=config.ray_address)
+    elif config.num_workers == 1 or len(tasks) == 1:
         results = []
         for task in tasks:
             results.append(write_shard(task, source, dest, config, layout, progress.update))
