@@ -111,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "other tools, and print nothing else")
     _storage_flags(i)
 
+    x = sub.add_parser("index", help="make existing Parquet files (e.g. a Hugging Face export) a dataset: "
+                                     "write our manifest beside them, rewriting nothing")
+    x.add_argument("url", help="prefix holding the .parquet files (local directory or s3://bucket/prefix)")
+    x.add_argument("--overwrite", action="store_true", help="replace a manifest already there")
+    _storage_flags(x)
+
     v = sub.add_parser("verify", help="check every shard, index, sample and image against the manifest")
     v.add_argument("url")
     v.add_argument("--workers", type=_positive_int, default=_num_cores())
@@ -194,6 +200,19 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index(args: argparse.Namespace) -> int:
+    from sharding.index import index_dataset
+
+    options = _options(args)
+    store = Store(args.url, options)
+    _check_reachable(store)
+    m = index_dataset(store, overwrite=args.overwrite, storage=options)
+    images = [f.name for f in m.fields if f.type == "image"]
+    print(f"indexed {m.num_samples} samples in {m.num_shards} Parquet files ({m.num_bytes / 1e6:.1f} MB) at "
+          f"{store.url}; image field(s) {images or 'none'}; fields {list(m.field_names)}")
+    return 0
+
+
 def _verify(args: argparse.Namespace) -> int:
     from sharding.progress import Progress
     from sharding.verify import verify_dataset
@@ -229,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     secrets = tuple(s for s in (getattr(args, "access_key", None), getattr(args, "secret_key", None),
                                 os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")) if s)
     try:
-        return {"write": _write, "inspect": _inspect, "verify": _verify}[args.command](args)
+        return {"write": _write, "inspect": _inspect, "verify": _verify, "index": _index}[args.command](args)
     except KeyboardInterrupt:
         if args.command == "write":
             print(f"shardify: interrupted; no manifest was written, so {redact(args.dest, secrets)} is not a "

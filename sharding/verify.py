@@ -78,13 +78,19 @@ def _verify_tar(store: Store, m: Manifest, i: int, max_pixels: int) -> list[Prob
             _compare_index(parse_index(idx, url=store.url_of(shard.index_path or "")), actual, url, problems)
         except ShardifyError as exc:
             problems.append(Problem(store.url_of(shard.index_path or ""), "", str(exc)))
+    wants_image = any(f.type == "image" for f in m.fields)
     for sample in actual.samples:
+        has_image = False
         for member in sample.members:
             body = data[member.offset : member.offset + member.size]
             if member.ext.rsplit(".", 1)[-1].lower() in images.IMAGE_EXTS:
+                has_image = True
                 _check_image(body, url, sample.key, max_pixels, problems)
             elif member.ext == "cls" and not body.strip().isdigit():
                 problems.append(Problem(url, sample.key, f".cls holds {body[:20]!r}, not an integer label"))
+        if wants_image and not has_image:
+            problems.append(Problem(url, sample.key, f"has no image field (members {[x.ext for x in sample.members]}); "
+                                    "decoding loaders refuse it"))
     return problems
 
 
@@ -107,10 +113,19 @@ def _verify_parquet(store: Store, m: Manifest, i: int, max_pixels: int) -> list[
         problems.append(Problem(url, "", f"row groups {groups} != manifest's {shard.row_groups}"))
     image_cols = [f.name for f in m.fields if f.type == "image" and f.name in table.column_names]
     keys = table.column("__key__").to_pylist() if "__key__" in table.column_names else [""] * table.num_rows
+    present = [False] * table.num_rows
     for col in image_cols:
-        for key, value in zip(keys, table.column(col).to_pylist()):
+        for row, (key, value) in enumerate(zip(keys, table.column(col).to_pylist())):
+            if isinstance(value, dict):  # a Hugging Face image struct {bytes, path}
+                value = value.get("bytes")
+                if value is None:
+                    problems.append(Problem(url, key, f"image column {col!r} holds no bytes in this row"))
             if value is not None:
+                present[row] = True
                 _check_image(value, url, key, max_pixels, problems)
+    if image_cols:
+        problems += [Problem(url, key, f"has no image in any of {image_cols}; decoding loaders refuse it")
+                     for key, ok in zip(keys, present) if not ok]
     return problems
 
 

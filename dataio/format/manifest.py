@@ -287,7 +287,8 @@ def read_manifest(store: Store) -> Manifest:
         if exc.not_found:
             raise ManifestError(
                 f"{where} does not exist: {store.url} is not a shardify dataset (or its writing "
-                "never finished); create it with `shardify write SRC DEST`"
+                "never finished); create it with `shardify write SRC DEST`, or, if it already holds "
+                f"Parquet files (a Hugging Face export, say), index them in place with `shardify index {store.url}`"
             ) from exc
         raise
     try:

@@ -263,7 +263,7 @@ class ShardLoader:
             fields=self.read_fields, verify_index=c.verify_index, decode=c.decode, decode_config=decode_config,
             image_fields=self.image_fields, transform=c.transform, collate=c.collate, on_corrupt=c.on_corrupt,
             prefetch_bytes=c.prefetch_bytes, max_in_flight=c.max_in_flight, cache_dir=c.cache_dir,
-            cache_limit_bytes=c.cache_limit_bytes,
+            cache_limit_bytes=c.cache_limit_bytes, slice_bytes=c.shuffle_window_bytes,
         )
 
     def _dali_decoder(self) -> Callable[[dict[str, Any]], dict[str, Any]]:

@@ -61,6 +61,7 @@ class WorkerJob:
     max_in_flight: int
     cache_dir: str | None
     cache_limit_bytes: int | None
+    slice_bytes: int | None = None  # Parquet row groups bigger than this (the window budget) are read in slices
 
 
 _MALLOC_TUNED = False
@@ -174,7 +175,7 @@ class BatchDataset(torch.utils.data.Dataset):
             store = self.job.store
             self._reader = make_reader(
                 Store(store.raw_url, store.options, store.retry), self.job.manifest, fields=self.job.fields,
-                verify_index=self.job.verify_index, cache=cache,
+                verify_index=self.job.verify_index, cache=cache, slice_bytes=self.job.slice_bytes,
             )
         return self._reader
 

@@ -22,8 +22,10 @@ def make_reader(
     fields: Sequence[str] | None = None,
     verify_index: bool = True,
     cache: DiskCache | None = None,
+    slice_bytes: int | None = None,
 ) -> SegmentReader:
-    """The reader for the manifest's format; `fields` projects samples to those fields (plus __key__)."""
+    """The reader for the manifest's format; `fields` projects samples to those fields (plus __key__);
+    Parquet row groups holding more than slice_bytes are read in slices."""
     if manifest.format == "tar":
         return TarReader(store, manifest, fields=fields, verify_index=verify_index, cache=cache)
-    return ParquetReader(store, manifest, fields=fields, cache=cache)
+    return ParquetReader(store, manifest, fields=fields, cache=cache, slice_bytes=slice_bytes)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataio.errors import ShardFormatError
@@ -31,6 +32,7 @@ from dataio.readers.base import (
     proportional_bytes,
     shard_offsets,
 )
+from dataio.readers.parquet_slices import SliceStreams
 from dataio.storage.store import Store
 
 if TYPE_CHECKING:
@@ -88,6 +90,16 @@ class ParquetPayload:
         return sum(len(d) for _, d in self.chunks)
 
 
+@dataclass(frozen=True, slots=True)
+class ParquetSlice:
+    """Rows [start, stop) of a segment whose row groups exceed the reader's slice_bytes, already decoded."""
+
+    table: pa.Table
+
+    def __len__(self) -> int:
+        return int(self.table.nbytes)
+
+
 class ParquetReader:
     """SegmentReader for Parquet shards (one row per sample, row-group sizes in the manifest)."""
 
@@ -98,7 +110,9 @@ class ParquetReader:
         *,
         fields: Sequence[str] | None = None,
         cache: DiskCache | None = None,
+        slice_bytes: int | None = None,
     ) -> None:
+        """slice_bytes: segments whose row groups hold more (projected bytes) are read in slices."""
         if manifest.format != "parquet":
             raise ValueError(f"ParquetReader needs a parquet manifest, got format {manifest.format!r}")
         self.store = store
@@ -107,6 +121,8 @@ class ParquetReader:
         self.cache = cache
         self._offsets = shard_offsets(manifest)
         self._footers = LruCache(FOOTER_CACHE_SHARDS)
+        self.slice_bytes = slice_bytes
+        self._slices = SliceStreams()
 
 
     def metadata(self, shard: int) -> Any:
@@ -177,16 +193,41 @@ class ParquetReader:
         md = self._footers.get(seg.shard)
         if md is None:
             rows = sum(self.manifest.row_groups[seg.shard][g] for g in groups)
-            return proportional_bytes(self.manifest, seg.shard, rows)
-        return sum(b - a for a, b in self._ranges(md, groups))
+            whole = proportional_bytes(self.manifest, seg.shard, rows)
+        else:
+            whole = sum(b - a for a, b in self._ranges(md, groups))
+        if self.slice_bytes is not None and whole > self.slice_bytes:
+            return proportional_bytes(self.manifest, seg.shard, seg.stop - seg.start)
+        return whole
 
-    def fetch(self, seg: SegmentLike) -> ParquetPayload:
+    def _fetch_slice(self, seg: SegmentLike, md: Any, groups: tuple[int, ...]) -> ParquetSlice:
+        """Only rows [start, stop), streamed from their row groups (see parquet_slices)."""
+        rel, starts = self.manifest.shard_paths[seg.shard], self._group_starts[seg.shard]
+        tables = []
+        for g in groups:
+            a, b = max(seg.start, starts[g]) - starts[g], min(seg.stop, starts[g + 1]) - starts[g]
+            try:
+                tables.append(self._slices.read(
+                    self.store, rel, self.manifest.shard_num_bytes[seg.shard], md, shard=seg.shard, group=g,
+                    start=a, stop=b, columns=self._columns(md)))
+            except (pa.ArrowException, OSError) as exc:
+                raise ShardFormatError(f"{self.store.url_of(rel)}: cannot decode row group {g} ({exc}); "
+                                       "rewrite the dataset") from None
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        if table.num_rows != seg.stop - seg.start:
+            raise ShardFormatError(f"{self.store.url_of(rel)}: row groups {list(groups)} hold fewer rows than the "
+                                   "manifest says; rewrite the dataset")
+        return ParquetSlice(table)
+
+    def fetch(self, seg: SegmentLike) -> ParquetPayload | ParquetSlice:
         """The column-chunk bytes of the row groups overlapping the segment (few ranged reads)."""
         check_segment(self.manifest, seg)
         if seg.stop <= seg.start:
             return ParquetPayload((), 0, (), None)
         md = self.metadata(seg.shard)
         groups, first_row = self._groups(seg)
+        if self.slice_bytes is not None and sum(b - a for a, b in self._ranges(md, groups)) > self.slice_bytes:
+            return self._fetch_slice(seg, md, groups)
         rel, checksum = self.manifest.shard_paths[seg.shard], self.manifest.shard_checksums[seg.shard]
         chunks = tuple(
             (a, cached_read(self.store, self.cache, rel, a, b, checksum=checksum))
@@ -194,12 +235,14 @@ class ParquetReader:
         )
         return ParquetPayload(groups, first_row, chunks, md)
 
-    def parse(self, seg: SegmentLike, payload: ParquetPayload) -> list[Sample]:
+    def parse(self, seg: SegmentLike, payload: ParquetPayload | ParquetSlice) -> list[Sample]:
         """Rows [start, stop) as dicts: __key__, __id__, __url__, then one entry per (projected) column."""
-        if not payload.groups:
-            return []
         rel = self.manifest.shard_paths[seg.shard]
         url = self.store.url_of(rel)
+        if isinstance(payload, ParquetSlice):
+            return rows_of(payload.table, first_id=self._offsets[seg.shard] + seg.start, url=url)
+        if not payload.groups:
+            return []
         source = SparseFile(self.manifest.shard_num_bytes[seg.shard], payload.chunks, url=url)
         try:
             pf = pq.ParquetFile(source, metadata=payload.metadata)
@@ -230,8 +273,15 @@ def rows_of(table: pa.Table, *, first_id: int, url: str) -> list[Sample]:
 
 
 def column_values(column: pa.ChunkedArray) -> list[Any]:
-    """Python values of a column: bytes for binary, str for strings, int/float/bool for numbers."""
+    """Python values of a column: bytes for binary, str for strings, int/float/bool for numbers;
+    a Hugging Face image struct {bytes, path} gives its bytes (None where a row has none)."""
     t = column.type
+    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
+        child = pa.chunked_array([chunk.field("bytes") for chunk in column.chunks], t.field("bytes").type)
+        if column.null_count:  # a null struct hides whatever its child holds
+            child = pa.chunked_array([pc.if_else(chunk.is_valid(), chunk.field("bytes"), None)
+                                      for chunk in column.chunks], t.field("bytes").type)
+        return column_values(child)
     if column.null_count == 0:
         if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
             return column.to_numpy().tolist()
