@@ -202,7 +202,8 @@ class ParquetReader:
 
     def _fetch_slice(self, seg: SegmentLike, md: Any, groups: tuple[int, ...]) -> ParquetSlice:
         """Only rows [start, stop), streamed from their row groups (see parquet_slices)."""
-        rel, starts = self.manifest.shard_paths[seg.shard], self._group_starts[seg.shard]
+        rel = self.manifest.shard_paths[seg.shard]
+        starts = list(itertools.accumulate(self.manifest.row_groups[seg.shard], initial=0))
         tables = []
         for g in groups:
             a, b = max(seg.start, starts[g]) - starts[g], min(seg.stop, starts[g + 1]) - starts[g]
