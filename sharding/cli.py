@@ -17,7 +17,8 @@ from dataio.decode.images import DEFAULT_MAX_PIXELS
 from dataio.errors import ShardifyError
 from dataio.format.manifest import read_manifest
 from dataio.format.manifest_parts import PARTS_THRESHOLD
-from dataio.storage.store import RetryPolicy, StorageOptions, Store, redact
+from dataio.storage.redact import split_userinfo, url_secrets
+from dataio.storage.store import FIRST_REQUEST_DEADLINE_S, RetryPolicy, StorageOptions, Store, redact
 
 
 def _num_cores() -> int:
@@ -134,12 +135,15 @@ def _options(args: argparse.Namespace) -> StorageOptions:
 
 
 def _check_reachable(store: Store) -> None:
-    """Fail fast (two quick tries) when a remote prefix's endpoint, bucket or credentials are wrong."""
+    """Fail fast (within 30 s) when a remote prefix's endpoint, bucket or credentials are wrong."""
     if store.is_local:
         return
     options = replace(store.options, connect_timeout_s=min(store.options.connect_timeout_s, 3.0))
-    probe = Store(store.raw_url, options, RetryPolicy(max_attempts=2, base_delay_s=0.2, max_delay_s=0.5))
-    bucket = store.raw_url.split("://", 1)[1].split("/", 1)[0]
+    # One budget over every try of the probe: a stuck endpoint (accepts, never answers) fails
+    # within FIRST_REQUEST_DEADLINE_S (30 s).
+    probe = Store(store.raw_url, options, RetryPolicy(max_attempts=3, base_delay_s=0.2, max_delay_s=0.5,
+                                                      deadline_s=FIRST_REQUEST_DEADLINE_S))
+    bucket = split_userinfo(store.raw_url)[0].split("://", 1)[1].split("/", 1)[0]
     try:
         probe.list()
         if not probe._retry(lambda: probe.fs.exists(bucket), f"checking bucket {bucket}"):
@@ -247,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     secrets = tuple(s for s in (getattr(args, "access_key", None), getattr(args, "secret_key", None),
                                 os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")) if s)
+    for name in ("src", "dest", "url"):
+        secrets += url_secrets(getattr(args, name, None) or "")
     try:
         return {"write": _write, "inspect": _inspect, "verify": _verify, "index": _index}[args.command](args)
     except KeyboardInterrupt:

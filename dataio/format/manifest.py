@@ -267,11 +267,50 @@ class Manifest:
             raise bad(f"malformed: {exc}") from None
         if any(n < 0 for n in manifest.shard_num_samples) or any(n < 0 for n in manifest.shard_num_bytes):
             raise bad("negative shard sizes")
+        implausible = implausible_shard(manifest)
+        if implausible is not None:
+            raise bad(implausible)
         if doc.get("num_samples") != manifest.num_samples:
             raise bad(f"num_samples {doc.get('num_samples')} != sum over shards {manifest.num_samples}")
         if fmt == "parquet" and any(sum(r) != n for r, n in zip(manifest.row_groups, manifest.shard_num_samples)):
             raise bad("row-group sizes do not add up to shard sample counts")
         return manifest
+
+
+# A tar sample is at least one member: a 512-byte header and its data padded to 512 bytes.
+MIN_TAR_SAMPLE_BYTES = 2 * 512
+# A Parquet row takes at least one bit of some column (bit-packed booleans), and a row group at
+# least a few bytes of metadata: sample counts beyond these are forged or corrupt.
+MIN_PARQUET_ROW_BITS = 1
+MIN_ROW_GROUP_BYTES = 4
+
+
+def max_samples_in(fmt: str, num_bytes: int) -> int:
+    """The most samples `num_bytes` of a tar or Parquet shard can hold."""
+    return num_bytes // MIN_TAR_SAMPLE_BYTES if fmt == "tar" else num_bytes * 8 // MIN_PARQUET_ROW_BITS
+
+
+def implausible_shard(manifest: Manifest) -> str | None:
+    """Why some shard's sample count cannot fit in its bytes (None when all can); O(shards), no I/O.
+
+    Checked before any plan is built, so a forged count (1e12 samples) is refused instead of
+    sizing arrays by it; each shard's real byte size is checked when a reader first opens it.
+    """
+    counts, sizes = manifest.shard_num_samples, manifest.shard_num_bytes
+    limit = [max_samples_in(manifest.format, b) for b in sizes]
+    if manifest.format == "tar":
+        why = f"a tar sample takes at least {MIN_TAR_SAMPLE_BYTES} bytes"
+    else:
+        why = "a Parquet row takes at least one bit"
+        for i, groups in enumerate(manifest.row_groups):
+            if len(groups) * MIN_ROW_GROUP_BYTES > sizes[i] or any(g < 0 for g in groups):
+                return (f"shard {manifest.shard_paths[i]} lists {len(groups)} row groups (some negative, or more than "
+                        f"its {sizes[i]} bytes can hold)")
+    for i, (n, most) in enumerate(zip(counts, limit)):
+        if n > most:
+            return (f"shard {manifest.shard_paths[i]} claims {n} samples in {sizes[i]} bytes, more than "
+                    f"{most} ({why}): the manifest is forged or corrupt")
+    return None
 
 
 def read_manifest(store: Store) -> Manifest:
@@ -326,6 +365,12 @@ def _from_root(store: Store, doc: dict[str, Any], where: str) -> Manifest:
     sizes = load_sizes(store, doc["parts"], fingerprint, num_shards)
     if int(sizes.sum()) != doc["num_samples"]:
         raise bad(f"num_samples {doc['num_samples']} != sum over shards {int(sizes.sum())}")
+    # Per-shard bytes live in the table parts (read when used): bound the totals and the largest
+    # shard here; each shard's own bound and real size are checked when a reader opens it.
+    most = max_samples_in(fmt, doc["num_bytes"])
+    if doc["num_samples"] > most or (len(sizes) and int(sizes.max()) > most):
+        raise bad(f"{doc['num_samples']} samples (largest shard {int(sizes.max()) if len(sizes) else 0}) cannot fit "
+                  f"in {doc['num_bytes']} bytes (at most {most}): the manifest is forged or corrupt")
     table = PartedTable(store, doc["parts"], fmt=fmt, fingerprint=fingerprint, num_samples=sizes,
                         total_bytes=doc["num_bytes"])
     col = {name: PartColumn(table, name) for name in table.column_names}

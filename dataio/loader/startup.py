@@ -65,7 +65,7 @@ def agree_on_dataset(
 def open_dataset(url: str, config: LoaderConfig) -> tuple[Store, Manifest]:
     """The Store and its manifest, with the start-up checks; ManifestError names the URL and the fix."""
     store = Store(url, config.storage)
-    manifest = read_manifest(store)
+    manifest = read_manifest(store.first_request())  # a stuck endpoint fails within 30 s
     check_fields(manifest, config.fields)
     # A parted manifest (past 10k shards) is not listed: every rank listing millions of objects
     # is the thundering herd it exists to avoid; a missing shard still fails when read, naming it.

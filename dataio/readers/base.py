@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
-from dataio.format.manifest import Manifest
+from dataio.errors import ShardFormatError
+from dataio.format.manifest import Manifest, max_samples_in
 from dataio.plan.types import Segment
 from dataio.storage.store import Store
 
@@ -145,6 +146,22 @@ class LruCache:
                 while len(self._items) > self.capacity:
                     self._items.popitem(last=False)
         return value
+
+
+def check_shard_size(store: Store, manifest: Manifest, shard: int) -> None:
+    """ShardFormatError unless the shard's real size is the manifest's and can hold its sample
+    count (done once, when first opened: a parted manifest's per-shard bytes are first seen here)."""
+    rel, want = manifest.shard_paths[shard], manifest.shard_num_bytes[shard]
+    n = manifest.shard_num_samples[shard]
+    if n > max_samples_in(manifest.format, want):
+        raise ShardFormatError(f"{store.url_of(rel)}: the manifest claims {n} samples in {want} bytes, more "
+                               "than fit: the manifest is forged or corrupt; rewrite the dataset")
+    got = store.size(rel)
+    if got != want:
+        raise ShardFormatError(
+            f"{store.url_of(rel)}: shard is {got} bytes but the manifest says {want}; the shard or the "
+            "manifest was replaced or damaged: rewrite the dataset with `shardify write`"
+        )
 
 
 def cached_read(

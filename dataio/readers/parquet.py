@@ -29,6 +29,7 @@ from dataio.readers.base import (
     cached_read,
     check_fields,
     check_segment,
+    check_shard_size,
     proportional_bytes,
     shard_offsets,
 )
@@ -132,6 +133,7 @@ class ParquetReader:
     def _load_metadata(self, shard: int) -> Any:
         m, rel = self.manifest, self.manifest.shard_paths[shard]
         url, size = self.store.url_of(rel), m.shard_num_bytes[shard]
+        check_shard_size(self.store, m, shard)
         tail = self.store.read(rel, max(0, size - TAIL_BYTES), size)
         if size < 12 or tail[-4:] != b"PAR1":
             raise ShardFormatError(f"{url}: not a Parquet file (no PAR1 footer); rewrite the dataset")

@@ -22,6 +22,7 @@ from dataio.readers.base import (
     cached_read,
     check_fields,
     check_segment,
+    check_shard_size,
     proportional_bytes,
     shard_offsets,
 )
@@ -76,6 +77,7 @@ class TarReader:
         m = self.manifest
         rel = m.index_paths[shard]
         url = self.store.url_of(rel)
+        check_shard_size(self.store, m, shard)
         data = self.store.read(rel)
         if self.verify_index:
             if len(data) != m.index_num_bytes[shard]:

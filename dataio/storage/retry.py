@@ -21,21 +21,35 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter for transient storage errors."""
+    """Exponential backoff with full jitter for transient storage errors, within a time budget.
+
+    deadline_s bounds one call's tries as a whole: no new try starts once the time spent, the
+    next backoff and (after a timeout) another try as long as the last would pass it. The first
+    request of a command or loader runs under FIRST_REQUEST_DEADLINE_S (Store.first_request),
+    so a stuck endpoint fails it within 30 s; later calls get deadline_s (2 minutes).
+    """
 
     max_attempts: int = 5
     base_delay_s: float = 0.1
     max_delay_s: float = 5.0
+    deadline_s: float | None = 120.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
             raise ValueError("need 0 <= base_delay_s <= max_delay_s")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ValueError("deadline_s must be positive (or None: no budget)")
 
     def delay_s(self, attempt: int) -> float:
         """Seconds to sleep before try number `attempt + 1` (attempt counts from 1)."""
         return random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
+
+
+# How long the first request to a store (the shardify reachability check, the loader's manifest
+# read) may take, all tries together: a wrong or stuck endpoint is reported this quickly.
+FIRST_REQUEST_DEADLINE_S = 30.0
 
 
 class ShortReadError(OSError):
@@ -81,6 +95,13 @@ def is_transient(exc: BaseException) -> bool:
     return any(word in text for word in _TRANSIENT_WORDS)
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """True when a try ended by a timeout (so the next one may well take as long)."""
+    if isinstance(exc, TimeoutError) or (isinstance(exc, OSError) and exc.errno == errno.ETIMEDOUT):
+        return True
+    return "timeout" in type(exc).__name__.lower() or "timed out" in str(exc).lower()
+
+
 def with_retry(
     fn: Callable[[], T],
     *,
@@ -89,8 +110,11 @@ def with_retry(
     secrets: tuple[str, ...] = (),
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """Call `fn`, retrying transient errors; then raise StorageError naming `what` and the attempts."""
+    """Call `fn`, retrying transient errors within the policy's attempts and deadline; then raise
+    StorageError naming `what`, the attempts and the seconds spent."""
+    began = time.monotonic()
     for attempt in range(1, policy.max_attempts + 1):
+        tried = time.monotonic()
         try:
             return fn()
         except _PERMANENT as exc:
@@ -104,12 +128,18 @@ def with_retry(
                 raise StorageError(
                     f"{redact(what, secrets)}: {type(exc).__name__}: {redact(str(exc), secrets)}"
                 ) from safe_cause(exc, secrets)
-            if attempt == policy.max_attempts:
+            delay = policy.delay_s(attempt)
+            now = time.monotonic()
+            out_of_time = policy.deadline_s is not None and (
+                now - began + delay + (now - tried if _timed_out(exc) else 0.0) > policy.deadline_s
+            )
+            if attempt == policy.max_attempts or out_of_time:
+                budget = "" if policy.deadline_s is None else f" (budget {policy.deadline_s:g} s)"
                 raise StorageError(
-                    f"{redact(what, secrets)}: gave up after {attempt} attempts; last error "
-                    f"{type(exc).__name__}: {redact(str(exc), secrets)}"
+                    f"{redact(what, secrets)}: gave up after {attempt} attempts in {now - began:.1f} s"
+                    f"{budget}; last error {type(exc).__name__}: {redact(str(exc), secrets)}"
                 ) from safe_cause(exc, secrets)
-            sleep(policy.delay_s(attempt))
+            sleep(delay)
     raise AssertionError("unreachable")
 
 

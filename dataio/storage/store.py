@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, TypeVar
 
 from dataio.errors import StorageError
-from dataio.storage.redact import redact
+from dataio.storage.redact import redact, split_userinfo, url_secrets
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
+    FIRST_REQUEST_DEADLINE_S,
     RetryPolicy,
     ShortReadError,
     UnconfirmedWriteError,
@@ -48,8 +49,12 @@ class StorageOptions:
     secret: str | None = field(default=None, repr=False)
     region: str | None = None
     anon: bool = False
+    # With one botocore attempt per try and RetryPolicy.deadline_s over the tries, an endpoint
+    # that accepts connections but never answers fails a first request (FIRST_REQUEST_DEADLINE_S)
+    # after two read timeouts; a healthy store rarely goes 10 s without sending a byte, and
+    # when a loaded one does, the retry gets a second chance.
     connect_timeout_s: float = 5.0
-    read_timeout_s: float = 60.0
+    read_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if (self.key is None) != (self.secret is None):
@@ -77,8 +82,10 @@ class StorageOptions:
             "config_kwargs": {
                 "connect_timeout": self.connect_timeout_s,
                 "read_timeout": self.read_timeout_s,
-                # A few fast tries inside botocore; our own retry with backoff sits above.
-                "retries": {"max_attempts": 2, "mode": "standard"},
+                # One try inside botocore (total_max_attempts counts the first; max_attempts
+                # would not): our retry with backoff and a deadline sits above, so a stuck
+                # endpoint costs one read timeout per try, not three.
+                "retries": {"total_max_attempts": 1, "mode": "standard"},
             },
         }
         if self.anon:
@@ -191,6 +198,8 @@ class Store:
         self.raw_url = str(url).rstrip("/") or "/"
         self.options = options or StorageOptions()
         self.retry = retry or RetryPolicy()
+        # Every credential this store knows, from its options or its URL, is redacted in messages.
+        self.secrets = self.options.secrets + url_secrets(self.raw_url)
         self._fs: Any = None
         self._fs_pid = 0
         self._root = ""
@@ -207,7 +216,7 @@ class Store:
     @property
     def url(self) -> str:
         """The prefix URL with credentials removed: the only form that goes into messages."""
-        return redact(self.raw_url, self.options.secrets)
+        return redact(self.raw_url, self.secrets)
 
     @property
     def protocol(self) -> str:
@@ -225,13 +234,19 @@ class Store:
 
             self._fs_pid = os.getpid()
 
+            url, options = self.raw_url, self.options
+            if self.protocol in ("s3", "s3a"):
+                # s3://KEY:SECRET@bucket/... means those credentials (flags still win).
+                url, user, password = split_userinfo(url)
+                if user and password and options.key is None:
+                    options = replace(options, key=user, secret=password)
             try:
-                self._fs, self._root = url_to_fs(self.raw_url, **self.options.fsspec_kwargs(self.protocol))
+                self._fs, self._root = url_to_fs(url, **options.fsspec_kwargs(self.protocol))
             except (ImportError, ValueError) as exc:
                 raise StorageError(
-                    f"{self.url}: cannot open this URL ({redact(str(exc), self.options.secrets)}); "
+                    f"{self.url}: cannot open this URL ({redact(str(exc), self.secrets)}); "
                     "for s3:// install shardify[s3], for gs:// gcsfs, for http(s):// aiohttp"
-                ) from safe_cause(exc, self.options.secrets)
+                ) from safe_cause(exc, self.secrets)
             self._root = self._root.rstrip("/")
             if hasattr(self._fs, "retries") and self.protocol in ("s3", "s3a"):
                 # s3fs retries 5 times on its own (under botocore's tries, under ours): one
@@ -248,12 +263,18 @@ class Store:
         """Redacted URL of `rel`, for messages."""
         return f"{self.url}/{rel}"
 
+    def first_request(self, deadline_s: float = FIRST_REQUEST_DEADLINE_S) -> Store:
+        """This store with its retries bounded by `deadline_s` in all: for the first request, which
+        tells a wrong or stuck endpoint from a slow read."""
+        budget = deadline_s if self.retry.deadline_s is None else min(deadline_s, self.retry.deadline_s)
+        return Store(self.raw_url, self.options, replace(self.retry, deadline_s=budget))
+
     def child(self, rel: str) -> Store:
         """A Store for a sub-prefix."""
         return Store(f"{self.raw_url}/{check_relative(rel)}", self.options, self.retry)
 
     def _retry(self, fn: Callable[[], T], what: str) -> T:
-        return with_retry(fn, what=what, policy=self.retry, secrets=self.options.secrets)
+        return with_retry(fn, what=what, policy=self.retry, secrets=self.secrets)
 
     def read(self, rel: str, start: int | None = None, end: int | None = None, *, expect_size: int | None = None) -> bytes:
         """Bytes [start, end) of `rel` (whole file when both are None); short reads are retried, then fail."""
@@ -262,9 +283,13 @@ class Store:
         path = self.path(rel)
         want = expect_size if start is None else (end - start if end is not None else None)
 
+        # s3fs sends a HEAD (and on a timeout, a listing) before a whole-object GET unless told to
+        # read in one piece: one request per try keeps a stuck endpoint at one timeout per try.
+        whole = {"max_concurrency": 1} if self.protocol in ("s3", "s3a") else {}
+
         def once() -> bytes:
             if start is None and end is None:
-                data = self.fs.cat_file(path)
+                data = self.fs.cat_file(path, **whole)
             else:
                 data = self.fs.cat_file(path, start=start, end=end)
             if want is not None and len(data) != want:

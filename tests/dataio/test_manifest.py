@@ -29,7 +29,7 @@ def tar_manifest(num_shards: int = 3, samples_per_shard: int = 10) -> Manifest:
         fields=FIELDS,
         shard_paths=tuple(f"shards/shard-{i:06d}.tar" for i in range(num_shards)),
         shard_num_samples=(samples_per_shard,) * num_shards,
-        shard_num_bytes=tuple(1000 + i for i in range(num_shards)),
+        shard_num_bytes=tuple(1024 * samples_per_shard + i for i in range(num_shards)),
         shard_checksums=tuple(f"{i:016x}" for i in range(num_shards)),
         index_paths=tuple(f"shards/shard-{i:06d}.idx" for i in range(num_shards)),
         index_num_bytes=(200,) * num_shards,
@@ -179,3 +179,25 @@ def test_100k_shard_manifest_loads_quickly(store):
     print(f"100k-shard manifest ({store.size(MANIFEST_NAME) / 1e6:.1f} MB) loaded in {elapsed_s:.3f} s")
     assert loaded.num_shards == 100_000 and loaded.num_samples == 5_000_000_000
     assert elapsed_s < 5.0  # a sanity bound only; the design target is well under a second
+
+
+@pytest.mark.parametrize("make", [tar_manifest, parquet_manifest])
+def test_forged_sample_counts_are_refused_before_any_plan(store, make):
+    """Issue 9: num_samples of 1e12 made numpy try to allocate terabytes; now ManifestError, no I/O."""
+    doc = make().to_json()
+    doc["shards"]["num_samples"][0] = 10**12
+    if doc["format"] == "parquet":
+        doc["shards"]["row_groups"][0] = [10**12]
+    doc["num_samples"] = sum(doc["shards"]["num_samples"])
+    _write_doc(store, doc)
+    with pytest.raises(ManifestError, match=r"claims 1000000000000 samples in \d+ bytes.*forged or corrupt"):
+        read_manifest(store)
+
+
+def test_parquet_row_groups_beyond_the_bytes_are_refused(store):
+    doc = parquet_manifest().to_json()
+    doc["shards"]["num_bytes"][0] = 8
+    doc["num_bytes"] = 8
+    _write_doc(store, doc)
+    with pytest.raises(ManifestError, match="3 row groups"):
+        read_manifest(store)

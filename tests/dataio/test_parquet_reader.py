@@ -112,12 +112,24 @@ def test_not_parquet_is_a_clear_error(local):
         make_reader(store, manifest).fetch(Seg(0, 0, 1))
 
 
-def test_truncated_shard_fails_after_retries(local):
+def test_truncated_shard_is_refused_when_first_opened(local):
+    """Each shard's size is checked against the manifest when first read: no retries over a cut file."""
     store, manifest, _ = local
     data = store.read(manifest.shard_paths[0])
     store.write_bytes(manifest.shard_paths[0], data[:-100])
-    with pytest.raises(StorageError, match=r"shard-000000\.parquet bytes .*gave up after 3 attempts"):
+    with pytest.raises(ShardFormatError, match=rf"shard-000000\.parquet: shard is {len(data) - 100} bytes but "
+                                               rf"the manifest says {len(data)}"):
         make_reader(store, manifest).fetch(Seg(0, 0, 1))
+
+
+def test_truncated_shard_after_opening_fails_after_retries(local):
+    store, manifest, _ = local
+    reader = make_reader(store, manifest)
+    reader.metadata(0)
+    data = store.read(manifest.shard_paths[0])
+    store.write_bytes(manifest.shard_paths[0], data[:-30000])
+    with pytest.raises(StorageError, match=r"shard-000000\.parquet bytes .*gave up after 3 attempts"):
+        reader.fetch(Seg(0, 0, manifest.shard_num_samples[0]))
 
 
 def test_column_values_fast_paths_match_to_pylist():
