@@ -6,7 +6,13 @@ import os
 from typing import Any
 
 from dataio.storage.store import Store, redact
-from sharding.sources.base import TABLE_EXTS, Source, SourceError
+from sharding.sources.base import (
+    IMAGE_EXT_SET,
+    TABLE_EXTS,
+    Source,
+    SourceError,
+    normalize_ext,
+)
 from sharding.sources.folder import open_folder
 from sharding.sources.table import open_table
 from sharding.sources.tar import expand_braces, open_dataset, open_tars
@@ -41,6 +47,11 @@ def open_source(
         tars = sorted(e.name for e in os.scandir(path) if e.is_file() and e.name.endswith(".tar"))
         if tars:
             return open_tars(Store(path, storage), tars, shown)
+        tables = _table_files(Store(path, storage).list())
+        if tables:  # a Hugging Face export: data/train-0000N-of-0000M.parquet
+            return open_table([os.path.join(path, t) for t in tables], image_column=image_column,
+                              label_column=label_column, key_column=key_column, key=key, storage=storage,
+                              description=path)
         return open_folder(path, key=key)
     if src.lower().endswith(TABLE_EXTS):
         return open_table(src, image_column=image_column, label_column=label_column, key_column=key_column,
@@ -48,7 +59,21 @@ def open_source(
     store = Store(src, storage)
     if store.exists("manifest.json"):
         return open_dataset(store, shown)
-    tars = [n for n in store.list() if n.endswith(".tar") and "/" not in n]
+    listed = store.list()
+    tars = [n for n in listed if n.endswith(".tar") and "/" not in n]
     if tars:
         return open_tars(store, tars, shown)
+    tables = _table_files(listed)
+    if tables:
+        return open_table([f"{store.raw_url}/{t}" for t in tables], image_column=image_column,
+                          label_column=label_column, key_column=key_column, key=key, storage=storage,
+                          description=shown)
     return open_folder(src, key=key, storage=storage)  # ROOT/CLASS/IMAGE in object storage
+
+
+def _table_files(listed: list[str]) -> list[str]:
+    """The Parquet files of a prefix that holds tables and no images (sorted: a stable row order)."""
+    if any(normalize_ext(os.path.splitext(n)[1]) in IMAGE_EXT_SET for n in listed):
+        return []
+    return sorted(n for n in listed if n.lower().endswith((".parquet", ".pq"))
+                  and not n.rsplit("/", 1)[-1].startswith("."))

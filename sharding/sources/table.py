@@ -33,6 +33,20 @@ _LABEL_COLUMN_GUESSES = ("label", "cls", "class", "target", "category")
 IMAGE_KINDS = ("path", "bytes", "struct")  # how the image column holds images
 
 
+def read_tables(paths: Sequence[str], storage: Any = None) -> Any:
+    """One table of several files (a Hugging Face export's shards) of one schema, in the order given."""
+    import pyarrow as pa
+
+    tables = [_read_table(p, storage) for p in paths]
+    for p, t in zip(paths[1:], tables[1:]):
+        if not t.schema.remove_metadata().equals(tables[0].schema.remove_metadata()):
+            raise SourceError(f"{p}: its columns {t.schema.names} differ from {paths[0]}'s {tables[0].schema.names}; "
+                              "write tables of one schema together")
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables([t.replace_schema_metadata(tables[0].schema.metadata) for t in tables])
+
+
 def _read_table(path: str, storage: Any = None) -> Any:
     import pyarrow as pa
     import pyarrow.csv as pcsv
@@ -98,11 +112,12 @@ class TableSource(Source):
     image_kind: str | None
     extra_columns: tuple[str, ...]
     storage: Any = None
+    paths: tuple[str, ...] = ()  # every file of a multi-file table, rows in this order; () is (path,)
     _table: Any = field(default=None, repr=False)
 
     def _rows(self, rows: list[int]) -> list[dict[str, Any]]:
         if self._table is None:
-            self._table = _read_table(self.path, self.storage)
+            self._table = read_tables(self.paths or (self.path,), self.storage)
         columns = [c for c in (self.image_column, *self.extra_columns) if c]
         return self._table.select(columns).take(rows).to_pylist()
 
@@ -222,10 +237,13 @@ def _url_path(value: str) -> str:
     return value.split("://", 1)[1] if "://" in value else value
 
 
-def open_table(path: str, *, image_column: str | None, label_column: str | None, key_column: str | None,
-               key: str = "index", storage: Any = None) -> TableSource:
-    """A CSV/JSONL/Parquet table; the image column holds paths (relative to the table), URLs, bytes or {bytes, path}."""
-    table = _read_table(path, storage)
+def open_table(path: str | Sequence[str], *, image_column: str | None, label_column: str | None,
+               key_column: str | None, key: str = "index", storage: Any = None, description: str = "") -> TableSource:
+    """A CSV/JSONL/Parquet table (or several files of one schema, e.g. a Hugging Face export's shards);
+    the image column holds paths (relative to the first table), URLs, bytes or {bytes, path}."""
+    paths = (path,) if isinstance(path, str) else tuple(path)
+    path = paths[0]
+    table = read_tables(paths, storage)
     columns = list(table.column_names)
     if table.num_rows == 0:
         raise SourceError(f"{path}: the table has no rows; nothing to write")
@@ -251,9 +269,10 @@ def open_table(path: str, *, image_column: str | None, label_column: str | None,
     json_bytes = 64 if extra else 0
     refs = [Ref(keys[i], labels[i], i, sizes[i] + json_bytes, 2 + bool(extra)) for i in range(table.num_rows)]
     return TableSource(
-        description=path, refs=refs, label_names=label_names or _hf_label_names(table, label_col),
+        description=description or path, refs=refs, label_names=label_names or _hf_label_names(table, label_col),
         image_exts=tuple(sorted(exts)), extra_fields=extra_fields, has_labels=label_col is not None, path=path,
-        image_column=image_col, image_kind=kind, extra_columns=extra, storage=storage, _table=table,
+        image_column=image_col, image_kind=kind, extra_columns=extra, storage=storage,
+        paths=paths if len(paths) > 1 else (), _table=table,
     )
 
 

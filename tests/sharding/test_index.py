@@ -106,3 +106,14 @@ def test_sliced_row_groups_keep_exactly_once(tmp_path, world_size, num_workers) 
             batches = list(loader)
             delivered += [k for b in batches for k in b["__key__"]]
     assert len(delivered) == len(set(delivered)) and 96 - len(delivered) < world_size * 4
+
+
+@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+def test_write_reshards_a_multi_file_export(hf_export, tmp_path, fmt) -> None:
+    dest = tmp_path / "ds"
+    assert run("write", hf_export, dest, "--format", fmt, "--workers", 2, "--quiet") == 0
+    m = read_manifest(Store(str(dest)))
+    assert m.num_samples == len(NAMES) and m.label_names == ("a", "b")
+    with make_loader(str(dest), batch_size=4, image_size=8, num_workers=0, shuffle=False, tail="pad") as loader:
+        labels = [int(x) for b in loader for x, real in zip(b["label"], b["mask"]) if real]
+    assert labels == [i % 2 for part in (NAMES[:9], NAMES[9:]) for i, _ in enumerate(part)]
