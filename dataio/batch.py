@@ -4,7 +4,15 @@ A batch is a dict:
     "__key__": list[str]             sample keys, N of them, delivery order
     "label":   int64 tensor [N]      (-1 where the dataset has no label)
     "image":   uint8 tensor [N,3,H,W] when images are decoded (CPU or DALI),
-    FIELD:     PackedBytes            raw bytes of a field ("jpg", "json", ...) when not decoded
+    FIELD:     every other field of the samples (see dataio/loader/fields.py):
+               list[str]                text (txt, string columns)
+               list[Any]                JSON (json, nested columns), parsed with json.loads
+               int64/float64/bool [N]   numbers (cls2, numeric columns) present in every sample
+               PackedBytes              other bytes (npy, ...) and, when not decoded, each image
+                                        field ("jpg", "png", ...): an empty item where a sample
+                                        lacks the field
+    "__shard__", "__position__": int64 tensor [N]   each sample's shard number and position in
+                                     it (dataio.sources_of maps them to the source file / row)
     "mask":    bool tensor [N]       True for real samples; False for padding repeats and
                                      substitutes for skipped corrupt samples (never train on them
                                      twice, never count them in evaluation)
