@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -17,11 +18,63 @@ COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # or package.module:function 
 DECODES = ("cpu", "dali")  # the trainer needs decoded images
 
 
+@dataclass(frozen=True, slots=True)
+class DataSource:
+    """One training dataset of a mixture and its weight (shares are weights / their sum)."""
+
+    url: str
+    weight: float = 1.0
+
+    def __str__(self) -> str:
+        return self.url if self.weight == 1.0 else f"{self.url}={self.weight:g}"
+
+
+def parse_data_spec(spec: str) -> DataSource:
+    """'URL=WEIGHT' (the last '=' splits) or 'URL' (weight 1). An '=' inside a URL's query
+    (synthetic:?samples=96) is the URL's own: a weight then needs its own '=' after it."""
+    url, sep, tail = spec.rpartition("=")
+    query_key = spec[max(spec.rfind("?"), spec.rfind("&")) + 1:]
+    if not sep or ("?" in spec and query_key.count("=") == 1):
+        return DataSource(spec)
+    try:
+        weight = float(tail)
+    except ValueError:
+        return DataSource(spec)  # an '=' of the URL itself (s3://b/k=v/data)
+    return DataSource(url, weight)
+
+
+def _data_sources(value: Any) -> tuple[DataSource, ...]:
+    """--data given once or repeated, or TOML's data = "..." / ["..."] / [[data]] url=, weight=."""
+    items = [value] if isinstance(value, (str, DataSource, Mapping)) else list(value)
+    out = []
+    for item in items:
+        if isinstance(item, DataSource):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(parse_data_spec(item))
+        elif isinstance(item, Mapping):
+            unknown = sorted(set(item) - {"url", "weight"})
+            if unknown or not isinstance(item.get("url"), str):
+                raise ValueError(f"a [[data]] table takes url (a string) and weight, got {dict(item)!r}")
+            weight = item.get("weight", 1.0)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                raise ValueError(f"[[data]] weight must be a number, got {weight!r} for {item['url']}")  # noqa: TRY004
+            out.append(DataSource(item["url"], float(weight)))
+        else:
+            raise ValueError(f"--data takes URL or URL=WEIGHT, got {item!r}")  # noqa: TRY004
+    for source in out:
+        if not source.url or not source.weight >= 0 or source.weight == float("inf"):
+            raise ValueError(f"--data {source}: needs a URL and a finite weight >= 0")
+    return tuple(out)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     """Everything one training run needs; validated on construction."""
 
-    data: str = ""  # train dataset URL (a shardify prefix) or synthetic:?samples=...
+    # Train dataset URL (a shardify prefix) or synthetic:?samples=...; several weighted ones
+    # (--data URL=WEIGHT repeated, TOML [[data]]) are held as a tuple of DataSource.
+    data: str | tuple[DataSource, ...] = ""
     val_data: str = ""  # validation dataset URL; empty: no validation
     model: str = "resnet"  # registry name (resnet, mlp) or package.module:function
     num_classes: int = 0  # 0: from the dataset (manifest label names / synthetic classes)
@@ -88,10 +141,25 @@ class TrainConfig:
                              f"got {self.comm_hook!r}")
         if not self.dist_timeout_s > 0:
             raise ValueError("--dist-timeout-s must be > 0")
+        sources = _data_sources(self.data) if self.data else ()
+        plain = len(sources) == 1 and sources[0].weight == 1.0
+        object.__setattr__(self, "data", sources[0].url if plain else sources)
+        if len(sources) > 1 and any(s.url.startswith("synthetic:") for s in sources):
+            raise ValueError("--data synthetic: cannot be mixed with other datasets")
         if not self.data:
             raise ValueError("--data is required: a dataset URL made by `shardify`, e.g. --data runs/digits/train")
         if not self.out:
             raise ValueError("--out must name a directory")
+
+    @property
+    def sources(self) -> tuple[DataSource, ...]:
+        """The training datasets, one or several, with their weights."""
+        return self.data if isinstance(self.data, tuple) else (DataSource(self.data),)
+
+    @property
+    def data_label(self) -> str:
+        """--data for messages: the URL, or the mixture as URL=WEIGHT + ..."""
+        return " + ".join(str(s) for s in self.sources)
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -107,7 +175,8 @@ def _flag(name: str) -> str:
 
 
 _HELP = {
-    "data": "train dataset URL (local path, s3://..., or synthetic:?samples=N&classes=C&delay_s=S)",
+    "data": "train dataset URL (local path, s3://..., or synthetic:?samples=N&classes=C&delay_s=S); repeat "
+            "as --data URL=WEIGHT to train on a weighted mixture (the last '=' splits; no weight: 1)",
     "val_data": "held-out dataset URL (its own manifest); every sample seen once per validation; empty: none",
     "model": "registry name (resnet, mlp) or a factory package.module:function(num_classes=, image_size=)",
     "num_classes": "classes of the classifier; 0: from the manifest's label names",
@@ -164,7 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     for f in fields(TrainConfig):
         default = defaults[f.name].default
         help_text = f"{_HELP.get(f.name, '')} (default: {default!r})".strip()
-        if isinstance(default, bool):
+        if f.name == "data":  # repeatable: a mixture of weighted datasets
+            parser.add_argument("--data", dest="data", action="append", default=None, metavar="URL[=WEIGHT]",
+                                help=help_text)
+        elif isinstance(default, bool):
             parser.add_argument(f"--{_flag(f.name)}", dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=help_text)
         else:
@@ -191,6 +263,8 @@ def load_toml(path: str) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown keys {unknown} in config file {path!r}; run `python -m trainer --help` for the list")
     for key, value in table.items():
+        if key == "data":  # a URL, a list of URL=WEIGHT, or [[data]] tables; TrainConfig checks them
+            continue
         want = type(TrainConfig.__dataclass_fields__[key].default)
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             table[key] = float(value)
@@ -216,4 +290,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
     """The config as plain data, for metrics.jsonl and checkpoints."""
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    out = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg.data, tuple):
+        out["data"] = [{"url": s.url, "weight": s.weight} for s in cfg.data]
+    return out

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from dataio.storage.store import StorageOptions
-from trainer.config import TrainConfig
+from trainer.config import DataSource, TrainConfig
 from trainer.synthetic import synthetic_loader
 
 SYNTHETIC = "synthetic:"
@@ -21,11 +21,16 @@ def storage_options(cfg: TrainConfig) -> StorageOptions:
                                   config_path=cfg.storage_config or None, env=os.environ)
 
 
-def open_loader(cfg: TrainConfig, url: str, *, rank: int, world_size: int, train: bool,
+def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: int, world_size: int, train: bool,
                 pin_memory: bool = False) -> Any:
-    """A loader for one rank: train splits drop the tail; validation pads it (mask marks repeats)."""
+    """A loader for one rank: train splits drop the tail; validation pads it (mask marks repeats).
+    A tuple of DataSource opens a weighted mixture (batches carry each sample's source index)."""
     tail = "drop" if train else "pad"
-    if url.startswith(SYNTHETIC):
+    if isinstance(url, tuple):
+        from dataio import Source
+
+        url = [Source(s.url, weight=s.weight) for s in url]  # type: ignore[assignment]
+    elif url.startswith(SYNTHETIC):
         return synthetic_loader(url, batch_size=cfg.batch_size, rank=rank, world_size=world_size,
                                 seed=cfg.seed, image_size=cfg.image_size, tail=tail, train=train)
     from dataio.loader.shard_loader import make_loader
@@ -47,14 +52,23 @@ def num_classes_of(cfg: TrainConfig, loader: Any) -> int:
     if known is None and manifest is not None and manifest.label_names:
         known = len(manifest.label_names)
     if not known:
-        raise ValueError(f"{cfg.data}: the manifest names no labels; pass --num-classes N")
+        raise ValueError(f"{cfg.data_label}: the manifest names no labels; pass --num-classes N")
     return int(known)
 
 
 def fingerprint_of(loader: Any) -> str:
-    """The dataset's identity, for checkpoints: the manifest fingerprint (or the synthetic URL)."""
+    """The dataset's identity, for checkpoints: the manifest fingerprint (a mixture's combined one,
+    or the synthetic URL)."""
+    if getattr(loader, "mixture", None) is not None:
+        return str(loader.fingerprint)
     manifest = getattr(loader, "manifest", None)
     return str(manifest.fingerprint if manifest is not None else getattr(loader, "fingerprint", "unknown"))
+
+
+def mixture_facts(loader: Any) -> tuple[list[str], list[float]]:
+    """(source URLs, requested shares) of a mixture loader, for the report."""
+    mixture = loader.mixture
+    return [s.name for s in mixture.sources], [int(c) / max(1, mixture.total) for c in mixture.counts]
 
 
 def job_facts(loader: Any) -> dict[str, Any]:

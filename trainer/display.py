@@ -15,6 +15,18 @@ from trainer.timing import PHASES
 _COLUMNS = ("step", "epoch", "loss", "lr", "samples/s", "data wait", "hidden load", "slowest stage",
             "slowest rank")
 
+_MIX = "mix observed/requested"
+
+
+def mix_cell(sources: list[dict[str, Any]]) -> str:
+    """'web 70%/70% gold 10%/10%': each source's observed share of the interval vs its requested one."""
+    return " ".join(f"{short(s['source'])} {s['observed']:.0%}/{s['requested']:.0%}" for s in sources)
+
+
+def short(url: str) -> str:
+    """The last path part of a source URL, for narrow cells."""
+    return url.rstrip("/").rsplit("/", 1)[-1] or url
+
 
 class LiveTable:
     """Interval rows, redrawn in place on a terminal; printed one per line when piped."""
@@ -28,7 +40,8 @@ class LiveTable:
 
     def _table(self) -> Table:
         table = Table(title="training (all ranks gathered per interval)")
-        for name in _COLUMNS:
+        mixed = any(len(row) > len(_COLUMNS) for row in self.rows)
+        for name in _COLUMNS + ((_MIX,) if mixed else ()):
             table.add_column(name, justify="right")
         for row in self.rows[-self.keep_rows:]:
             table.add_row(*row)
@@ -39,11 +52,13 @@ class LiveTable:
                f"{rep['wait_share']:.1%}", f"{rep['hidden_load_share']:.0%}",
                STAGE_LABELS[rep["slowest_stage"]],
                f"r{rep['slowest_rank']} {rep['slowest_rank_vs_median']:.2f}x")
+        if rep.get("sources"):  # a mixture: each source's observed share / requested share
+            row += (mix_cell(rep["sources"]),)
         self.rows.append(row)
         if self._live is not None:
             self._live.update(self._table(), refresh=True)
         else:
-            self.console.print("  ".join(f"{c}={v}" for c, v in zip(_COLUMNS, row, strict=True)))
+            self.console.print("  ".join(f"{c}={v}" for c, v in zip(_COLUMNS + (_MIX,), row, strict=False)))
 
     def note(self, text: str) -> None:
         self.console.print(text)
@@ -77,6 +92,17 @@ def summary_table(rep: dict[str, Any], *, title: str) -> Table:
     return table
 
 
+def sources_table(sources: list[dict[str, Any]]) -> Table:
+    """A mixture's sources over the run: samples, samples/s, observed vs requested share."""
+    table = Table(title="mixture: observed vs requested share of real samples (all ranks)")
+    for name in ("source", "samples", "samples/s", "observed", "requested"):
+        table.add_column(name, justify="left" if name == "source" else "right")
+    for s in sources:
+        table.add_row(s["source"], str(s["samples"]), f"{s['samples_per_s']:.1f}", f"{s['observed']:.1%}",
+                      f"{s['requested']:.1%}")
+    return table
+
+
 def rank_label(row: dict[str, Any], rep: dict[str, Any]) -> str:
     """'3', or '3 (node 1, local 0)' when the job spans more than one node."""
     nodes = {r.get("node", 0) for r in rep["ranks"]}
@@ -94,6 +120,8 @@ def print_summary(console: Console, rep: dict[str, Any], *, outputs: dict[str, s
                   f"{STAGE_LABELS[rep['slowest_stage']]} | slowest rank {rep['slowest_rank']} "
                   f"({rep['slowest_rank_vs_median']:.2f}x median)")
     console.print(f"verdict: {rep['verdict']}")
+    if rep.get("sources"):
+        console.print(sources_table(rep["sources"]))
     if rep.get("cost"):
         console.print(describe(rep["cost"]))
     if val:

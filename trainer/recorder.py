@@ -20,7 +20,7 @@ from rich.console import Console
 from trainer import cost, runtime
 from trainer.config import TrainConfig, config_dict
 from trainer.display import LiveTable, print_summary
-from trainer.report import combine, metrics_line, summarize
+from trainer.report import combine, metrics_line, source_rows, summarize
 from trainer.timing import StepRecord
 from trainer.trace import write_chart, write_trace
 
@@ -48,6 +48,11 @@ class Recorder:
             from trainer.tensorboard import TensorBoardSink
 
             self.tensorboard = TensorBoardSink(cfg.tensorboard)
+        # A mixture's sources (set by setup): names, requested shares, real samples per source.
+        self.source_names: list[str] = []
+        self.requested: list[float] = []
+        self.source_interval: list[int] = []
+        self.source_total: list[int] = []
         self.keys_path = os.path.join(cfg.out, f"keys-rank{rt.rank}.jsonl")
         # Piped output (CI logs, tests) gets wide tables instead of rich's 80-column default.
         self.console = (Console() if sys.stdout.isatty() else Console(width=150)) if rt.is_main else None
@@ -88,6 +93,20 @@ class Recorder:
             os.replace(tmp, path)
 
     # --- per step ------------------------------------------------------------------------------
+    def set_sources(self, names: list[str], requested: list[float]) -> None:
+        """Report per-source samples/s and observed vs requested shares (a mixture's loader)."""
+        self.source_names, self.requested = list(names), list(requested)
+        self.source_interval, self.source_total = [0] * len(names), [0] * len(names)
+
+    def count_sources(self, source: Any, mask: Any) -> None:
+        """Add a batch's real samples per source (`source`: the batch's int64 source index [N])."""
+        if not self.source_names:
+            return
+        counts = source[mask.cpu()].bincount(minlength=len(self.source_names)).tolist()
+        for i, c in enumerate(counts[:len(self.source_names)]):
+            self.source_interval[i] += c
+            self.source_total[i] += c
+
     def step(self, rec: StepRecord, loss: float, keys: list[str], *, lr: float) -> None:
         """Record one step; at a log interval gather all ranks and report (a collective)."""
         if self.cfg.record_keys:
@@ -107,11 +126,14 @@ class Recorder:
     def _report(self, step: int, epoch: int, lr: float) -> None:
         mine = {**summarize(self.interval, rank=self.rt.rank), **self.where}
         mine["loss"] = self.last_loss
+        mine["source_samples"], self.source_interval = self.source_interval, [0] * len(self.source_names)
         gathered = runtime.gather(self.rt, mine)
         self.interval = []
         if not self.rt.is_main:
             return
         rep = combine(gathered, num_workers=self.cfg.num_workers, decode=self.cfg.decode)
+        if self.source_names:
+            rep["sources"] = source_rows(gathered, names=self.source_names, requested=self.requested)
         loss = sum(g["loss"] for g in gathered) / len(gathered)
         self.event(metrics_line(rep, step=step, epoch=epoch, loss=loss, lr=lr))
         assert self.table is not None
@@ -131,6 +153,7 @@ class Recorder:
     def finish(self, val: dict[str, float] | None) -> dict[str, Any] | None:
         """Gather totals and traces; rank 0 writes trace.json, the chart, summary.json and prints."""
         total = self.total or self.first or {**summarize([], rank=self.rt.rank), **self.where}
+        total = {**total, "source_samples": self.source_total}
         totals = runtime.gather(self.rt, total)
         traces = runtime.gather(self.rt, self.trace)
         if self.table is not None:
@@ -144,6 +167,8 @@ class Recorder:
                       "earlier outputs in --out are kept")
             return None
         rep = combine(totals, num_workers=self.cfg.num_workers, decode=self.cfg.decode)
+        if self.source_names:
+            rep["sources"] = source_rows(totals, names=self.source_names, requested=self.requested)
         out = self.cfg.out
         outputs = {"metrics": os.path.join(out, "metrics.jsonl"), "trace (ui.perfetto.dev)": os.path.join(out, "trace.json"),
                    "chart": os.path.join(out, "steps.png"), "summary": os.path.join(out, "summary.json")}

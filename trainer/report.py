@@ -101,9 +101,22 @@ def verdict(rep: dict[str, Any], *, num_workers: int, decode: str) -> str:
     return " | ".join(parts)
 
 
+def source_rows(per_rank: Sequence[dict[str, Any]], *, names: Sequence[str],
+                requested: Sequence[float]) -> list[dict[str, Any]]:
+    """A mixture's sources over an interval: real samples, samples/s (all ranks), and the observed
+    share next to the requested one, so a drifting mixture shows. Rows carry `source_samples`."""
+    wall_s = max(r["step_s"] for r in per_rank) or 1e-12
+    counts = [sum(r["source_samples"][i] for r in per_rank) for i in range(len(names))]
+    total = sum(counts) or 1
+    return [{"source": name, "samples": c, "samples_per_s": c / wall_s, "observed": c / total, "requested": req}
+            for name, c, req in zip(names, counts, requested, strict=True)]
+
+
 def metrics_line(rep: dict[str, Any], *, step: int, epoch: int, loss: float, lr: float) -> dict[str, Any]:
-    """One metrics.jsonl record for a log interval."""
+    """One metrics.jsonl record for a log interval (with `sources` when training on a mixture)."""
     keys = ("steps", "world_size", "samples_per_s", "wait_share", "stage_share", "comm_overlapped_share",
             "slowest_stage", "slowest_rank", "slowest_rank_vs_median", "straggler", "hidden_load_share",
             "load_work_s", "verdict", "ranks")
-    return {"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr, **{k: rep[k] for k in keys}}
+    extra = {"sources": rep["sources"]} if rep.get("sources") else {}
+    return {"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr, **{k: rep[k] for k in keys},
+            **extra}

@@ -73,7 +73,7 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | N
     steps_per_epoch = len(loader) // cfg.grad_accum
     if steps_per_epoch < 1:
         raise ValueError(
-            f"{cfg.data}: one optimizer step needs {rt.world_size} ranks x {cfg.batch_size} x "
+            f"{cfg.data_label}: one optimizer step needs {rt.world_size} ranks x {cfg.batch_size} x "
             f"{cfg.grad_accum} micro-steps, more than the dataset gives (a rank's share is "
             f"{len(loader)} batches); use a smaller --batch-size or --grad-accum, or fewer ranks"
         )
@@ -93,6 +93,8 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | N
     comm_hooks.check(cfg.comm_hook, device=rt.device.type, gradient_bytes=comm_hooks.grad_bytes(model),
                      bucket_cap_mb=cfg.bucket_cap_mb)
     recorder = Recorder(cfg, rt)
+    if getattr(loader, "mixture", None) is not None:
+        recorder.set_sources(*data.mixture_facts(loader))
     recorder.job.update(data.job_facts(loader), global_batch=global_batch, steps_per_epoch=steps_per_epoch,
                         epoch_samples=steps_per_epoch * global_batch, grad_bytes=comm_hooks.grad_bytes(model),
                         num_threads=torch.get_num_threads())
@@ -182,13 +184,15 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
     for micro in range(cfg.grad_accum):
         batch = next(batches, None)
         if batch is None:
-            raise RuntimeError(f"{cfg.data}: the loader ended before the {len(run.loader)} batches it promised "
+            raise RuntimeError(f"{cfg.data_label}: the loader ended before the {len(run.loader)} batches it promised "
                                f"(step {run.step + 1}); this is a loader bug, not a data problem")
         read_s += float(batch.get("read_s", 0.0))
         decode_s += float(batch.get("decode_s", 0.0))
         with timer.phase("h2d"):
             inputs, labels, mask = data.to_device(batch, rt.device, cfg.feature_names)
         keep = mask.cpu().tolist()
+        if "source" in batch:  # a mixture: real samples per source, for the report
+            run.recorder.count_sources(batch["source"], mask)
         keys.extend(k for k, m in zip(batch["__key__"], keep, strict=True) if m)
         samples += sum(keep)
         last = micro == cfg.grad_accum - 1

@@ -187,3 +187,51 @@ def test_a_run_checkpoints_to_s3_and_resumes_from_there(s3_server, tmp_path, mon
     notes = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert any(n["kind"] == "note" and f"resumed from {url}/ckpt-000000002.pt" in n["text"] for n in notes)
     assert s3_server.secret not in capsys.readouterr().out
+
+
+def test_data_mixture_flags_and_toml(tmp_path):
+    from trainer.config import DataSource, parse_data_spec
+
+    cfg = parse_config(["--data", "s3://b/web=0.7", "--data", "runs/gold=0.1", "--data", "runs/curated"])
+    assert cfg.data == (DataSource("s3://b/web", 0.7), DataSource("runs/gold", 0.1), DataSource("runs/curated", 1.0))
+    assert cfg.data_label == "s3://b/web=0.7 + runs/gold=0.1 + runs/curated"
+    assert parse_config(["--data", "runs/x"]).data == "runs/x"  # one URL stays the plain case
+    assert parse_data_spec("a=b=2") == DataSource("a=b", 2.0)  # the last '=' splits
+    assert parse_data_spec("s3://b/k=v/data") == DataSource("s3://b/k=v/data")  # not a weight: part of the URL
+    assert parse_data_spec("synthetic:?samples=96&classes=3") == DataSource("synthetic:?samples=96&classes=3")
+    assert parse_data_spec("synthetic:?samples=96=0.5") == DataSource("synthetic:?samples=96", 0.5)
+    conf = tmp_path / "mix.toml"
+    conf.write_text('epochs = 2\n[[data]]\nurl = "runs/web"\nweight = 7\n[[data]]\nurl = "runs/gold"\nweight = 0.5\n')
+    cfg = parse_config(["--config", str(conf)])
+    assert cfg.data == (DataSource("runs/web", 7.0), DataSource("runs/gold", 0.5)) and cfg.epochs == 2
+    assert json.loads(json.dumps(__import__("trainer.config").config.config_dict(cfg)))["data"][1] == {
+        "url": "runs/gold", "weight": 0.5}
+    conf.write_text('[[data]]\nurl = "runs/web"\nweigth = 7\n')
+    with pytest.raises(ValueError, match="url .* and weight"):
+        parse_config(["--config", str(conf)])
+    with pytest.raises(ValueError, match="finite weight >= 0"):
+        parse_config(["--data", "runs/a=-1", "--data", "runs/b"])
+    with pytest.raises(ValueError, match="cannot be mixed"):
+        parse_config(["--data", "synthetic:", "--data", "runs/b"])
+
+
+def test_mixture_report_shows_observed_vs_requested_shares():
+    from rich.console import Console
+
+    from trainer.display import mix_cell, sources_table
+    from trainer.report import metrics_line, source_rows
+
+    rows = [{**summarize([_rec(0.1, 0.9)], rank=r), "source_samples": counts}
+            for r, counts in enumerate([[6, 1, 1], [5, 2, 1]])]
+    sources = source_rows(rows, names=["s3://b/web", "runs/curated", "runs/gold/"], requested=[0.7, 0.2, 0.1])
+    assert [s["samples"] for s in sources] == [11, 3, 2]
+    assert sources[0]["observed"] == pytest.approx(11 / 16) and sources[0]["samples_per_s"] == pytest.approx(11.0)
+    assert mix_cell(sources) == "web 69%/70% curated 19%/20% gold 12%/10%"
+    rep = {**combine(rows), "sources": sources}
+    line = metrics_line(rep, step=1, epoch=0, loss=0.0, lr=0.1)
+    assert json.loads(json.dumps(line))["sources"][2]["requested"] == 0.1
+    console = Console(width=150, record=True)
+    console.print(sources_table(sources))
+    text = console.export_text()
+    assert "runs/curated" in text and "68.8%" in text
+    assert "sources" not in metrics_line(combine(rows), step=1, epoch=0, loss=0.0, lr=0.1)
