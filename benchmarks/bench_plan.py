@@ -1,7 +1,8 @@
 """How long one worker takes to compute its plan at scale, fresh and after resumes, and its memory.
 
-100k shards / 1B samples / 4096 ranks, batch 256, 8 workers at the original topology. Each case
-runs in its own process so peak RSS growth is that case's alone.
+100k shards / 1B samples / 4096 ranks, batch 256, 8 workers at the original topology; the mix-*
+cases split the same totals into a three-source mixture (plan/mix.py). Each case runs in its own
+process so peak RSS growth is that case's alone.
 
     .venv/bin/python -m benchmarks.bench_plan [--output benchmarks/results_plan.md]
 """
@@ -20,6 +21,7 @@ import tracemalloc
 
 import numpy as np
 
+from dataio.plan.mix import MixSource, MixState, Mixture, plan_mix_worker
 from dataio.plan.plan import plan_worker
 from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
 
@@ -38,33 +40,50 @@ CASES = {
                      "same state, resumed at the saving topology 3000x6 (continues level 1)"),
     "resumed-small-job": (RESUMED, WorkerSlot(rank=100, world_size=256, worker_id=0, num_workers=1),
                           "same state on 256 ranks x 1 worker: a 16x larger own share"),
+    "mix-fresh": (PlanState(epoch=3), WorkerSlot(rank=1234, world_size=4096, worker_id=3, num_workers=8),
+                  "3-source mixture, epoch start, 4096 ranks x 8 workers"),
+    "mix-resumed": (RESUMED, WorkerSlot(rank=777, world_size=2048, worker_id=2, num_workers=4),
+                    "3-source mixture, the same 2 prior levels, now 2048 ranks x 4 workers"),
 }
+# The mixture: 70k + 25k + 5k shards, 700M + 250M + 50M samples, weights 0.5 / 0.3 / 0.2 of a 1B
+# epoch: the first source down-sampled (0.71 of it per epoch), the last upsampled 4x.
+MIX = (("web", 70_000, 700_000_000, 0.5), ("books", 25_000, 250_000_000, 0.3), ("gold", 5_000, 50_000_000, 0.2))
 
 
-def shard_sizes() -> np.ndarray:
-    """100k uneven shard sizes summing to 1B: 5k-15k samples, with some empty and one-sample shards."""
-    i = np.arange(NUM_SHARDS, dtype=np.int64)
+def shard_sizes(num_shards: int = NUM_SHARDS, num_samples: int = NUM_SAMPLES) -> np.ndarray:
+    """Uneven shard sizes summing to num_samples: 5k-15k samples, with some empty and one-sample shards."""
+    i = np.arange(num_shards, dtype=np.int64)
     sizes = 5_000 + (i * 7_919) % 10_001
     sizes[::997] = 0
     sizes[1::991] = 1
-    sizes[-1] += NUM_SAMPLES - int(sizes.sum())
+    sizes[-1] += num_samples - int(sizes.sum())
     return sizes
+
+
+def planner(name: str):
+    """A no-argument function computing the case's worker plan (the inputs built beforehand)."""
+    state, slot, _ = CASES[name]
+    if not name.startswith("mix-"):
+        sizes = shard_sizes()
+        return lambda: plan_worker(sizes, config=CONFIG, slot=slot, state=state)
+    mixture = Mixture(sources=tuple(MixSource(name=n, shard_sizes=shard_sizes(k, m), weight=w) for n, k, m, w in MIX))
+    mix_state = MixState(plan=state, mixture=mixture.describe())
+    return lambda: plan_mix_worker(mixture, config=CONFIG, slot=slot, state=mix_state)
 
 
 def run_case(name: str) -> dict:
     """Time and measure one case in this process; returns a JSON-able dict."""
-    state, slot, _ = CASES[name]
-    sizes = shard_sizes()
+    plan_of = planner(name)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        plan = plan_worker(sizes, config=CONFIG, slot=slot, state=state)
+        plan = plan_of()
         times.append(time.perf_counter() - start)
     rss_growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
     del plan
     tracemalloc.start()
-    plan = plan_worker(sizes, config=CONFIG, slot=slot, state=state)
+    plan = plan_of()
     _, traced_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     own = sum(len(w.sample_ids) for w in plan.windows)
@@ -113,7 +132,12 @@ def report(rows: list[dict]) -> str:
     worst = max(r["best_s"] for r in rows if r["case"] != "resumed-small-job")
     lines += [
         "",
-        f"Target (one worker of the 4096-rank job, fresh and after resumes, under a second): "
+        f"Mixture cases: the same 100k shards and 1B samples as three sources "
+        f"({', '.join(f'{n}: {k:,} shards, {m:,} samples, weight {w}' for n, k, m, w in MIX)}); one "
+        "worker resolves its positions through the interleaving tree and each source's pass order "
+        "(`plan_mix_worker`).",
+        "",
+        f"Target (one worker of the 4096-rank job, fresh and after resumes, mixture or not, under a second): "
         f"{'met' if worst < 1 else 'NOT met'}, slowest best-of-3 {worst:.3f} s. Memory stays O(shards) "
         f"plus the worker's own share: the shard tables are ~{NUM_SHARDS * 8 * 5 / 2**20:.0f} MiB, each "
         "resume level adds O(world_size x num_workers) pieces, and one int64 per own sample; a per-sample "

@@ -20,6 +20,27 @@ START_METHODS = (None, "fork", "spawn", "forkserver")
 MiB = 1 << 20
 
 
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One dataset of a mixture: its URL and a weight (its share of what repeat sources leave;
+    default 1) or a repeat factor (repeat x its size samples per epoch: 2.0 twice, 0.5 half)."""
+
+    url: str
+    weight: float | None = None
+    repeat: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url:
+            raise TypeError(f"Source.url must be a non-empty string, got {self.url!r}")
+        if self.weight is not None and self.repeat is not None:
+            raise ValueError(f"Source({self.url!r}): give a weight or a repeat, not both")
+        for name in ("weight", "repeat"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 <= value < float("inf")):
+                raise ValueError(f"Source({self.url!r}): {name} must be a finite number >= 0, got {value!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
     """Everything make_loader takes besides the URL; batch_size is per rank."""
@@ -56,6 +77,7 @@ class LoaderConfig:
     prefetch_factor: int = 2  # batches in flight per worker (DataLoader's own queue)
     startup_timeout_s: float = 300.0  # how long ranks wait for each other to open the dataset
     dali_threads: int = 2
+    epoch_samples: int | None = None  # a mixture's epoch (None: the sum of its sources' sizes)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "image_size", "shuffle_window", "prefetch_bytes", "max_in_flight",
@@ -89,6 +111,8 @@ class LoaderConfig:
             check_int("shuffle_window_bytes", self.shuffle_window_bytes, minimum=1)
         if self.storage is not None and not isinstance(self.storage, StorageOptions):
             raise TypeError("storage must be a dataio.StorageOptions")
+        if self.epoch_samples is not None:
+            check_int("epoch_samples", self.epoch_samples, minimum=0)
         if not self.startup_timeout_s > 0:
             raise ValueError("startup_timeout_s must be positive")
         if self.decode == "dali" and (self.transform is not None or self.collate is not None):

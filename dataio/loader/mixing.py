@@ -1,0 +1,113 @@
+"""A loader over several datasets: which sources, opening them, checking their batches agree.
+
+make_loader([url_a, url_b], weights=[...]) or make_loader([Source(url, weight=...), ...]) opens
+every source (tar or Parquet, local or s3://) and builds the pure plan's Mixture (plan/mix.py).
+The sources must give the batch the same fields (the image field may be named differently: it is
+decoded, or renamed to the first source's); else start-up fails naming the source. One shuffle
+window (in samples, sized from the mixture's mean sample bytes) and one prefetch budget serve all
+sources together: a mixture needs no more memory than one dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dataio.errors import ManifestError
+from dataio.format.manifest import Manifest
+from dataio.loader.config import LoaderConfig, Source
+from dataio.loader.startup import fields_to_read, open_dataset
+from dataio.plan.mix import MixSource, Mixture
+from dataio.storage.store import Store
+
+
+def as_sources(url: str | Sequence[str | Source], weights: Sequence[float] | None) -> list[Source] | None:
+    """The sources of a mixture, or None for the plain case (one URL, no weight or repeat)."""
+    if isinstance(url, (str, Source)):
+        items: list[Any] = [url]
+    else:
+        items = list(url)
+    if not items:
+        raise ValueError("make_loader needs a dataset URL, or a non-empty list of URLs or Source objects")
+    if weights is not None:
+        weights = list(weights)
+        if len(weights) != len(items) or any(isinstance(i, Source) for i in items):
+            raise ValueError(f"weights= takes one weight per URL ({len(items)} URLs, {len(weights)} weights); "
+                             "Source objects carry their own weight")
+        items = [Source(u, weight=w) for u, w in zip(items, weights)]
+    sources = [i if isinstance(i, Source) else Source(i) for i in items]
+    if len(sources) == 1 and sources[0].repeat is None:
+        return None  # one URL stays the plain case (a weight alone changes nothing)
+    return sources
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenSources:
+    """The opened sources of a mixture: stores and manifests in source order, and the plan's Mixture."""
+
+    stores: tuple[Store, ...]
+    manifests: tuple[Manifest, ...]
+    mixture: Mixture
+
+    @property
+    def fingerprint(self) -> str:
+        """The mixture's identity: its description (every source's manifest fingerprint, weights, epoch)."""
+        text = json.dumps(self.mixture.describe(), sort_keys=True)
+        return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def open_sources(sources: Sequence[Source], config: LoaderConfig) -> OpenSources:
+    """Open every source with the single-dataset start-up checks and build the Mixture."""
+    opened = [open_dataset(s.url, config) for s in sources]
+    stores = tuple(store for store, _ in opened)
+    manifests = tuple(manifest for _, manifest in opened)
+    mix_sources = tuple(
+        MixSource(name=store.url, shard_sizes=list(m.shard_num_samples), weight=s.weight, repeat=s.repeat,
+                  fingerprint=m.fingerprint)
+        for s, store, m in zip(sources, stores, manifests))
+    try:
+        mixture = Mixture(sources=mix_sources, epoch_samples=config.epoch_samples)
+    except ValueError as exc:
+        raise ValueError(f"make_loader: cannot mix {[s.url for s in stores]}: {exc}") from None
+    for s, store, m in zip(mix_sources, stores, manifests):
+        if m.num_samples == 0 and ((s.weight or 0) > 0 or (s.repeat or 0) > 0):
+            raise ManifestError(f"{store.url}: this source has no samples but a weight in the mixture; "
+                                "remove it or give it weight 0")
+    return OpenSources(stores=stores, manifests=manifests, mixture=mixture)
+
+
+def batch_fields(opened: OpenSources, config: LoaderConfig) -> tuple[str | None, tuple[str, ...] | None,
+                                                                     list[str | None]]:
+    """(image field, reader projection, each source's image field): the first source's, checked
+    against every other source: the fields a batch carries must agree, else ManifestError naming it."""
+    per_source = [fields_to_read(m, config, store.url) for store, m in zip(opened.stores, opened.manifests)]
+    delivered = []
+    for (image_field, fields), m in zip(per_source, opened.manifests):
+        names = set(fields if fields is not None else m.field_names)
+        if config.decode is not None:
+            names.discard(image_field)  # decoded into "image" (its name does not reach the batch)
+        delivered.append(names)
+    first_url = opened.stores[0].url
+    for store, names in zip(opened.stores[1:], delivered[1:]):
+        if names != delivered[0]:
+            shared = sorted(set.intersection(*delivered))
+            raise ManifestError(
+                f"{store.url}: this source gives batches the fields {sorted(names)}, but {first_url} gives "
+                f"{sorted(delivered[0])}; mixed sources must agree: pass fields={shared} (the ones all share)"
+                + (", or decode images" if config.decode is None else ""))
+    image_field, fields = per_source[0]
+    return image_field, fields, [f for f, _ in per_source]
+
+
+def mixed_window_samples(opened: OpenSources, config: LoaderConfig) -> int:
+    """One shuffle window for the whole mixture: shuffle_window, lowered so a window of the
+    mixture's mean sample (each source's mean weighted by its share) fits in shuffle_window_bytes."""
+    total = opened.mixture.total
+    if config.shuffle_window_bytes is None or total == 0:
+        return config.shuffle_window
+    mean_bytes = sum(int(c) / total * m.num_bytes / max(1, m.num_samples)
+                     for c, m in zip(opened.mixture.counts, opened.manifests))
+    return max(1, min(config.shuffle_window, int(config.shuffle_window_bytes // max(1.0, mean_bytes))))

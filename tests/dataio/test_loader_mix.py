@@ -1,0 +1,142 @@
+"""The loader over a mixture of datasets: tar and Parquet, local and s3://, weights, resume, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from dataio import ManifestError, Source, StateError, make_loader
+from dataio.format.manifest import Field, read_manifest, write_manifest
+from dataio.storage.store import Store
+from tests.dataio.shardgen import write_parquet_dataset, write_tar_dataset
+from tests.dataio.test_loader import take
+
+TAR_SIZES = [13, 0, 7, 1, 22, 5]  # 48 samples, uneven, an empty and a one-sample shard
+PARQUET_SIZES = [10, 6]  # 16 samples
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("mix")
+    tar, parquet = str(root / "tar"), str(root / "parquet")
+    write_tar_dataset(Store(tar), TAR_SIZES, real_images=True)
+    write_parquet_dataset(Store(parquet), PARQUET_SIZES, real_images=True, seed=1)
+    return tar, parquet
+
+
+def delivered(batches: list[dict]) -> list[tuple[int, str]]:
+    """(source, key) of the real samples, in delivery order."""
+    return [(s, k) for b in batches for s, k, m in zip(b["source"].tolist(), b["__key__"], b["mask"].tolist()) if m]
+
+
+def test_tar_and_parquet_blend_by_weight_with_a_source_index(sources) -> None:
+    tar, parquet = sources
+    # An epoch of 64: 32 each, so the tar source is down-sampled and the Parquet one read twice.
+    with make_loader([tar, parquet], weights=[1, 1], batch_size=4, num_workers=2, decode=None, tail="pad",
+                     shuffle_window=8) as loader:
+        assert loader.mixture.counts.tolist() == [32, 32] and len(loader) == 16
+        batches = list(loader)
+    for b in batches:
+        assert b["source"].dtype == torch.int64 and b["source"].shape == (4,)
+        assert b["label"].tolist() == [int(k) % 10 for k in b["__key__"]]  # each source's own labels
+    seen = Counter(delivered(batches))
+    assert Counter(s for s, _ in seen.elements()) == {0: 32, 1: 32}
+    assert all(n == 1 for (s, _), n in seen.items() if s == 0)  # 32 distinct of the tar's 48
+    assert sorted(n for (s, _), n in seen.items() if s == 1) == [2] * 16  # every Parquet sample twice
+
+
+def test_one_url_in_a_list_is_the_plain_case(sources) -> None:
+    tar, _ = sources
+    options = dict(batch_size=4, num_workers=0, decode=None, shuffle_window=8)
+    with make_loader([tar], **options) as listed, make_loader(tar, **options) as plain:
+        assert listed.mixture is None
+        a, b = list(listed), list(plain)
+    assert [x["__key__"] for x in a] == [x["__key__"] for x in b] and "source" not in a[0]
+
+
+def test_decoded_mixture_resumes_on_another_topology_exactly_once(sources) -> None:
+    tar, parquet = sources
+    # Weights 3:1 of the default 64-sample epoch: every sample of both sources exactly once.
+    options = dict(batch_size=3, decode="cpu", image_size=16, shuffle_window=5)
+    loaders = [make_loader([Source(tar, weight=0.75), Source(parquet, weight=0.25)], rank=r, world_size=2,
+                           num_workers=2, **options) for r in range(2)]
+    got = []
+    for loader in loaders:
+        head = take(loader, 3)
+        assert head[0]["image"].shape == (3, 3, 16, 16)
+        got += delivered(head)
+    states = [json.loads(json.dumps(loader.state_dict())) for loader in loaders]
+    for loader in loaders:
+        loader.close()
+    assert states[0] == states[1]
+    steps = set()
+    for rank in range(3):
+        with make_loader([Source(tar, weight=0.75), Source(parquet, weight=0.25)], rank=rank, world_size=3,
+                         num_workers=0, **options) as loader:
+            loader.load_state_dict(states[0])
+            rest = list(loader)
+            steps.add(len(rest))
+            got += delivered(rest)
+    assert len(steps) == 1 and len(got) == len(set(got))  # equal steps, nothing twice
+    everything = {(0, f"{i:06d}") for i in range(48)} | {(1, f"{i:06d}") for i in range(16)}
+    assert set(got) <= everything and len(everything) - len(got) < 3 * 3  # only the last tail dropped
+
+
+def test_state_of_another_mixture_is_refused_naming_it(sources) -> None:
+    tar, parquet = sources
+    options = dict(batch_size=4, num_workers=0, decode=None)
+    with make_loader([tar, parquet], weights=[0.75, 0.25], **options) as loader:
+        take(loader, 2)
+        state = loader.state_dict()
+    with make_loader([tar, parquet], weights=[0.5, 0.5], **options) as other:
+        with pytest.raises(StateError, match=r"source 0 \(.*tar\) had weight 0.75 when saved, this mixture has 0.5"):
+            other.load_state_dict(state)
+    with make_loader(tar, **options) as single:
+        with pytest.raises(StateError, match="saved by a mixture of 2 sources"):
+            single.load_state_dict(state)
+        plain_state = single.state_dict()
+    with make_loader([tar, parquet], weights=[0.75, 0.25], **options) as mixed:
+        with pytest.raises(StateError, match="saved by a single-dataset loader"):
+            mixed.load_state_dict(plain_state)
+        mixed.load_state_dict(state)  # its own mixture's state loads
+        assert len(mixed) == 16 - 2
+
+
+def test_sources_whose_fields_disagree_fail_at_start_up_naming_it(sources, tmp_path) -> None:
+    tar, _ = sources
+    narrow = Store(str(tmp_path / "narrow"))
+    manifest, _ = write_parquet_dataset(narrow, [5], seed=2)
+    write_manifest(narrow, dataclasses.replace(
+        manifest, fields=(Field(name="jpg", type="image"), Field(name="cls", type="int"))))
+    assert read_manifest(narrow).field_names == ("jpg", "cls")
+    with pytest.raises(ManifestError, match=r"narrow: this source gives batches the fields \['cls', 'jpg'\], but "
+                                            r".* gives \['cls', 'jpg', 'json'\]; .* fields=\['cls', 'jpg'\]"):
+        make_loader([tar, narrow.raw_url], batch_size=2, num_workers=0, decode=None)
+    with make_loader([tar, narrow.raw_url], batch_size=2, num_workers=0, decode=None, fields=["jpg", "cls"]) as ok:
+        assert set(next(iter(ok))) >= {"jpg", "label", "source"}
+
+
+def test_repeat_and_bad_arguments(sources) -> None:
+    tar, parquet = sources
+    with make_loader([Source(tar), Source(parquet, repeat=2)], batch_size=4, num_workers=0, decode=None) as loader:
+        assert loader.mixture.counts.tolist() == [48, 32]
+    with pytest.raises(ValueError, match="one weight per URL"):
+        make_loader([tar, parquet], weights=[1], batch_size=4)
+    with pytest.raises(ValueError, match="a weight or a repeat, not both"):
+        Source(tar, weight=1, repeat=2)
+    with pytest.raises(ValueError, match="smaller than the repeat sources"):
+        make_loader([Source(tar, repeat=1), parquet], epoch_samples=10, batch_size=4, num_workers=0, decode=None)
+
+
+def test_local_and_s3_sources_mix(sources, moto_s3) -> None:
+    tar, _ = sources
+    remote = Store(f"s3://{moto_s3.new_bucket()}/pq", moto_s3.options())
+    write_parquet_dataset(remote, PARQUET_SIZES, seed=3)
+    with make_loader([tar, remote.raw_url], weights=[0.75, 0.25], batch_size=4, num_workers=1, decode=None,
+                     storage=moto_s3.options()) as loader:
+        got = delivered(list(loader))
+    assert Counter(s for s, _ in got) == {0: 48, 1: 16}
