@@ -23,6 +23,7 @@ _LAZY = {
     "make_loader": "dataio.loader.shard_loader",
     "ShardLoader": "dataio.loader.shard_loader",
     "LoaderConfig": "dataio.loader.config",
+    "Source": "dataio.loader.config",
     "LoaderStats": "dataio.loader.shard_loader",
     "StorageOptions": "dataio.storage.store",
     "sources_of": "dataio.format.provenance",

@@ -18,6 +18,8 @@ A batch is a dict:
                                      twice, never count them in evaluation)
     "read_s", "decode_s": float      seconds this batch spent being read and decoded in its worker
     "batch_number": int              rank-level batch number within the epoch
+    "source":  int64 tensor [N]      a mixture's batches only: each sample's index in the
+                                     sources given to make_loader (see plan/mix.py)
 
 Raw bytes travel as one uint8 tensor plus offsets (PackedBytes), so torch moves them through
 shared memory instead of pickling N byte strings across the worker pipe.

@@ -133,7 +133,8 @@ class Recorder:
             return
         rep = combine(gathered, num_workers=self.cfg.num_workers, decode=self.cfg.decode)
         if self.source_names:
-            rep["sources"] = source_rows(gathered, names=self.source_names, requested=self.requested)
+            rep["sources"] = source_rows(gathered, names=self.source_names, requested=self.requested,
+                                         samples_per_s=rep["samples_per_s"])
         loss = sum(g["loss"] for g in gathered) / len(gathered)
         self.event(metrics_line(rep, step=step, epoch=epoch, loss=loss, lr=lr))
         assert self.table is not None
@@ -168,7 +169,8 @@ class Recorder:
             return None
         rep = combine(totals, num_workers=self.cfg.num_workers, decode=self.cfg.decode)
         if self.source_names:
-            rep["sources"] = source_rows(totals, names=self.source_names, requested=self.requested)
+            rep["sources"] = source_rows(totals, names=self.source_names, requested=self.requested,
+                                         samples_per_s=rep["samples_per_s"])
         out = self.cfg.out
         outputs = {"metrics": os.path.join(out, "metrics.jsonl"), "trace (ui.perfetto.dev)": os.path.join(out, "trace.json"),
                    "chart": os.path.join(out, "steps.png"), "summary": os.path.join(out, "summary.json")}

@@ -101,15 +101,15 @@ def verdict(rep: dict[str, Any], *, num_workers: int, decode: str) -> str:
     return " | ".join(parts)
 
 
-def source_rows(per_rank: Sequence[dict[str, Any]], *, names: Sequence[str],
-                requested: Sequence[float]) -> list[dict[str, Any]]:
-    """A mixture's sources over an interval: real samples, samples/s (all ranks), and the observed
-    share next to the requested one, so a drifting mixture shows. Rows carry `source_samples`."""
-    wall_s = max(r["step_s"] for r in per_rank) or 1e-12
+def source_rows(per_rank: Sequence[dict[str, Any]], *, names: Sequence[str], requested: Sequence[float],
+                samples_per_s: float) -> list[dict[str, Any]]:
+    """A mixture's sources over an interval: real samples, samples/s (its observed share of the
+    global `samples_per_s`), and the observed share next to the requested one, so a drifting
+    mixture shows. Rows carry `source_samples` (real samples per source on that rank)."""
     counts = [sum(r["source_samples"][i] for r in per_rank) for i in range(len(names))]
     total = sum(counts) or 1
-    return [{"source": name, "samples": c, "samples_per_s": c / wall_s, "observed": c / total, "requested": req}
-            for name, c, req in zip(names, counts, requested, strict=True)]
+    return [{"source": name, "samples": c, "samples_per_s": c / total * samples_per_s, "observed": c / total,
+             "requested": req} for name, c, req in zip(names, counts, requested, strict=True)]
 
 
 def metrics_line(rep: dict[str, Any], *, step: int, epoch: int, loss: float, lr: float) -> dict[str, Any]:

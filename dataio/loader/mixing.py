@@ -10,17 +10,21 @@ sources together: a mixture needs no more memory than one dataset.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dataio.decode.images import order_image_fields
 from dataio.errors import ManifestError
 from dataio.format.manifest import Manifest
 from dataio.loader.config import LoaderConfig, Source
+from dataio.loader.fields import label_field
 from dataio.loader.startup import fields_to_read, open_dataset
 from dataio.plan.mix import MixSource, Mixture
+from dataio.readers.base import sample_url_of
 from dataio.storage.store import Store
 
 
@@ -42,6 +46,27 @@ def as_sources(url: str | Sequence[str | Source], weights: Sequence[float] | Non
     if len(sources) == 1 and sources[0].repeat is None:
         return None  # one URL stays the plain case (a weight alone changes nothing)
     return sources
+
+
+def plain_url(url: str | Sequence[str | Source]) -> str:
+    """The one URL of a plain-case `url` (as_sources gave None)."""
+    if isinstance(url, str):
+        return url
+    first = url[0] if not isinstance(url, Source) else url
+    return first.url if isinstance(first, Source) else first
+
+
+def mixed_url_of(opened: OpenSources) -> Callable[[int], str]:
+    """Global sample id (sources concatenated) -> redacted URL of its shard, as sample_url_of."""
+    bases = [int(b) for b in opened.mixture.id_base]
+    per_source = [sample_url_of(store, m) for store, m in zip(opened.stores, opened.manifests)]
+
+    def url_of(sample_id: int) -> str:
+        s = bisect.bisect_right(bases, int(sample_id)) - 1
+        s = min(s, len(per_source) - 1)
+        return per_source[s](int(sample_id) - bases[s])
+
+    return url_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,16 +104,25 @@ def open_sources(sources: Sequence[Source], config: LoaderConfig) -> OpenSources
     return OpenSources(stores=stores, manifests=manifests, mixture=mixture)
 
 
-def batch_fields(opened: OpenSources, config: LoaderConfig) -> tuple[str | None, tuple[str, ...] | None,
-                                                                     list[str | None]]:
-    """(image field, reader projection, each source's image field): the first source's, checked
-    against every other source: the fields a batch carries must agree, else ManifestError naming it."""
+@dataclass(frozen=True, kw_only=True)
+class MixedFields:
+    """What the sources' readers read and a mixed batch holds."""
+
+    image_fields: tuple[str, ...]  # every source's image fields, in pick order (IMAGE_FIELD_ORDER)
+    projections: tuple[tuple[str, ...] | None, ...]  # each source's reader projection (None: all)
+    label_fields: tuple[str, ...]  # each source's label field, renamed to the first's when read
+
+
+def batch_fields(opened: OpenSources, config: LoaderConfig) -> MixedFields:
+    """The sources' fields, checked: the fields a batch carries (images decoded, labels as "label")
+    must be the same from every source, else ManifestError naming the source and the fix."""
     per_source = [fields_to_read(m, config, store.url) for store, m in zip(opened.stores, opened.manifests)]
+    labels = tuple(label_field(m) for m in opened.manifests)
     delivered = []
-    for (image_field, fields), m in zip(per_source, opened.manifests):
-        names = set(fields if fields is not None else m.field_names)
+    for (images, fields), m, label in zip(per_source, opened.manifests, labels):
+        names = set(fields if fields is not None else m.field_names) - {label}
         if config.decode is not None:
-            names.discard(image_field)  # decoded into "image" (its name does not reach the batch)
+            names -= set(images)  # decoded into "image": their names do not reach the batch
         delivered.append(names)
     first_url = opened.stores[0].url
     for store, names in zip(opened.stores[1:], delivered[1:]):
@@ -98,8 +132,8 @@ def batch_fields(opened: OpenSources, config: LoaderConfig) -> tuple[str | None,
                 f"{store.url}: this source gives batches the fields {sorted(names)}, but {first_url} gives "
                 f"{sorted(delivered[0])}; mixed sources must agree: pass fields={shared} (the ones all share)"
                 + (", or decode images" if config.decode is None else ""))
-    image_field, fields = per_source[0]
-    return image_field, fields, [f for f, _ in per_source]
+    images = order_image_fields(list(dict.fromkeys(f for imgs, _ in per_source for f in imgs)))
+    return MixedFields(image_fields=images, projections=tuple(f for _, f in per_source), label_fields=labels)
 
 
 def mixed_window_samples(opened: OpenSources, config: LoaderConfig) -> int:

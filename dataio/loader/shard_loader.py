@@ -19,16 +19,25 @@ import torch
 from dataio.decode.cpu import DecodeConfig
 from dataio.decode.images import DEFAULT_MAX_PIXELS
 from dataio.errors import StateError
-from dataio.format.manifest import Manifest
 from dataio.loader.collate import SKIPPED_KEY
-from dataio.loader.config import LoaderConfig, MiB, check_int, window_samples
+from dataio.loader.config import LoaderConfig, MiB, Source, check_int, window_samples
+from dataio.loader.mixing import (
+    OpenSources,
+    as_sources,
+    batch_fields,
+    mixed_url_of,
+    mixed_window_samples,
+    open_sources,
+    plain_url,
+)
 from dataio.loader.startup import agree_on_dataset, fields_to_read, open_dataset
 from dataio.loader.state import check_state, make_state
 from dataio.loader.worker import BatchDataset, Ticket, WorkerJob
-from dataio.plan.plan import num_steps
+from dataio.plan.mix import Mixture
+from dataio.plan.plan import steps_of_total
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.readers.base import sample_url_of
-from dataio.storage.store import StorageOptions, Store
+from dataio.storage.store import StorageOptions
 
 
 @dataclass
@@ -44,9 +53,11 @@ class LoaderStats:
 
 
 def make_loader(
-    url: str,
+    url: str | Sequence[str | Source],
     *,
     batch_size: int,
+    weights: Sequence[float] | None = None,
+    epoch_samples: int | None = None,
     num_workers: int = 2,
     seed: int = 0,
     rank: int | None = None,
@@ -78,13 +89,18 @@ def make_loader(
 ) -> ShardLoader:
     """Open the dataset at `url` and return a ShardLoader; batch_size is per rank (see LoaderConfig).
 
+    Several URLs (with `weights`, or Source objects with weight= or repeat=) make a mixture: one
+    epoch of `epoch_samples` (default: the sources' sizes summed) split between the sources by
+    weight, and each batch's "source" tensor says where every sample came from (plan/mix.py).
     rank and world_size default to torch.distributed's when its default group is initialised.
     """
     options = dict(locals())
-    del options["url"]
+    del options["url"], options["weights"]
     config = LoaderConfig(**options)
     topology, kv_store = job_topology(config)
-    return ShardLoader(url, config, topology=topology, kv_store=kv_store)
+    sources = as_sources(url, weights)
+    return ShardLoader(plain_url(url) if sources is None else sources, config, topology=topology,
+                       kv_store=kv_store)
 
 
 def job_topology(config: LoaderConfig) -> tuple[Topology, Any]:
@@ -121,30 +137,46 @@ class ShardLoader:
     start-up agreement's `kv_store` (None: this rank opens the dataset alone) are arguments here.
     """
 
-    def __init__(self, url: str, config: LoaderConfig, *, topology: Topology, kv_store: Any = None) -> None:
+    def __init__(self, url: str | Sequence[Source], config: LoaderConfig, *, topology: Topology,
+                 kv_store: Any = None) -> None:
         if topology.num_workers != max(1, config.num_workers):
             raise ValueError(f"topology plans {topology.num_workers} workers but num_workers is {config.num_workers}")
         if config.world_size is not None and (config.rank, config.world_size) != (topology.rank, topology.world_size):
             raise ValueError(f"topology {topology} differs from the config's rank and world_size")
         self.config = config
         self.topology = topology
+        self.mixture: Mixture | None = None  # several sources (plan/mix.py); None: one dataset
+        self.sources: OpenSources | None = None
 
-        def opener() -> tuple[tuple[Store, Manifest], str]:
+        def opener() -> tuple[Any, str]:
+            if not isinstance(url, str):
+                opened = open_sources(url, config)
+                return opened, opened.fingerprint
             store, manifest = open_dataset(url, config)
             return (store, manifest), manifest.fingerprint
 
         if kv_store is not None:
-            self.store, self.manifest = agree_on_dataset(
+            opened = agree_on_dataset(
                 opener, rank=topology.rank, world_size=topology.world_size, timeout_s=config.startup_timeout_s,
                 kv_store=kv_store,
             )
         else:
-            self.store, self.manifest = opener()[0]
+            opened = opener()[0]
+        if isinstance(opened, OpenSources):  # store and manifest: the first source's
+            self.sources, self.mixture = opened, opened.mixture
+            self.store, self.manifest, self.fingerprint = opened.stores[0], opened.manifests[0], opened.fingerprint
+            self._mixed = batch_fields(opened, config)
+            self.image_fields, self.read_fields = self._mixed.image_fields, self._mixed.projections[0]
+            window, self._total = mixed_window_samples(opened, config), opened.mixture.total
+        else:
+            self.store, self.manifest = opened
+            self.fingerprint = self.manifest.fingerprint
+            self.image_fields, self.read_fields = fields_to_read(self.manifest, config, self.store.url)
+            window, self._total = window_samples(self.manifest, config), self.manifest.num_samples
         self.plan_config = PlanConfig(
             seed=config.seed, batch_size=config.batch_size, tail=config.tail, shuffle=config.shuffle,
-            shuffle_window=window_samples(self.manifest, config),
+            shuffle_window=window,
         )
-        self.image_fields, self.read_fields = fields_to_read(self.manifest, config, self.store.url)
         self.stats = LoaderStats()
         self._sizes = self.manifest.shard_num_samples  # a tuple, or (parted) an int64 array
         self._state = PlanState(epoch=0)  # where the current (or next) iteration starts
@@ -186,7 +218,8 @@ class ShardLoader:
         return PlanState(epoch=self._state.epoch) if self._finished else self._position()
 
     def _steps_from(self, state: PlanState) -> int:
-        return int(num_steps(self._sizes, config=self.plan_config, world_size=self.topology.world_size, state=state))
+        return int(steps_of_total(self._total, config=self.plan_config, world_size=self.topology.world_size,
+                                  state=state))
 
     def __len__(self) -> int:
         """Batches this rank gets in the current iteration (or the next one, between iterations)."""
@@ -263,7 +296,10 @@ class ShardLoader:
             fields=self.read_fields, verify_index=c.verify_index, decode=c.decode, decode_config=decode_config,
             image_fields=self.image_fields, transform=c.transform, collate=c.collate, on_corrupt=c.on_corrupt,
             prefetch_bytes=c.prefetch_bytes, max_in_flight=c.max_in_flight, cache_dir=c.cache_dir,
-            cache_limit_bytes=c.cache_limit_bytes, slice_bytes=c.shuffle_window_bytes,
+            cache_limit_bytes=c.cache_limit_bytes, slice_bytes=c.shuffle_window_bytes, mixture=self.mixture,
+            sources=tuple(zip(self.sources.stores, self.sources.manifests, self._mixed.projections))
+            if self.sources else (),
+            label_fields=self._mixed.label_fields if self.sources else (),
         )
 
     def _dali_decoder(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -273,7 +309,7 @@ class ShardLoader:
             self._dali = DaliDecoder(
                 self._decode_config(), batch_size=self.config.batch_size, seed=self.config.seed,
                 num_threads=self.config.dali_threads, prefetch_queue_depth=2,
-                on_corrupt=self.config.on_corrupt, url_of=sample_url_of(self.store, self.manifest),
+                on_corrupt=self.config.on_corrupt, url_of=mixed_url_of(self.sources) if self.sources else sample_url_of(self.store, self.manifest),
                 image_fields=self.image_fields,
             )
         return self._dali
@@ -281,13 +317,15 @@ class ShardLoader:
     # --- Stateful (torch.distributed.checkpoint) -------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What has been delivered so far, in a form any rank of any topology can load."""
-        return make_state(self._position(), fingerprint=self.manifest.fingerprint, plan_config=self.plan_config)
+        return make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
+                          mixture=self.mixture)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
         if self._active_steps is not None:
             raise RuntimeError("load_state_dict during an iteration; call it between epochs")
-        state = check_state(state_dict, fingerprint=self.manifest.fingerprint, plan_config=self.plan_config)
+        state = check_state(state_dict, fingerprint=self.fingerprint, plan_config=self.plan_config,
+                            mixture=self.mixture)
         try:
             self._steps_from(state)  # replays the saved progress: refuses positions past the epoch
         except (ValueError, IndexError) as exc:

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from dataio.errors import StateError
+from dataio.plan.mix import Mixture, check_mixture
 from dataio.plan.types import PlanConfig, PlanState
 
 STATE_FORMAT_VERSION = 1
@@ -25,18 +26,47 @@ _MUST_MATCH = (
 )
 
 
-def make_state(plan: PlanState, *, fingerprint: str, plan_config: PlanConfig) -> dict[str, Any]:
+def make_state(plan: PlanState, *, fingerprint: str, plan_config: PlanConfig,
+               mixture: Mixture | None = None) -> dict[str, Any]:
     """The state dict a loader saves: flat, JSON-able scalars only.
 
     The plan (PlanState.to_dict()) is stored as JSON text: torch.distributed.checkpoint loads
-    into the structure of a fresh loader's state_dict, whose progress list would be empty.
+    into the structure of a fresh loader's state_dict, whose progress list would be empty. A
+    mixture's loader also saves the mixture's description, so another mixture is refused by name.
     """
-    return {
+    state = {
         "format_version": STATE_FORMAT_VERSION,
         "epoch": int(plan.epoch),
         "plan": json.dumps(plan.to_dict(), sort_keys=True),
         **_identity(fingerprint, plan_config),
     }
+    if mixture is not None:
+        state["mixture"] = json.dumps(mixture.describe(), sort_keys=True)
+    return state
+
+
+def _check_mixture(state: dict[str, Any], mixture: Mixture | None) -> None:
+    """StateError when the state's mixture (or its absence) differs from this loader's, naming how."""
+    saved = state.get("mixture")
+    if saved is None and mixture is None:
+        return
+    if mixture is None:
+        try:
+            names = [s.get("name") for s in json.loads(saved)["sources"]]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            names = "?"
+        raise StateError(f"cannot resume: the state was saved by a mixture of {len(names)} sources {names}, "
+                         "this loader reads one dataset; pass the same sources and weights")
+    if saved is None:
+        raise StateError(f"cannot resume: the state was saved by a single-dataset loader, this loader mixes "
+                         f"{len(mixture.sources)} sources; load it into a loader of that one dataset")
+    try:
+        description = json.loads(saved)
+    except (ValueError, TypeError):
+        raise StateError("loader state's 'mixture' is not valid JSON; start the epoch afresh") from None
+    if not isinstance(description, dict):
+        raise StateError("loader state's 'mixture' must describe a mixture; start the epoch afresh")
+    check_mixture(mixture, description)
 
 
 def _identity(fingerprint: str, plan_config: PlanConfig) -> dict[str, Any]:
@@ -51,7 +81,8 @@ def _identity(fingerprint: str, plan_config: PlanConfig) -> dict[str, Any]:
     }
 
 
-def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig) -> PlanState:
+def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig,
+                mixture: Mixture | None = None) -> PlanState:
     """The saved PlanState if `state` fits this loader; StateError saying what differs otherwise."""
     if not isinstance(state, dict):
         raise StateError(f"a loader state must be a dict from ShardLoader.state_dict(), got {type(state).__name__}")
@@ -64,6 +95,7 @@ def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig) -> Pla
     missing = [k for k, _ in _MUST_MATCH if k not in state] + [k for k in ("plan", "epoch") if k not in state]
     if missing:
         raise StateError(f"loader state lacks {missing}; pass the dict ShardLoader.state_dict() returned")
+    _check_mixture(state, mixture)  # before the fingerprint: it names which source or weight differs
     mine = _identity(fingerprint, plan_config)
     for key, what in _MUST_MATCH:
         if state[key] != mine[key]:

@@ -21,10 +21,12 @@ import torch
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.format.manifest import Manifest
 from dataio.loader.collate import assemble
+from dataio.plan.mix import MixState, Mixture, plan_mix_worker
 from dataio.plan.plan import plan_worker
-from dataio.plan.types import PlanConfig, PlanState, Topology
+from dataio.plan.types import PlanConfig, PlanState, Segment, Topology
 from dataio.readers.base import split_segment
 from dataio.readers.by_format import make_reader
+from dataio.readers.mixed import MixedReader
 from dataio.readers.tar import zero_copy
 from dataio.storage.cache import DiskCache
 from dataio.storage.prefetch import Prefetcher
@@ -62,6 +64,11 @@ class WorkerJob:
     cache_dir: str | None
     cache_limit_bytes: int | None
     slice_bytes: int | None = None  # Parquet row groups bigger than this (the window budget) are read in slices
+    # A mixture (plan/mix.py): every source's store, manifest and reader projection (store,
+    # manifest and fields above are the first's), and each source's label field; None: one dataset.
+    mixture: Mixture | None = None
+    sources: tuple[tuple[Store, Manifest, tuple[str, ...] | None], ...] = ()
+    label_fields: tuple[str, ...] = ()
 
 
 _MALLOC_TUNED = False
@@ -172,12 +179,23 @@ class BatchDataset(torch.utils.data.Dataset):
             cache = None
             if self.job.cache_dir is not None:
                 cache = DiskCache(self.job.cache_dir, limit_bytes=self.job.cache_limit_bytes)
-            store = self.job.store
-            self._reader = make_reader(
-                Store(store.raw_url, store.options, store.retry), self.job.manifest, fields=self.job.fields,
-                verify_index=self.job.verify_index, cache=cache, slice_bytes=self.job.slice_bytes,
-            )
+            job = self.job
+            readers = [
+                make_reader(Store(store.raw_url, store.options, store.retry), manifest, fields=fields,
+                            verify_index=job.verify_index, cache=cache, slice_bytes=job.slice_bytes)
+                for store, manifest, fields in (job.sources or ((job.store, job.manifest, job.fields),))
+            ]
+            if job.mixture is None:
+                self._reader = readers[0]
+            else:  # one reader over all sources: global segments in, samples with __source__ out
+                self._reader = MixedReader(readers, [m for _, m, _ in job.sources], label_fields=job.label_fields)
         return self._reader
+
+    def split(self, seg: Segment) -> list[Any]:
+        """A window's segment as the pieces the reader fetches."""
+        if self.job.mixture is not None:
+            return self.reader.split_segment(seg)
+        return split_segment(seg, self.job.manifest)
 
     @property
     def decoder(self) -> Any:
@@ -196,9 +214,11 @@ class WorkerStream:
         self.epoch = state.epoch
         # batch_number counts rank-level batches from the epoch's start, across earlier topologies.
         self.numbers_before = sum(p.batches for p in state.progress)
-        self.plan = plan_worker(
-            job.manifest.shard_num_samples, config=job.plan_config, slot=slot, state=state
-        )
+        if job.mixture is not None:
+            mix_state = MixState(plan=state, mixture=job.mixture.describe())
+            self.plan = plan_mix_worker(job.mixture, config=job.plan_config, slot=slot, state=mix_state)
+        else:
+            self.plan = plan_worker(job.manifest.shard_num_samples, config=job.plan_config, slot=slot, state=state)
         self._prefetcher: Any = None
         self._last = int(self.plan.batch_numbers[-1]) if len(self.plan.batch_numbers) else -1
         self._window_iter = self._windows()
@@ -253,7 +273,7 @@ class WorkerStream:
         """(window, samples by global id, seconds spent reading and parsing it), in plan order."""
         reader = self.owner.reader
         job = self.owner.job
-        pieces = [split_segment(seg, job.manifest) for w in self.plan.windows for seg in w.segments]
+        pieces = [self.owner.split(seg) for w in self.plan.windows for seg in w.segments]
         self._prefetcher = Prefetcher(
             reader.fetch, size_of=reader.payload_bytes, budget_bytes=job.prefetch_bytes,
             max_in_flight=job.max_in_flight,

@@ -4,8 +4,9 @@ A mixture numbers shards and samples globally, the sources' concatenated: source
 shard_base[s] + j and its sample i is id_base[s] + i. MixedReader splits a global Segment into
 pieces of the source that owns it, fetches and parses them with that source's own reader (tar
 or Parquet, local or s3://), and gives each sample its global __id__ and its __source__ index.
-The sources' image fields may be named differently (jpg, png, image): each is renamed to the
-first source's, so a batch has one image field whatever the source.
+The sources' label fields may be named differently (tar `cls`, Hugging Face `label`): each is
+renamed to the first source's, so batch["label"] comes from every source (image fields need no
+renaming: a sample's image is whichever image field it has).
 """
 
 from __future__ import annotations
@@ -34,17 +35,17 @@ class MixedReader:
     """fetch / parse / payload_bytes over the sources' readers; split_segment maps global segments."""
 
     def __init__(self, readers: Sequence[SegmentReader], manifests: Sequence[Manifest], *,
-                 image_fields: Sequence[str | None] = ()) -> None:
+                 label_fields: Sequence[str] = ()) -> None:
         self.readers, self.manifests = list(readers), list(manifests)
         self.shard_base = [0]
         self.id_base = [0]
         for m in manifests:
             self.shard_base.append(self.shard_base[-1] + len(m.shard_num_samples))
             self.id_base.append(self.id_base[-1] + sum(m.shard_num_samples))
-        # Per source, (its image field, the first source's) when they differ: renamed on parse.
-        first = image_fields[0] if image_fields else None
-        self.renames = [(f, first) if f is not None and first is not None and f != first else None
-                        for f in image_fields] or [None] * len(self.readers)
+        # Per source, (its label field, the first source's) when they differ: renamed on parse.
+        first = label_fields[0] if label_fields else None
+        self.renames = [(f, first) if first is not None and f != first else None
+                        for f in label_fields] or [None] * len(self.readers)
 
     def split_segment(self, seg: Segment) -> list[SourcePiece]:
         """The pieces (as readers.base.split_segment) of a global segment, tagged with their source."""
@@ -59,7 +60,7 @@ class MixedReader:
         return self.readers[piece.source].fetch(piece.seg)
 
     def parse(self, piece: SourcePiece, payload: Any) -> list[Sample]:
-        """The piece's samples with global __id__ and __source__ (and the first source's image field)."""
+        """The piece's samples with global __id__ and __source__ (and the first source's label field)."""
         samples = self.readers[piece.source].parse(piece.seg, payload)
         base, rename = self.id_base[piece.source], self.renames[piece.source]
         for sample in samples:

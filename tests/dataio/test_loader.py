@@ -265,7 +265,7 @@ def test_make_loader_takes_exactly_the_config_fields_with_the_same_defaults() ->
 
     params = inspect.signature(make_loader).parameters
     fields = {f.name: f.default for f in dataclasses.fields(LoaderConfig)}
-    assert set(params) - {"url"} == set(fields)
+    assert set(params) - {"url", "weights"} == set(fields)  # weights belong to the URLs (Source objects)
     assert all(params[name].default == default for name, default in fields.items() if name != "batch_size")
 
 

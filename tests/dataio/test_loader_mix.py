@@ -51,7 +51,7 @@ def test_tar_and_parquet_blend_by_weight_with_a_source_index(sources) -> None:
 
 def test_one_url_in_a_list_is_the_plain_case(sources) -> None:
     tar, _ = sources
-    options = dict(batch_size=4, num_workers=0, decode=None, shuffle_window=8)
+    options = {"batch_size": 4, "num_workers": 0, "decode": None, "shuffle_window": 8}
     with make_loader([tar], **options) as listed, make_loader(tar, **options) as plain:
         assert listed.mixture is None
         a, b = list(listed), list(plain)
@@ -61,7 +61,7 @@ def test_one_url_in_a_list_is_the_plain_case(sources) -> None:
 def test_decoded_mixture_resumes_on_another_topology_exactly_once(sources) -> None:
     tar, parquet = sources
     # Weights 3:1 of the default 64-sample epoch: every sample of both sources exactly once.
-    options = dict(batch_size=3, decode="cpu", image_size=16, shuffle_window=5)
+    options = {"batch_size": 3, "decode": "cpu", "image_size": 16, "shuffle_window": 5}
     loaders = [make_loader([Source(tar, weight=0.75), Source(parquet, weight=0.25)], rank=r, world_size=2,
                            num_workers=2, **options) for r in range(2)]
     got = []
@@ -88,7 +88,7 @@ def test_decoded_mixture_resumes_on_another_topology_exactly_once(sources) -> No
 
 def test_state_of_another_mixture_is_refused_naming_it(sources) -> None:
     tar, parquet = sources
-    options = dict(batch_size=4, num_workers=0, decode=None)
+    options = {"batch_size": 4, "num_workers": 0, "decode": None}
     with make_loader([tar, parquet], weights=[0.75, 0.25], **options) as loader:
         take(loader, 2)
         state = loader.state_dict()

@@ -223,7 +223,8 @@ def test_mixture_report_shows_observed_vs_requested_shares():
 
     rows = [{**summarize([_rec(0.1, 0.9)], rank=r), "source_samples": counts}
             for r, counts in enumerate([[6, 1, 1], [5, 2, 1]])]
-    sources = source_rows(rows, names=["s3://b/web", "runs/curated", "runs/gold/"], requested=[0.7, 0.2, 0.1])
+    sources = source_rows(rows, names=["s3://b/web", "runs/curated", "runs/gold/"], requested=[0.7, 0.2, 0.1],
+                          samples_per_s=combine(rows)["samples_per_s"])
     assert [s["samples"] for s in sources] == [11, 3, 2]
     assert sources[0]["observed"] == pytest.approx(11 / 16) and sources[0]["samples_per_s"] == pytest.approx(11.0)
     assert mix_cell(sources) == "web 69%/70% curated 19%/20% gold 12%/10%"
