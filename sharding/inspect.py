@@ -12,10 +12,19 @@ from dataio.format.tar_index import parse_index
 from dataio.storage.store import Store
 
 
+def _label_column(m: Manifest) -> str | None:
+    """`cls`, else (Parquet, e.g. a Hugging Face export) an integer `label` column, as the loader reads it."""
+    types = {f.name: f.type for f in m.fields}
+    if "cls" in types:
+        return "cls"
+    return "label" if m.format == "parquet" and types.get("label") == "int" else None
+
+
 def label_counts(store: Store, manifest: Manifest) -> Counter[int]:
     """Samples per label, read from the shards (Parquet: the `cls` column; tar: each `.cls` member)."""
     counts: Counter[int] = Counter()
-    if "cls" not in manifest.field_names:
+    column = _label_column(manifest)
+    if column is None:
         return counts
     for i in range(manifest.num_shards):
         shard = manifest.shard(i)
@@ -25,8 +34,8 @@ def label_counts(store: Store, manifest: Manifest) -> Counter[int]:
 
             # A BufferReader, not io.BytesIO: pyarrow's threaded read of a Python file object can abort
             # the interpreter at exit ("terminate called without an active exception").
-            table = pq.read_table(pa.BufferReader(store.read(shard.path)), columns=["cls"])
-            counts.update(v for v in table.column("cls").to_pylist() if v is not None)
+            table = pq.read_table(pa.BufferReader(store.read(shard.path)), columns=[column])
+            counts.update(v for v in table.column(column).to_pylist() if v is not None)
             continue
         index = parse_index(store.read(shard.index_path or "", expect_size=shard.index_bytes),
                             url=store.url_of(shard.index_path or ""))
@@ -114,7 +123,7 @@ def print_inspect(store: Store, m: Manifest, console: Console, *, max_rows: int 
     """Print every table; the label histogram reads the labels from the shards (skip with labels=False)."""
     console.print(summary_table(store, m))
     console.print(shards_table(store, m, max_rows))
-    if labels and "cls" in m.field_names:
+    if labels and _label_column(m) is not None:
         console.print(labels_table(m, label_counts(store, m)))
     if m.skipped:
         console.print(skipped_table(m, max_rows))

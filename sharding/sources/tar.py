@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dataio.decode.images import IMAGE_FIELD_ORDER
 from dataio.format.manifest import Field
 from dataio.format.tar_index import build_index
 from dataio.storage.store import Store
@@ -58,7 +59,7 @@ class TarSource(Source):
                 except OSError as exc:
                     yield ref, SourceError(f"{where}: sample {ref.key!r}: cannot read ({exc})")
                     continue
-                image_ext = next((e for e in fields if _is_image_ext(e)), None)
+                image_ext = min((e for e in fields if _is_image_ext(e)), key=_image_rank, default=None)
                 image = fields.pop(image_ext) if image_ext else None
                 fields.pop("cls", None)
                 yield ref, RawSample(ref.key, ref.label, image_ext, image, fields, f"{where} sample {ref.key}",
@@ -71,6 +72,12 @@ class TarSource(Source):
 def _is_image_ext(ext: str) -> bool:
     """`jpg`, and also WebDataset's compound extensions such as `img.jpg` or `left.png`."""
     return normalize_ext(ext.rsplit(".", 1)[-1]) in IMAGE_EXT_SET
+
+
+def _image_rank(ext: str) -> int:
+    """A sample with several image members keeps the first in IMAGE_FIELD_ORDER as its image."""
+    last = ext.rsplit(".", 1)[-1].lower()
+    return IMAGE_FIELD_ORDER.index(last) if last in IMAGE_FIELD_ORDER else len(IMAGE_FIELD_ORDER)
 
 
 def _tar_label(store: Store, name: str, handle: Any, members: dict[str, tuple[int, int]], key: str) -> int | None:
@@ -100,7 +107,7 @@ def open_tars(store: Store, names: list[str], description: str) -> TarSource:
                     raise SourceError(f"{store.url_of(name)}: sample key {sample.key!r} appears twice in the source shards")
                 seen.add(sample.key)
                 label = _tar_label(store, name, f, members, sample.key)
-                image = [e for e in members if _is_image_ext(e)][:1]
+                image = sorted((e for e in members if _is_image_ext(e)), key=_image_rank)[:1]
                 exts.update(image)
                 extra.update((e, None) for e in members if e not in image and e != "cls")
                 size = sum(s for _, s in members.values())

@@ -117,3 +117,10 @@ def test_write_reshards_a_multi_file_export(hf_export, tmp_path, fmt) -> None:
     with make_loader(str(dest), batch_size=4, image_size=8, num_workers=0, shuffle=False, tail="pad") as loader:
         labels = [int(x) for b in loader for x, real in zip(b["label"], b["mask"]) if real]
     assert labels == [i % 2 for part in (NAMES[:9], NAMES[9:]) for i, _ in enumerate(part)]
+
+
+def test_inspect_shows_a_hugging_face_label_histogram(hf_export, capsys) -> None:
+    assert run("index", hf_export) == 0
+    assert run("inspect", hf_export) == 0
+    out = capsys.readouterr().out
+    assert "label histogram" in out and "a" in out
