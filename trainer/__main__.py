@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
+from dataio.errors import ShardifyError
 from trainer import runtime
 from trainer.config import parse_config
 
@@ -42,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         runtime.agree(rt, error)
         assert run is not None
         wrap(run)
-        train(run)
+        try:
+            train(run)
+        except (ValueError, ShardifyError) as exc:  # bad data met in training: this rank says which
+            _say(True, f"{exc}" + (f" (on rank {rt.rank})" if rt.world_size > 1 else ""))
+            return 2
         return 0
     except runtime.SetupFailed as exc:
         where = f" (on rank {exc.failed_rank})" if rt.world_size > 1 else ""

@@ -29,6 +29,10 @@ class CheckpointMismatch(ValueError):
     """A checkpoint was written by another model, dataset or trainer version."""
 
 
+class CheckpointUnreadable(CheckpointMismatch):
+    """A checkpoint's bytes do not load (truncated, damaged, or not a checkpoint at all)."""
+
+
 def checkpoint_name(step: int) -> str:
     return f"ckpt-{step:09d}.pt"
 
@@ -72,11 +76,27 @@ def load(store: Store, name: str) -> dict[str, Any]:
     try:
         ckpt = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means "not our checkpoint"
-        raise CheckpointMismatch(f"{store.url_of(name)} is not a readable trainer checkpoint ({exc})") from None
+        raise CheckpointUnreadable(f"{store.url_of(name)} is not a readable trainer checkpoint ({exc})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format_version") != FORMAT_VERSION:
         raise CheckpointMismatch(f"{store.url_of(name)}: checkpoint format {ckpt.get('format_version')!r}, "
                                  f"this trainer reads {FORMAT_VERSION}; use --resume none")
     return ckpt
+
+
+def load_newest_complete(store: Store) -> tuple[str, dict[str, Any], list[str]] | None:
+    """(name, checkpoint, skipped) of the newest checkpoint in `store` that loads, or None if none
+    exist; `skipped` says which newer ones did not load and why (a truncated or damaged file)."""
+    names = list_checkpoints(store)
+    skipped: list[str] = []
+    for name in reversed(names):
+        try:
+            return name, load(store, name), skipped
+        except (CheckpointUnreadable, ShardifyError) as exc:  # other format versions still stop here
+            skipped.append(f"{name}: {exc}")
+    if names:
+        raise CheckpointUnreadable(f"--resume auto: none of the {len(names)} checkpoints in {store.url} loads "
+                                   f"({'; '.join(skipped[:3])}); use --resume none or restore a checkpoint")
+    return None
 
 
 def check_identity(ckpt: dict[str, Any], identity: dict[str, Any], *, where: str) -> None:

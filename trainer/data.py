@@ -82,6 +82,29 @@ def job_facts(loader: Any) -> dict[str, Any]:
     return {"dataset_samples": int(getattr(loader, "num_samples", 0)), "bytes_per_sample": per_sample}
 
 
+def check_labels(batch: dict[str, Any], num_classes: int, loader: Any = None) -> None:
+    """ValueError naming the shard and key of the first real sample whose label is outside
+    [0, num_classes) (cross-entropy would fail with a bare IndexError, or a CUDA assert)."""
+    labels, mask = batch["label"], batch["mask"]
+    bad = ((labels < 0) | (labels >= num_classes)) & mask
+    if not bool(bad.any()):
+        return
+    i = int(bad.nonzero()[0, 0])
+    where = ""
+    shards = batch.get("__shard__")
+    if shards is not None:
+        shard = int(shards[i])
+        manifest = getattr(loader, "manifest", None)
+        store = getattr(loader, "store", None)
+        where = f" in shard {shard}"
+        if manifest is not None and store is not None:
+            where = f" in shard {store.url_of(manifest.shard_paths[shard])}"
+    raise ValueError(
+        f"sample {batch['__key__'][i]!r}{where} has label {int(labels[i])}, outside the model's "
+        f"{num_classes} classes (0..{num_classes - 1}); fix --num-classes or the dataset's labels"
+    )
+
+
 def to_device(batch: dict[str, Any], device: torch.device,
               features: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(inputs, labels int64 [N], mask bool [N]) on `device`; inputs are images float [N,3,H,W] in

@@ -122,13 +122,22 @@ def wrap(run: Run) -> None:
 def resume(run: Run) -> None:
     """Load the checkpoint --resume names (auto: the newest), on every rank; no-op when there is none."""
     cfg, rt = run.cfg, run.rt
-    found = ckpt_io.locate(cfg.resume, run.store, data.storage_options(cfg))
+    skipped: list[str] = []
+    newest = None
+    if cfg.resume == "auto":  # the newest checkpoint that loads: a truncated newest one is skipped
+        newest = ckpt_io.load_newest_complete(run.store)
+        found = None if newest is None else (run.store, newest[0])
+    else:
+        found = ckpt_io.locate(cfg.resume, run.store, data.storage_options(cfg))
     if found is None:
         if rt.is_main:
             run.recorder.truncate_keys(0)
         return
     store, name = found
-    ckpt = ckpt_io.load(store, name)
+    if newest is not None:
+        ckpt, skipped = newest[1], newest[2]
+    else:
+        ckpt = ckpt_io.load(store, name)
     ckpt_io.check_identity(ckpt, run.identity, where=store.url_of(name))
     run.model.load_state_dict(ckpt["model"])
     run.optimizer.load_state_dict(ckpt["optimizer"])
@@ -146,8 +155,11 @@ def resume(run: Run) -> None:
         ckpt_io.seed_all(cfg.seed + 1000 * run.step + rt.rank)
     if rt.is_main:
         run.recorder.truncate_keys(run.step)
+        for why in skipped:
+            run.recorder.note(f"skipped checkpoint {why}")
         run.recorder.note(f"resumed from {store.url_of(name)}: step {run.step}, epoch {run.epoch} "
-                          f"(saved by {ckpt['world_size']} ranks, now {rt.world_size})")
+                          f"(saved by {ckpt['world_size']} ranks, now {rt.world_size})"
+                          + (f"; skipped {len(skipped)} newer checkpoint(s) that do not load" if skipped else ""))
 
 
 def save(run: Run, *, epoch_done: bool) -> None:
@@ -188,6 +200,7 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
                                f"(step {run.step + 1}); this is a loader bug, not a data problem")
         read_s += float(batch.get("read_s", 0.0))
         decode_s += float(batch.get("decode_s", 0.0))
+        data.check_labels(batch, run.identity["num_classes"], run.loader)
         with timer.phase("h2d"):
             inputs, labels, mask = data.to_device(batch, rt.device, cfg.feature_names)
         keep = mask.cpu().tolist()
