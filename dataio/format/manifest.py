@@ -21,8 +21,7 @@ from dataio.format.manifest_parts import (
     Counts,
     PartColumn,
     PartedTable,
-    check_parts_entry,
-    load_sizes,
+    open_root,
     part_paths,
     write_parts,
 )
@@ -344,41 +343,24 @@ def read_manifest(store: Store) -> Manifest:
 
 def _from_root(store: Store, doc: dict[str, Any], where: str) -> Manifest:
     """A Manifest over a parted root: counts in memory, the other columns loaded part by part."""
-
-    def bad(why: str) -> ManifestError:
-        return ManifestError(f"{where}: {why}; rewrite the dataset with `shardify write ... --overwrite`")
-
-    unknown = set(doc) - _ROOT_KEYS - {"shardify_manifest"}
-    if unknown:
-        raise bad(f"unknown keys {sorted(unknown)}")
     if doc.get("checksum_algorithm") != CHECKSUM_ALGORITHM:
-        raise bad(f"checksum algorithm {doc.get('checksum_algorithm')!r} is not {CHECKSUM_ALGORITHM!r}")
-    fmt, fingerprint, num_shards = doc.get("format"), doc.get("fingerprint"), doc.get("num_shards")
-    if fmt not in FORMATS or not isinstance(fingerprint, str) or not isinstance(num_shards, int) or num_shards < 0:
-        raise bad(f"format must be one of {FORMATS}, with a fingerprint and num_shards")
-    if not isinstance(doc.get("num_bytes"), int) or not isinstance(doc.get("num_samples"), int):
-        raise bad("num_samples and num_bytes must be integers")
-    try:
-        check_parts_entry(doc.get("parts"), fingerprint)
-    except (ValueError, TypeError) as exc:
-        raise bad(f"bad parts list: {exc}") from None
-    sizes = load_sizes(store, doc["parts"], fingerprint, num_shards)
-    if int(sizes.sum()) != doc["num_samples"]:
-        raise bad(f"num_samples {doc['num_samples']} != sum over shards {int(sizes.sum())}")
+        raise ManifestError(f"{where}: checksum algorithm {doc.get('checksum_algorithm')!r} is not "
+                            f"{CHECKSUM_ALGORITHM!r}; rewrite the dataset with `shardify write ... --overwrite`")
+    table = open_root(store, doc, where, allowed_keys=_ROOT_KEYS | {"shardify_manifest"}, formats=FORMATS)
     # Per-shard bytes live in the table parts (read when used): bound the totals and the largest
     # shard here; each shard's own bound and real size are checked when a reader opens it.
-    most = max_samples_in(fmt, doc["num_bytes"])
+    sizes, most = table.num_samples, max_samples_in(table.fmt, table.total_bytes)
     if doc["num_samples"] > most or (len(sizes) and int(sizes.max()) > most):
-        raise bad(f"{doc['num_samples']} samples (largest shard {int(sizes.max()) if len(sizes) else 0}) cannot fit "
-                  f"in {doc['num_bytes']} bytes (at most {most}): the manifest is forged or corrupt")
-    table = PartedTable(store, doc["parts"], fmt=fmt, fingerprint=fingerprint, num_samples=sizes,
-                        total_bytes=doc["num_bytes"])
+        raise ManifestError(
+            f"{where}: {doc['num_samples']} samples (largest shard {int(sizes.max()) if len(sizes) else 0}) cannot "
+            f"fit in {doc['num_bytes']} bytes (at most {most}): the manifest is forged or corrupt; rewrite the "
+            "dataset with `shardify write ... --overwrite`")
     col = {name: PartColumn(table, name) for name in table.column_names}
     try:
         return Manifest(
-            format=fmt,
+            format=table.fmt,
             fields=tuple(Field(name=f["name"], type=f["type"]) for f in doc.get("fields", [])),
-            shard_paths=col["path"], shard_num_samples=Counts(sizes),  # type: ignore[arg-type]
+            shard_paths=col["path"], shard_num_samples=Counts(table.num_samples),  # type: ignore[arg-type]
             shard_num_bytes=col["num_bytes"], shard_checksums=col["checksum"],  # type: ignore[arg-type]
             index_paths=col.get("index_path", ()), index_num_bytes=col.get("index_bytes", ()),  # type: ignore[arg-type]
             index_checksums=col.get("index_checksum", ()), row_groups=col.get("row_groups", ()),  # type: ignore[arg-type]
@@ -388,7 +370,7 @@ def _from_root(store: Store, doc: dict[str, Any], where: str) -> Manifest:
             skipped=tuple(dict(s) for s in doc.get("skipped", [])), parted=table,
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise bad(f"malformed: {exc}") from None
+        raise ManifestError(f"{where}: malformed: {exc}; rewrite the dataset with `shardify write ... --overwrite`") from None
 
 
 def write_manifest(store: Store, manifest: Manifest, *, parts_threshold: int = PARTS_THRESHOLD) -> None:

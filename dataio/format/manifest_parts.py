@@ -210,6 +210,32 @@ def check_parts_entry(parts: Any, fingerprint: str) -> None:
     check_relative(parts["dir"])
 
 
+def open_root(store: Store, doc: dict[str, Any], where: str, *, allowed_keys: set[str],
+              formats: Sequence[str]) -> PartedTable:
+    """Check a parted root's own fields, load its sizes part; ManifestError naming `where` or the part."""
+
+    def bad(why: str) -> ManifestError:
+        return ManifestError(f"{where}: {why}; {_FIX}")
+
+    unknown = set(doc) - allowed_keys
+    if unknown:
+        raise bad(f"unknown keys {sorted(unknown)}")
+    fmt, fingerprint, num_shards = doc.get("format"), doc.get("fingerprint"), doc.get("num_shards")
+    if fmt not in formats or not isinstance(fingerprint, str) or not isinstance(num_shards, int) or num_shards < 0:
+        raise bad(f"format must be one of {tuple(formats)}, with a fingerprint and num_shards")
+    if not isinstance(doc.get("num_bytes"), int) or not isinstance(doc.get("num_samples"), int):
+        raise bad("num_samples and num_bytes must be integers")
+    try:
+        check_parts_entry(doc.get("parts"), fingerprint)
+    except (ValueError, TypeError) as exc:
+        raise bad(f"bad parts list: {exc}") from None
+    sizes = load_sizes(store, doc["parts"], fingerprint, num_shards)
+    if int(sizes.sum()) != doc["num_samples"]:
+        raise bad(f"num_samples {doc['num_samples']} != sum over shards {int(sizes.sum())}")
+    return PartedTable(store, doc["parts"], fmt=fmt, fingerprint=fingerprint, num_samples=sizes,
+                       total_bytes=doc["num_bytes"])
+
+
 def load_sizes(store: Store, parts: dict[str, Any], fingerprint: str, num_shards: int) -> np.ndarray:
     """(num_shards,) int64 sample counts from the sizes part; ManifestError naming the part if wrong."""
     table, where = read_part(store, parts, parts["sizes"], fingerprint)
