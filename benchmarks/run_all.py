@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("plan", "decode", "write", "loader")
+ORDER = ("plan", "decode", "write", "loader", "scale")
 QUICK = {"loader": ["--num-images", "2000", "--repeats", "1", "--epochs", "2"]}
 
 

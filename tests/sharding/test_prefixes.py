@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,11 @@ def test_prefixed_layout_local(image_folder: Path, tmp_path: Path, capsys) -> No
 
     keys = [s["__key__"] for s in wds.WebDataset(listed, shardshuffle=False)]
     assert sorted(keys) == sorted(f"{i:06d}" for i in range(24))
+    if importlib.util.find_spec("nvidia.dali") is not None:  # DALI's reader takes the same list (and our indexes)
+        from tests.sharding.test_interop import _dali_read, _source_samples
+
+        index_urls = [u.rsplit(".", 1)[0] + ".idx" for u in listed]
+        assert _dali_read(listed, index_urls, 24) == _source_samples(image_folder)
     assert run("inspect", spread, "--no-labels") == 0
     assert "Parquet parts" in capsys.readouterr().out
 
