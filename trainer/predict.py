@@ -124,14 +124,15 @@ def predict(m: Measured, link: Link, world_sizes: Iterable[int]) -> list[dict[st
 def walls(m: Measured, link: Link, *, max_world_size: int, min_efficiency: float = 0.8) -> dict[str, Any]:
     """The first N (1..max_world_size) at which each wall is hit, and which comes first.
 
-    comm wall: compute+comm alone falls below `min_efficiency`; data wall: the input pipeline or the
-    storage share per rank is below what a rank could compute (it waits for data from then on).
+    data wall: the input pipeline or the storage share per rank is below what a rank could compute
+    (it waits for data from then on); comm wall: efficiency (as in `predict`) falls below
+    `min_efficiency` while compute+comm is what limits the rate.
     """
     comm_at, data_at, data_kind = None, None, None
-    one = at(m, link, 1)["compute_samples_per_s"]
+    one = at(m, link, 1)["samples_per_s"]
     for n in range(1, max_world_size + 1):
         row = at(m, link, n)
-        if comm_at is None and row["compute_samples_per_s"] / (n * one) < min_efficiency:
+        if comm_at is None and row["limit"] == "compute+comm" and row["samples_per_s"] / (n * one) < min_efficiency:
             comm_at = n
         if data_at is None and row["limit"] in ("input pipeline", "storage"):
             data_at, data_kind = n, row["limit"]

@@ -43,7 +43,7 @@ class ScalingConfig:
     deadline_hours: float | None = None
     epochs: int = 1
     min_efficiency: float = 0.8
-    input_batches: int = 40
+    input_batches: int = 100
     timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
@@ -88,7 +88,7 @@ def parse(argv: list[str]) -> tuple[ScalingConfig, list[str]]:
     p.add_argument("--deadline-hours", type=float, help="name the smallest world size finishing --epochs in time")
     p.add_argument("--epochs", type=int, default=1, help="epochs the deadline is for")
     p.add_argument("--min-efficiency", type=float, default=0.8, help="below this the comm wall is hit")
-    p.add_argument("--input-batches", type=int, default=40, help="batches timed for the input ceiling")
+    p.add_argument("--input-batches", type=int, default=100, help="batches timed for the input ceiling")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per run; the run is killed after it")
     p.exit_on_error = False
     try:

@@ -23,7 +23,7 @@ def write_chart(path: str, result: dict[str, Any]) -> None:
     all_sizes: list[int] = []
     for i, v in enumerate(result["variants"]):
         tag = "" if v["variant"] is None else f" [{v['variant']}]"
-        meas, pred = v["measured"], v["predicted"]
+        meas, pred = v["measured"], v.get("curve") or v["predicted"]
         ns = [r["world_size"] for r in meas]
         pn = [r["world_size"] for r in pred]
         all_sizes += ns + pn

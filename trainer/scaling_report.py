@@ -46,10 +46,12 @@ def measured_row(summary: dict[str, Any], *, base: dict[str, Any] | None, thread
 
 
 def measurements(runs: Sequence[dict[str, Any]], *, ceiling: dict[str, Any] | None,
-                 storage_gbps: float | None, link: predict.Link) -> predict.Measured:
-    """The prediction's inputs from the runs of one variant: local step at the smallest N, overlap at the largest."""
+                 storage_gbps: float | None, link: predict.Link, max_cores: int | None = None) -> predict.Measured:
+    """The prediction's inputs from the runs of one variant: a rank's own step at the smallest N; overlap and
+    comm beyond the link model at the largest N using at most `max_cores` threads (not oversubscribed)."""
     small = min(runs, key=lambda s: s["world_size"])
-    large = max(runs, key=lambda s: s["world_size"])
+    fair = [s for s in runs if max_cores is None or s["world_size"] <= max_cores] or [small]
+    large = max(fair, key=lambda s: s["world_size"])
     ranks = small["ranks"]
     steps = sum(r["steps"] for r in ranks)
     local = sum(r["step_s"] - r["wait_s"] - r["comm_exposed_s"] for r in ranks) / steps
@@ -107,7 +109,8 @@ def _variant(cfg: Any, summaries: list[dict[str, Any]], *, link: predict.Link, c
     summaries = sorted(summaries, key=lambda s: s["world_size"])
     base = summaries[0] if summaries else None
     rows = [measured_row(s, base=base, threads=threads, cpu_count=cpu_count) for s in summaries]
-    m = measurements(summaries, ceiling=ceiling, storage_gbps=cfg.storage_gbps, link=link)
+    m = measurements(summaries, ceiling=ceiling, storage_gbps=cfg.storage_gbps, link=link,
+                     max_cores=cpu_count // threads)
     measured_ns = {r["world_size"] for r in rows}
     sizes = sorted(measured_ns | set(cfg.predict))
     predicted = predict.predict(m, link, sizes)
@@ -119,7 +122,8 @@ def _variant(cfg: Any, summaries: list[dict[str, Any]], *, link: predict.Link, c
     epoch_samples = int(summaries[0]["job"].get("dataset_samples") or summaries[0]["job"]["epoch_samples"])
     choice = _priced(cfg, rows + [p for p in predicted if p["world_size"] not in measured_ns], epoch_samples)
     _priced(cfg, [p for p in predicted if p["world_size"] in measured_ns], epoch_samples)  # shown, not chosen
-    return {"variant": summaries[0]["run"]["variant"], "measured": rows, "predicted": predicted,
+    curve = predict.predict(m, link, sorted(measured_ns | set(log2_ticks(sizes)) | set(sizes)))  # for the chart
+    return {"variant": summaries[0]["run"]["variant"], "measured": rows, "predicted": predicted, "curve": curve,
             "inputs": {k: getattr(m, k) for k in m.__slots__}, "model_check_at_2": check,
             "walls": predict.walls(m, link, max_world_size=max(sizes), min_efficiency=cfg.min_efficiency),
             "choice": choice, "epoch_samples": epoch_samples}
@@ -163,24 +167,23 @@ def measured_table(result: dict[str, Any]) -> Table:
     table = Table(title="scaling: measured (real torchrun jobs, "
                         f"{result['config']['threads']} thread(s) per rank, {result['cpu_count']} cores)")
     table_shares = ("wait", "compute", "comm_exposed", "opt")
-    for name in ("ranks", *([swept] if swept else []), "samples/s", "efficiency",
-                 *(SHARE_LABELS[p] for p in table_shares), "other**", "comm overlapped*", "slowest rank",
-                 "$/epoch", "$/1k samples", "wasted"):
-        table.add_column(name, justify="right")
+    for name in ("ranks", *([swept] if swept else []), "samples/s", "effic.", "data wait", "compute",
+                 "exp. comm", "optim.", "other**", "overlap*", "slowest", "$/epoch", "$/1k", "wasted"):
+        table.add_column(name, justify="right", no_wrap=name == "ranks")
     for v in result["variants"]:
         for r in v["measured"]:
             c = r.get("cost") or {}
             share = r["stage_share"]
-            n = f"{r['world_size']}" + (" (oversubscribed)" if r["oversubscribed"] else "")
+            n = f"{r['world_size']}" + (" (>cores)" if r["oversubscribed"] else "")
             table.add_row(n, *([str(v["variant"]).split(":")[-1]] if swept else []), f"{r['samples_per_s']:.1f}",
                           f"{r['efficiency']:.0%}", *(f"{share[p]:.0%}" for p in table_shares),
                           f"{share['h2d'] + share['other']:.0%}", f"{r['comm_overlapped_share']:.0%}",
                           f"r{r['slowest_rank']} {r['slowest_rank_vs_median']:.2f}x",
                           _money(c.get("dollars_per_epoch")), _money(c.get("dollars_per_1k_samples")),
                           "-" if not c else f"{c['wasted_share']:.0%}")
-    table.caption = ("shares of step time, all ranks; * ran inside compute (not added); ** host->device copy and "
-                     "bookkeeping; wasted = data wait + exposed comm (paid, idle). "
-                     "efficiency = samples/s at N / (N x samples/s at the smallest N)")
+    table.caption = ("shares of step time, all ranks; * overlapped comm ran inside compute (not added); ** host->device "
+                     "copy and bookkeeping; wasted = data wait + exposed comm (paid, idle); $/1k = per 1000 samples; "
+                     "effic. = samples/s at N / (N x samples/s at the smallest N); (>cores): ranks x threads > cores")
     return table
 
 
@@ -188,10 +191,14 @@ def predicted_table(v: dict[str, Any], link: dict[str, Any]) -> Table:
     label = f" ({str(v['variant']).split(':')[-1]})" if v["variant"] is not None else ""
     table = Table(title=f"prediction{label}: ring all-reduce, link {link['gbps']:.2f} Gbit/s, "
                         f"{link['latency_us']:.0f} us/hop ({link['source']})")
-    for name in ("ranks", "samples/s", "efficiency", "all-reduce ms", "exposed ms", "limited by", "$/epoch"):
+    for name in ("ranks", "samples/s", "measured", "efficiency", "all-reduce ms", "exposed ms", "limited by",
+                 "$/epoch"):
         table.add_column(name, justify="right")
+    measured = {r["world_size"]: r["samples_per_s"] for r in v["measured"]}
     for r in v["predicted"]:
-        table.add_row(str(r["world_size"]), f"{r['samples_per_s']:.1f}", f"{r['efficiency']:.0%}",
+        seen = measured.get(r["world_size"])
+        table.add_row(str(r["world_size"]), f"{r['samples_per_s']:.1f}", "" if seen is None else f"{seen:.1f}",
+                      f"{r['efficiency']:.0%}",
                       f"{1000 * r['allreduce_s']:.2f}", f"{1000 * r['exposed_comm_s']:.2f}", r["limit"],
                       _money((r.get("cost") or {}).get("dollars_per_epoch")))
     return table
