@@ -52,6 +52,12 @@ def wasted_share(stage_share: dict[str, float]) -> float:
 def describe(cost: dict[str, Any]) -> str:
     """One line for people: $ per epoch, per 1,000 samples, and the wasted share in $."""
     return (f"cost at ${cost['price_per_hour']:.2f}/rank-hour x {cost['world_size']}: "
-            f"${cost['dollars_per_epoch']:.4g} per epoch ({cost['epoch_hours'] * 60:.3g} min), "
-            f"${cost['dollars_per_1k_samples']:.4g} per 1000 samples, wasted {cost['wasted_share']:.0%} "
-            f"(${cost['wasted_dollars_per_epoch']:.4g} per epoch in data wait + exposed comm)")
+            f"${cost['dollars_per_epoch']:.3g} per epoch ({_duration(cost['epoch_hours'] * 3600)}), "
+            f"${cost['dollars_per_1k_samples']:.3g} per 1000 samples, wasted {cost['wasted_share']:.0%} "
+            f"(${cost['wasted_dollars_per_epoch']:.3g} per epoch in data wait + exposed comm)")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    return f"{seconds / 60:.3g} min" if seconds < 7200 else f"{seconds / 3600:.3g} h"
