@@ -9,7 +9,7 @@ from tests.trainer.harness import ok, run_trainer, summary
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 FAKE = "tests.trainer.fakes:sleepy"
-DELAY_S = 0.08
+DELAY_S = 0.15
 
 
 def _scalars(logdir) -> dict[str, list[tuple[int, float]]]:
@@ -28,10 +28,15 @@ def test_a_delaying_comm_hook_is_reported_as_exposed_comm_priced_and_logged(tmp_
                     "--resume", "none", "--dist-timeout-s", "60", "--num-threads", "1",
                     "--comm-hook", "tests.trainer.fakes:delayed_allreduce", "--bucket-cap-mb", "1",
                     "--price-per-hour", "3", "--tensorboard", str(tb)],
-                   env={"FAKE_COMPUTE_S": "0.02", "FAKE_COMM_DELAY_S": str(DELAY_S)}))
+                   env={"FAKE_COMPUTE_S": "0.05", "FAKE_COMM_DELAY_S": str(DELAY_S)}))
     rep = summary(out)
-    for r in rep["ranks"]:  # one bucket (a 3->4 linear layer), delayed at the end of backward: all exposed
-        assert abs(r["comm_exposed_s"] / r["steps"] - DELAY_S) / DELAY_S < 0.10, r
+    # One bucket (a 3->4 linear layer), delayed at the end of backward: all of it exposed. A rank that
+    # reaches the all-reduce first also waits for its peer (scheduling jitter on a busy machine), so the
+    # last to arrive shows the delay itself.
+    exposed = [r["comm_exposed_s"] / r["steps"] for r in rep["ranks"]]
+    assert abs(min(exposed) - DELAY_S) / DELAY_S < 0.10, exposed
+    assert all(abs(e - DELAY_S) / DELAY_S < 0.20 for e in exposed), exposed
+    for r in rep["ranks"]:
         assert r["compute_s"] / r["steps"] < DELAY_S  # the delay is not counted as compute
     assert rep["job"]["grad_bytes"] == (3 * 4 + 4) * 4 and rep["job"]["num_threads"] == 1
     c = rep["cost"]  # the bill follows from the measured rate: 2 ranks x $3/h
@@ -39,12 +44,12 @@ def test_a_delaying_comm_hook_is_reported_as_exposed_comm_priced_and_logged(tmp_
     assert c["dollars_per_epoch"] == pytest.approx(6 / 3600 * rep["job"]["epoch_samples"] / rep["samples_per_s"])
     share = rep["stage_share"]
     assert c["wasted_share"] == pytest.approx(share["wait"] + share["comm_exposed"])
-    assert c["wasted_share"] > 0.5  # 80 ms of each ~100 ms step waits on the (delayed) all-reduce
+    assert c["wasted_share"] > 0.5  # 150 ms of each ~200 ms step waits on the (delayed) all-reduce
     scalars = _scalars(tb)
     assert [s for s, _ in scalars["train/samples_per_s"]] == [4, 8]
     assert {"train/loss", "train/lr", "train/data_wait_share", "stage_ms/compute/rank1"} <= set(scalars)
-    for _, ms in scalars["stage_ms/comm_exposed/rank0"]:
-        assert abs(ms - 1000 * DELAY_S) / (1000 * DELAY_S) < 0.15
+    for _, ms in scalars["stage_ms/comm_exposed/rank0"] + scalars["stage_ms/comm_exposed/rank1"]:
+        assert abs(ms - 1000 * DELAY_S) / (1000 * DELAY_S) < 0.25
 
 
 def test_fp16_compression_halves_the_wire_bytes_and_trains(tmp_path):
