@@ -19,8 +19,8 @@ WAIT_S, COMPUTE_S, COMM_S, BATCH = 0.05, 0.1, 0.1, 4
 DELAYED = "tests.trainer.fakes:delayed_allreduce"
 
 
-def _near(got: float, want: float, rel: float = 0.10) -> bool:
-    return abs(got - want) <= rel * want
+def _near(got: float, want: float, rel: float = 0.10, slack: float = 0.0) -> bool:
+    return abs(got - want) <= rel * want + slack
 
 
 def test_parse_keeps_trainer_flags_apart_and_checks_them():
@@ -55,12 +55,13 @@ def test_scaling_report_matches_the_injected_delays(tmp_path):
 
     for v in (plain, delayed):
         for row in v["measured"]:
-            assert _near(ms(row, "wait"), 1000 * WAIT_S, 0.15), row  # the loader's delay, in next()
-            assert _near(ms(row, "compute"), 1000 * COMPUTE_S), row  # the model's sleep
+            # the loader's delay (in next()) and the model's sleep; 5 ms of slack for a busy machine's scheduler
+            assert _near(ms(row, "wait"), 1000 * WAIT_S, 0.10, 5), row
+            assert _near(ms(row, "compute"), 1000 * COMPUTE_S, 0.10, 5), row
         one, two = v["measured"]
         assert one["efficiency"] == 1.0 and _near(two["efficiency"], one["step_ms"] / two["step_ms"], 0.05)
     # The swept lever's effect: 100 ms more exposed comm at 2 ranks, none at 1, and the efficiency it costs.
-    assert ms(delayed["measured"][1], "comm_exposed") == pytest.approx(1000 * COMM_S, rel=0.10)
+    assert _near(ms(delayed["measured"][1], "comm_exposed"), 1000 * COMM_S, 0.10, 5)
     assert ms(plain["measured"][1], "comm_exposed") < 0.3 * 1000 * COMM_S
     assert ms(delayed["measured"][0], "comm_exposed") < 5
     assert _near(delayed["measured"][1]["efficiency"], (WAIT_S + COMPUTE_S) / (WAIT_S + COMPUTE_S + COMM_S), 0.15)
