@@ -44,6 +44,17 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+_SECONDS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'1h' -> 3600.0, '30m' -> 1800.0, '90' / '90s' -> 90.0, '0' -> 0.0."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _SECONDS:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: give a number with s, m, h or d, e.g. 1h")
+    return float(m.group(1)) * _SECONDS[m.group(2).lower()]
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -83,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "damaged structure, decoding only what the walk cannot vouch for (default); "
                         "full: decode every pixel; header: format and pixel limit only")
     w.add_argument("--on-error", choices=("fail", "skip"), default="fail", help="unreadable samples: stop, or skip and list them")
-    w.add_argument("--overwrite", action="store_true", help="replace the dataset at DEST")
+    w.add_argument("--overwrite", action="store_true",
+                   help="write a new version of the dataset at DEST beside the old one; the manifest switches "
+                        "atomically when it is complete, the old shards go after the grace period (shardify gc)")
     w.add_argument("--prefixes", type=_positive_int, metavar="N",
                    help="spread shards over N hashed directories (shards/7f/...) so S3's per-prefix request "
                         "limits are not hit (default: 1 up to 10k shards, then one per ~10k shards)")
@@ -117,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("url", help="prefix holding the .parquet files (local directory or s3://bucket/prefix)")
     x.add_argument("--overwrite", action="store_true", help="replace a manifest already there")
     _storage_flags(x)
+
+    g = sub.add_parser("gc", help="delete old versions' shards after their grace period, abandoned writes' "
+                                  "leftovers and stale multipart uploads")
+    g.add_argument("url")
+    g.add_argument("--grace", type=parse_duration, default=3600.0, metavar="DURATION",
+                   help="keep what a version retired or a write touched less than this ago (default 1h; "
+                        "e.g. 30m, 2h, 1d, 0)")
+    g.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
+    _storage_flags(g)
 
     v = sub.add_parser("verify", help="check every shard, index, sample and image against the manifest")
     v.add_argument("url")
@@ -157,6 +179,7 @@ def _check_reachable(store: Store) -> None:
 def _write(args: argparse.Namespace) -> int:
     from sharding.progress import Progress
     from sharding.sources.by_path import open_source
+    from sharding.overlap import check_overlap
     from sharding.writer import WriteConfig, write_dataset
 
     options = _options(args)
@@ -168,6 +191,8 @@ def _write(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
     )
     dest = Store(args.dest, options)
+    check_overlap(args.src, args.dest, overwrite=args.overwrite, shown_src=redact(args.src, options.secrets),
+                  shown_dest=dest.url)
     _check_reachable(dest)
     source = open_source(args.src, storage=options, image_column=args.image_column,
                          label_column=args.label_column, key_column=args.key_column, key=args.key)
@@ -180,7 +205,20 @@ def _write(args: argparse.Namespace) -> int:
     m = report.manifest
     print(f"wrote {m.num_samples} samples in {m.num_shards} {m.format} shards ({m.num_bytes / 1e6:.1f} MB) to "
           f"{dest.url} in {report.seconds:.1f} s ({m.num_samples / max(report.seconds, 1e-9):.0f} samples/s)"
-          + (f"; skipped {len(m.skipped)} (listed in the manifest)" if m.skipped else ""))
+          + (f"; skipped {len(m.skipped)} (listed in the manifest)" if m.skipped else "")
+          + f"; version {report.version}"
+          + (f"; removed {len(report.removed)} object(s) of versions retired more than the grace ago"
+             if report.removed else ""))
+    return 0
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from sharding.gc import collect, describe
+
+    store = Store(args.url, _options(args))
+    _check_reachable(store)
+    report = collect(store, grace_s=args.grace, dry_run=args.dry_run)
+    print("\n".join(describe(report, store.url, dry_run=args.dry_run)))
     return 0
 
 
@@ -254,11 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("src", "dest", "url"):
         secrets += url_secrets(getattr(args, name, None) or "")
     try:
-        return {"write": _write, "inspect": _inspect, "verify": _verify, "index": _index}[args.command](args)
+        return {"write": _write, "inspect": _inspect, "verify": _verify, "index": _index, "gc": _gc}[args.command](args)
     except KeyboardInterrupt:
         if args.command == "write":
-            print(f"shardify: interrupted; no manifest was written, so {redact(args.dest, secrets)} is not a "
-                  "dataset; rerun with --overwrite", file=sys.stderr)
+            print(f"shardify: interrupted; the new version was not published, so {redact(args.dest, secrets)} "
+                  "holds what it held before; rerun with --overwrite", file=sys.stderr)
         return 130
     except BrokenProcessPool:
         print(f"shardify {args.command}: error: a worker process died (out of memory, or killed); no manifest "

@@ -2,32 +2,49 @@
 
 The plan (a list of sample runs, one per shard) is computed in the parent from the scanned refs
 and the seed alone, so the output is the same for any number of workers. Each worker writes
-whole shards, each published atomically (`Store.open_atomic`); the manifest goes last, so a
-prefix whose writing was interrupted — even by kill -9 — has no manifest and is no dataset.
+whole shards, each published atomically and confirmed by the store (`Store.open_atomic`). A
+write is a new version of the dataset (`dataio.format.versions`): its shards go beside the old
+version's, a journal records each one confirmed, and the manifest, last, replaces the old one
+atomically, so at any moment — even after kill -9 — the prefix holds the complete old dataset or
+the complete new one. The old version's shards are deleted after a grace period (the next write
+or `shardify gc`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dataio.format.manifest import MANIFEST_NAME, Manifest, write_manifest
-from dataio.format.manifest_parts import PARTS_DIR
+from dataio.format.manifest import Manifest, write_manifest
+from dataio.format.versions import (
+    DEFAULT_GRACE_S,
+    SHARD_DIR,
+    Journal,
+    JournalHead,
+    is_own,
+    journal_versions,
+    next_generation,
+    read_journal,
+    shard_base,
+    version_name,
+    write_fingerprint,
+    write_head,
+)
 from dataio.rand import mix64
 from dataio.format.tar_index import TAR_BLOCK
 from dataio.storage.store import Store, redact
+from sharding.gc import collect
 from sharding.config import Layout, ShardResult, WriteConfig, layout_of
 from sharding.parallel import run_parallel
 from sharding.shard import write_shard
 from sharding.sources.base import Ref, Source, SourceError
 
 __all__ = ["WriteConfig", "WriteReport", "plan_shards", "prepare_destination", "write_dataset"]
-
-SHARD_DIR = "shards"
 
 
 def estimate_bytes(ref: Ref, fmt: str) -> int:
@@ -72,7 +89,7 @@ def default_prefixes(num_shards: int) -> int:
     return 1 if wanted <= 1 else min(MAX_DEFAULT_PREFIXES, 1 << (wanted - 1).bit_length())
 
 
-def shard_name(index: int, num_shards: int, fmt: str, num_prefixes: int = 1) -> str:
+def shard_name(index: int, num_shards: int, fmt: str, num_prefixes: int = 1, base: str = SHARD_DIR) -> str:
     """shards/shard-000123.tar, or with prefixes shards/7f/shard-000123.tar (7f: a hash of the number).
 
     The hash spreads consecutive shards over the prefixes (S3 limits requests per prefix) and is
@@ -81,33 +98,35 @@ def shard_name(index: int, num_shards: int, fmt: str, num_prefixes: int = 1) -> 
     width = max(6, len(str(num_shards - 1)))
     name = f"shard-{index:0{width}d}.{fmt}"
     if num_prefixes <= 1:
-        return f"{SHARD_DIR}/{name}"
+        return f"{base}/{name}"
     prefix = mix64(index) % num_prefixes
-    return f"{SHARD_DIR}/{prefix:0{max(2, len(f'{num_prefixes - 1:x}'))}x}/{name}"
+    return f"{base}/{prefix:0{max(2, len(f'{num_prefixes - 1:x}'))}x}/{name}"
 
 
 
-def prepare_destination(dest: Store, overwrite: bool) -> None:
-    """Refuse a non-empty DEST unless overwriting; then remove the old manifest first, then old shards."""
+def prepare_destination(dest: Store, overwrite: bool) -> int:
+    """Check DEST and return the generation of the version this write makes; nothing is deleted.
+
+    An empty prefix gets version 1. A non-empty one needs --overwrite, and then holds only what
+    shardify writes (files of others are refused, never touched); the new version goes beside
+    the old one, whose shards stay readable until the grace period of gc has passed.
+    """
     existing = dest.list()
     if not existing:
-        return
+        return 1
     if not overwrite:
         raise SourceError(
             f"{dest.url} is not empty ({len(existing)} files, e.g. {existing[0]!r}); choose an empty "
-            "destination, or pass --overwrite to replace the dataset there"
+            "destination, or pass --overwrite to write a new version there (the old one stays readable "
+            "until `shardify gc` removes it after its grace period)"
         )
-    foreign = [p for p in existing if p != MANIFEST_NAME and not p.startswith((SHARD_DIR + "/", PARTS_DIR + "/"))]
+    foreign = [p for p in existing if not is_own(p)]
     if foreign:
         raise SourceError(
-            f"{dest.url} holds files shardify did not write ({foreign[:3]}); refusing to delete them even "
-            "with --overwrite; choose another destination"
+            f"{dest.url} holds files shardify did not write ({foreign[:3]}); refusing to write a dataset "
+            "among them even with --overwrite; choose another destination"
         )
-    # Manifest first: from this moment the prefix is no dataset, so no reader sees a mix.
-    dest.remove(MANIFEST_NAME)
-    for rel in existing:
-        if rel != MANIFEST_NAME:
-            dest.remove(rel)
+    return next_generation(existing, journal_versions(existing))
 
 
 def tool_version() -> str:
@@ -144,34 +163,92 @@ class WriteReport:
     seconds: float
     source_bytes: int
     skipped: list[dict[str, str]] = field(default_factory=list)
+    version: str = ""
+    removed: tuple[str, ...] = ()  # objects of versions retired more than the grace ago, deleted after publishing
 
 
-def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: Any) -> WriteReport:
-    """Write every shard, then the manifest; raises (and writes no manifest) if anything fails."""
+class _Journaled:
+    """The progress sink of a write, also recording every confirmed shard in the journal."""
+
+    def __init__(self, progress: Any, journal: Journal) -> None:
+        self.progress, self.journal = progress, journal
+
+    def update(self, *args: Any) -> None:
+        self.progress.update(*args)
+
+    def log_shard(self, result: ShardResult) -> None:
+        self.progress.log_shard(result)
+        if result.num_samples:
+            self.journal.add(asdict(result))
+
+
+def _head(source: Source, config: WriteConfig, generation: int) -> JournalHead:
+    options = {k: getattr(config, k) for k in ("format", "shard_size_bytes", "max_samples_per_shard", "shuffle",
+                                               "seed", "max_side", "max_pixels", "validate", "on_error",
+                                               "num_prefixes")}
+    described = redact(source.description)
+    fingerprint = write_fingerprint(described, options, ((r.key, r.size_bytes) for r in source.refs))
+    return JournalHead(version=version_name(generation), fingerprint=fingerprint, options=options, source=described)
+
+
+def _retire_others(dest: Store, version: str) -> None:
+    """Mark the versions this one replaced as retired now: their grace period starts."""
+    names = dest.list()
+    now = time.time()
+    for other in journal_versions(names):
+        if other == version:
+            continue
+        head, _ = read_journal(dest, other, [])
+        if head.state == "published" and head.retired_s is None:
+            write_head(dest, replace(head, retired_s=now))
+
+
+def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: Any, *,
+                  grace_s: float = DEFAULT_GRACE_S) -> WriteReport:
+    """Write every shard of a new version, then its manifest; raises (and publishes nothing) if anything fails.
+
+    After publishing, versions retired more than `grace_s` ago are deleted (best effort).
+    """
     start = time.perf_counter()
-    prepare_destination(dest, config.overwrite)
+    generation = prepare_destination(dest, config.overwrite)
     layout = layout_of(source, config)
     plan = plan_shards(source.refs, config)
     prefixes = config.num_prefixes or default_prefixes(len(plan))
-    tasks = [(i, shard_name(i, len(plan), config.format, prefixes), [source.refs[j] for j in run])
+    base = shard_base(generation)
+    tasks = [(i, shard_name(i, len(plan), config.format, prefixes, base), [source.refs[j] for j in run])
              for i, run in enumerate(plan)]
-    if config.engine == "ray":
-        from sharding.engine_ray import run_ray
+    journal = Journal(dest, _head(source, config, generation))
+    journal.start()
+    sink = _Journaled(progress, journal)
+    try:
+        if config.engine == "ray":
+            from sharding.engine_ray import run_ray
 
-        results = run_ray(tasks, source, dest, config, layout, progress, address=config.ray_address)
-    elif config.num_workers == 1 or len(tasks) == 1:
-        results = []
-        for task in tasks:
-            results.append(write_shard(task, source, dest, config, layout, progress.update))
-            progress.log_shard(results[-1])
-    else:
-        results = run_parallel(tasks, source, dest, config, layout, progress)
-    manifest = _manifest(results, source, config, layout)
-    if manifest.num_shards == 0:
-        raise SourceError(
-            f"{source.description}: every sample was skipped ({len(manifest.skipped)}; first: "
-            f"{manifest.skipped[0]['reason'] if manifest.skipped else '-'}); nothing to write"
-        )
-    write_manifest(dest, manifest, parts_threshold=config.parts_threshold)
+            results = run_ray(tasks, source, dest, config, layout, sink, address=config.ray_address)
+        elif config.num_workers == 1 or len(tasks) == 1:
+            results = []
+            for task in tasks:
+                results.append(write_shard(task, source, dest, config, layout, progress.update))
+                sink.log_shard(results[-1])
+        else:
+            results = run_parallel(tasks, source, dest, config, layout, sink)
+        manifest = _manifest(results, source, config, layout)
+        if manifest.num_shards == 0:
+            raise SourceError(
+                f"{source.description}: every sample was skipped ({len(manifest.skipped)}; first: "
+                f"{manifest.skipped[0]['reason'] if manifest.skipped else '-'}); nothing to write"
+            )
+        journal.flush()  # every shard the manifest names is in the journal before it is published
+        write_manifest(dest, manifest, parts_threshold=config.parts_threshold)
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            journal.fail(redact(str(exc)) or type(exc).__name__)
+        raise
+    removed: tuple[str, ...] = ()
+    with contextlib.suppress(Exception):  # the dataset is published; bookkeeping may lag, gc catches up
+        journal.finish(manifest_fingerprint=manifest.fingerprint)
+        _retire_others(dest, journal.head.version)
+        removed = collect(dest, grace_s=grace_s).removed
     return WriteReport(manifest=manifest, seconds=time.perf_counter() - start,
-                       source_bytes=sum(r.size_bytes for r in source.refs), skipped=list(manifest.skipped))
+                       source_bytes=sum(r.size_bytes for r in source.refs), skipped=list(manifest.skipped),
+                       version=journal.head.version, removed=removed)

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import tomllib
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -326,6 +327,41 @@ class Store:
 
         return self._retry(once, f"listing {self.url}")
 
+    def list_info(self) -> list[tuple[str, int, float]]:
+        """(relative name, size, modification time in epoch seconds) of every file below the prefix."""
+        root = self.fs and self._root
+
+        def once() -> list[tuple[str, int, float]]:
+            try:
+                found = self.fs.find(root, detail=True)
+            except FileNotFoundError:
+                return []
+            cut = len(root) + 1
+            return sorted((p[cut:], int(info.get("size") or 0), _mtime_s(info))
+                          for p, info in found.items() if p.startswith(root + "/"))
+
+        return self._retry(once, f"listing {self.url}")
+
+    def abort_uploads(self, older_than_s: float) -> list[str]:
+        """Abort the S3 multipart uploads below the prefix started more than `older_than_s` ago; their keys."""
+        if self.protocol not in ("s3", "s3a"):
+            return []
+        bucket, _, key_prefix = (self.fs and self._root).partition("/")
+        now = time.time()
+        aborted = []
+        resp = self._retry(lambda: self.fs.call_s3("list_multipart_uploads", Bucket=bucket,
+                                                   Prefix=key_prefix.rstrip("/") + "/"),
+                           f"listing multipart uploads of {self.url}")
+        for up in resp.get("Uploads") or []:
+            started = up.get("Initiated")
+            if started is not None and now - started.timestamp() < older_than_s:
+                continue
+            self._retry(lambda up=up: self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=up["Key"],
+                                                      UploadId=up["UploadId"]),
+                        f"aborting an upload to {self.url}")
+            aborted.append(up["Key"][len(key_prefix.rstrip("/")) + 1:])
+        return aborted
+
     def remove(self, rel: str) -> None:
         path = self.path(rel)
         with contextlib.suppress(FileNotFoundError):
@@ -412,6 +448,21 @@ class Store:
             raise UnconfirmedWriteError(f"the store holds {got} bytes, {size} were written")
         if md5 is not None and etag and "-" not in etag and len(etag) == 32 and etag != md5:
             raise UnconfirmedWriteError(f"the store's ETag {etag} is not the MD5 {md5} of the bytes written")
+
+
+def _mtime_s(info: Mapping[str, Any]) -> float:
+    """Modification time of an fsspec info dict: local `mtime`, S3 `LastModified`, memory `created`."""
+    for key in ("mtime", "LastModified", "last_modified", "created", "updated"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            continue
+    return time.time()  # unknown: as young as can be, so gc never deletes it for its age
 
 
 def _size_and_md5(f: Any) -> tuple[int, str]:

@@ -154,9 +154,15 @@ def test_on_error_skip_lists_the_sample(image_folder: Path, tmp_path: Path) -> N
 def test_overwrite_replaces_the_dataset(image_folder: Path, tmp_path: Path) -> None:
     dest = tmp_path / "ds"
     assert run("write", image_folder, dest, "--max-samples-per-shard", 3, "--quiet") == 0
+    old = read_manifest(Store(str(dest)))
     assert run("write", image_folder, dest, "--format", "parquet", "--overwrite", "--quiet") == 0
+    m = read_manifest(Store(str(dest)))
+    assert m.format == "parquet" and m.shard_paths == ("shards/v000002/shard-000000.parquet",)
+    assert all((dest / p).exists() for p in old.shard_paths)  # readers of the old version keep reading
+    assert run("gc", dest, "--grace", "0") == 0  # past the grace period, the old version goes
     names = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
-    assert names == ["manifest.json", "shards/shard-000000.parquet", "shards/shard-000000.sources.json"]
+    assert [n for n in names if not n.startswith("versions/v000002/")] == [
+        "manifest.json", "shards/v000002/shard-000000.parquet", "shards/v000002/shard-000000.sources.json"]
 
 
 def test_overwrite_refuses_to_delete_foreign_files(image_folder: Path, tmp_path: Path, capsys) -> None:
