@@ -280,8 +280,13 @@ def local_specs(data: dict[str, Any], args: argparse.Namespace) -> dict[str, tup
             if not args.no_peers_venv:
                 spec["python"] = "peers"
             specs[f"{kind}/{PEER_TORCH if 'python' in spec else TORCH}/{task}/local"] = (spec, repeats)
+    reuse = {"options": {"reuse_buffers": True}}
+    specs[f"shardify/{TORCH}/raw/local, reuse_buffers"] = ({**local, **reuse, "loader": "shardify", "task": "raw",
+                                                            "source": "local, reuse_buffers"}, main_r)
     w0 = {**local, "task": "raw", "num_workers": 0, "source": "local, 0 workers"}
     specs[f"shardify/{TORCH}/raw/local, 0 workers"] = ({**w0, "loader": "shardify"}, main_r)
+    specs[f"shardify/{TORCH}/raw/local, 0 workers, reuse_buffers"] = (
+        {**w0, **reuse, "loader": "shardify", "source": "local, 0 workers, reuse_buffers"}, main_r)
     if not args.no_peers_venv:
         specs[f"imagefolder/{PEER_TORCH}/raw/local, 0 workers"] = ({**w0, "loader": "imagefolder",
                                                                      "python": "peers"}, main_r)

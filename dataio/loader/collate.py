@@ -26,6 +26,7 @@ from dataio.loader.fields import (
     label_field,
     parse_value,
 )
+from dataio.loader.slabs import active_ring
 from dataio.rand import sample_seed
 
 SKIPPED_KEY = "__skipped__"  # worker -> main only: URL#key of corrupt samples replaced; popped in main
@@ -65,7 +66,11 @@ def pack_bytes(values: Sequence[bytes | bytearray | memoryview]) -> PackedBytes:
 
 
 def _new_uint8(n: int) -> torch.Tensor:
-    """An uninitialised uint8 tensor of n bytes, in shared memory inside a DataLoader worker."""
+    """An uninitialised uint8 tensor of n bytes, in shared memory inside a DataLoader worker; on a
+    reused slab while a SlabRing serves the batch (reuse_buffers=True, see slabs.py)."""
+    ring = active_ring()
+    if ring is not None and n > 0:
+        return ring.allocate(n)
     if n > 0 and torch.utils.data.get_worker_info() is not None:
         try:
             return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(n))

@@ -78,6 +78,9 @@ class LoaderConfig:
     startup_timeout_s: float = 300.0  # how long ranks wait for each other to open the dataset
     dali_threads: int = 2
     epoch_samples: int | None = None  # a mixture's epoch (None: the sum of its sources' sizes)
+    # RAW bytes packed into reused slabs (dataio/loader/slabs.py): a batch's PackedBytes stay valid
+    # until the caller asks for the next batch; False: fresh tensors the caller may keep.
+    reuse_buffers: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "image_size", "shuffle_window", "prefetch_bytes", "max_in_flight",
@@ -115,6 +118,10 @@ class LoaderConfig:
             check_int("epoch_samples", self.epoch_samples, minimum=0)
         if not self.startup_timeout_s > 0:
             raise ValueError("startup_timeout_s must be positive")
+        if not isinstance(self.reuse_buffers, bool):
+            raise TypeError(f"reuse_buffers must be True or False, got {self.reuse_buffers!r}")
+        if self.reuse_buffers and self.decode == "dali":
+            raise ValueError("reuse_buffers=True is for raw bytes (decode=None or 'cpu'); DALI holds batches ahead")
         if self.decode == "dali" and (self.transform is not None or self.collate is not None):
             raise ValueError("decode='dali' decodes in the main process: transform/collate hooks need decode='cpu' or None")
 

@@ -31,6 +31,7 @@ from dataio.loader.mixing import (
     plain_url,
 )
 from dataio.loader.startup import agree_on_dataset, fields_to_read, open_dataset
+from dataio.loader.slabs import SlabKeeper
 from dataio.loader.state import check_state, make_state
 from dataio.loader.worker import BatchDataset, Ticket, WorkerJob
 from dataio.plan.mix import Mixture
@@ -86,6 +87,7 @@ def make_loader(
     prefetch_factor: int = 2,
     startup_timeout_s: float = 300.0,
     dali_threads: int = 2,
+    reuse_buffers: bool = False,
 ) -> ShardLoader:
     """Open the dataset at `url` and return a ShardLoader; batch_size is per rank (see LoaderConfig).
 
@@ -185,6 +187,7 @@ class ShardLoader:
         self._active_steps: int | None = None
         self._token = 0  # the iteration in progress (or last started): older generators stop
         self._sampler = _TicketSampler()
+        self._slab_keeper = SlabKeeper() if config.reuse_buffers else None
         self._dataloader: torch.utils.data.DataLoader | None = None
         self._dali: Any = None
 
@@ -254,7 +257,11 @@ class ShardLoader:
                     if self.config.decode == "dali":
                         batch.pop("__id__", None), batch.pop("epoch", None)
                 self._delivered += 1  # counted as it leaves: the state is what the caller got
+                if self._slab_keeper is not None:
+                    self._slab_keeper.keep(batch)
                 yield batch
+                # The caller asks for the next batch: the one it held may be overwritten (slabs.py).
+                self._sampler.released_below = self._delivered
             self._finished = self._delivered == steps
         finally:
             if hasattr(batches, "close"):
@@ -299,7 +306,7 @@ class ShardLoader:
             cache_limit_bytes=c.cache_limit_bytes, slice_bytes=c.shuffle_window_bytes, mixture=self.mixture,
             sources=tuple(zip(self.sources.stores, self.sources.manifests, self._mixed.projections))
             if self.sources else (),
-            label_fields=self._mixed.label_fields if self.sources else (),
+            label_fields=self._mixed.label_fields if self.sources else (), reuse_buffers=c.reuse_buffers,
         )
 
     def _dali_decoder(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -353,13 +360,16 @@ class _TicketSampler(torch.utils.data.Sampler):
 
     def __init__(self) -> None:
         self._token, self._plan, self._steps = 0, PlanState(epoch=0), 0
+        self.released_below = 0  # batches of this iteration the caller has moved past
 
     def start(self, token: int, plan: PlanState, steps: int) -> None:
         self._token, self._plan, self._steps = token, plan, steps
+        self.released_below = 0
 
     def __iter__(self) -> Iterator[Ticket]:
         token, plan = self._token, self._plan
-        return (Ticket(token, plan, k) for k in range(self._steps))
+        # Lazy: each ticket is made when the DataLoader sends it, with the mark as it is then.
+        return (Ticket(token, plan, k, self.released_below) for k in range(self._steps))
 
     def __len__(self) -> int:
         return self._steps

@@ -22,6 +22,7 @@ from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.format.manifest import Manifest
 from dataio.loader.collate import assemble
 from dataio.plan.mix import MixState, Mixture, plan_mix_worker
+from dataio.loader.slabs import SlabRing
 from dataio.plan.plan import plan_worker
 from dataio.plan.types import PlanConfig, PlanState, Segment, Topology
 from dataio.readers.base import split_segment
@@ -40,6 +41,7 @@ class Ticket:
     token: int
     plan_state: PlanState  # where the iteration starts
     batch_index: int  # rank-level batch number counted from that state's position
+    released_below: int = 0  # batches of this iteration the caller has moved past (slabs.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +71,7 @@ class WorkerJob:
     mixture: Mixture | None = None
     sources: tuple[tuple[Store, Manifest, tuple[str, ...] | None], ...] = ()
     label_fields: tuple[str, ...] = ()
+    reuse_buffers: bool = False  # pack raw bytes into this process's SlabRing (slabs.py)
 
 
 _MALLOC_TUNED = False
@@ -105,6 +108,7 @@ class BatchDataset(torch.utils.data.Dataset):
         self._token = -1
         self._streams: dict[int, WorkerStream] = {}
         self._spare: tuple[PlanState, int, WorkerStream] | None = None  # (plan state, slot, stream)
+        self._slabs: SlabRing | None = None
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -134,7 +138,13 @@ class BatchDataset(torch.utils.data.Dataset):
         if stream is None:
             stream = WorkerStream(self, worker_id, ticket.plan_state)
             self._streams[worker_id] = stream
-        batch = stream.batch(ticket.batch_index)
+        if self.job.reuse_buffers:
+            if self._slabs is None:
+                self._slabs = SlabRing(shared=torch.utils.data.get_worker_info() is not None)
+            with self._slabs.serving(ticket.token, ticket.batch_index, ticket.released_below):
+                batch = stream.batch(ticket.batch_index)
+        else:
+            batch = stream.batch(ticket.batch_index)
         if stream.finished:
             self._start_spare(stream, worker_id)
         return batch

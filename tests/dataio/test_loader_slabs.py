@@ -1,0 +1,93 @@
+"""reuse_buffers=True: RAW batches packed into reused slabs deliver the same bytes as fresh
+tensors, read as each batch arrives; the ring stays small; a slab is rewritten only once the
+caller has moved past the batch that used it."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from dataio import make_loader
+from dataio.loader.slabs import MAX_SLABS, SlabRing
+from dataio.storage.store import Store
+from tests.dataio.shardgen import write_tar_dataset
+
+SIZES = [40, 3, 57, 0, 29, 64]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = str(tmp_path_factory.mktemp("slabs") / "ds")
+    write_tar_dataset(Store(root), SIZES, real_images=True)
+    return root
+
+
+def digests(url: str, epochs: int = 2, **options) -> list[list[tuple[str, str]]]:
+    """Per epoch, (key, sha1 of the image bytes) of every real sample, read as its batch arrives."""
+    out = []
+    with make_loader(url, batch_size=8, decode=None, seed=3, rank=0, world_size=1, tail="pad", **options) as loader:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            seen = []
+            for batch in loader:
+                packed = batch["jpg"]
+                data = packed.data.numpy()
+                offsets = packed.offsets.tolist()
+                for i, (key, real) in enumerate(zip(batch["__key__"], batch["mask"].tolist())):
+                    if real:
+                        seen.append((key, hashlib.sha1(data[offsets[i]:offsets[i + 1]]).hexdigest()))
+            out.append(seen)
+    return out
+
+
+@pytest.mark.parametrize("num_workers,context", [(0, None), (2, "fork"), (2, "spawn")])
+def test_reused_slabs_deliver_the_same_bytes(dataset, num_workers, context):
+    options = {"num_workers": num_workers, "multiprocessing_context": context} if num_workers else {"num_workers": 0}
+    fresh = digests(dataset, **options)
+    reused = digests(dataset, reuse_buffers=True, **options)
+    assert reused == fresh
+    assert len({k for k, _ in fresh[0]}) == sum(SIZES)
+
+
+def test_in_process_ring_stays_small(dataset):
+    with make_loader(dataset, batch_size=8, decode=None, num_workers=0, rank=0, world_size=1,
+                     reuse_buffers=True) as loader:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for _ in loader:
+                pass
+        ring = loader._dataloader.dataset._slabs
+        assert ring is not None and ring.num_slabs <= 3  # one in the caller's hands, one being filled
+
+
+def test_a_slab_is_rewritten_only_after_the_caller_moved_past_its_batch():
+    ring = SlabRing(shared=False)
+    with ring.serving(token=1, batch_index=0, released_below=0):
+        first = ring.allocate(1000)
+    with ring.serving(token=1, batch_index=1, released_below=0):  # batch 0 still held
+        second = ring.allocate(1000)
+    assert first.data_ptr() != second.data_ptr()
+    with ring.serving(token=1, batch_index=2, released_below=1):  # the caller moved past batch 0
+        third = ring.allocate(900)
+    assert third.data_ptr() == first.data_ptr()
+    with ring.serving(token=2, batch_index=0, released_below=0):  # a new iteration frees the old
+        assert ring.allocate(10).data_ptr() in (first.data_ptr(), second.data_ptr())
+
+
+def test_a_caller_holding_every_batch_gets_fresh_tensors_past_the_cap():
+    ring = SlabRing(shared=False)
+    ptrs = set()
+    for k in range(MAX_SLABS + 5):
+        with ring.serving(token=1, batch_index=k, released_below=0):
+            ptrs.add(ring.allocate(100).data_ptr())
+    assert ring.num_slabs == MAX_SLABS and len(ptrs) == MAX_SLABS + 5
+
+
+def test_reuse_buffers_is_refused_with_dali():
+    from dataio import LoaderConfig
+
+    with pytest.raises(ValueError, match="reuse_buffers"):
+        LoaderConfig(batch_size=4, decode="dali", reuse_buffers=True)
+    with pytest.raises(TypeError):
+        LoaderConfig(batch_size=4, reuse_buffers=1)
