@@ -21,6 +21,7 @@ from dataio.format.manifest_parts import (
     Counts,
     PartColumn,
     PartedTable,
+    SkippedRows,
     open_root,
     part_paths,
     write_parts,
@@ -356,6 +357,7 @@ def _from_root(store: Store, doc: dict[str, Any], where: str) -> Manifest:
             f"fit in {doc['num_bytes']} bytes (at most {most}): the manifest is forged or corrupt; rewrite the "
             "dataset with `shardify write ... --overwrite`")
     col = {name: PartColumn(table, name) for name in table.column_names}
+    skipped = SkippedRows(table) if "skipped" in table.parts else tuple(doc.get("skipped", []))
     try:
         return Manifest(
             format=table.fmt,
@@ -367,7 +369,7 @@ def _from_root(store: Store, doc: dict[str, Any], where: str) -> Manifest:
             tool_version=str(doc.get("tool_version", "")), created_utc=str(doc.get("created_utc", "")),
             source=str(doc.get("source", "")),
             label_names=None if doc.get("label_names") is None else tuple(doc["label_names"]),
-            skipped=tuple(dict(s) for s in doc.get("skipped", [])), parted=table,
+            skipped=skipped, parted=table,  # type: ignore[arg-type]
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{where}: malformed: {exc}; rewrite the dataset with `shardify write ... --overwrite`") from None
@@ -382,17 +384,9 @@ def write_manifest(store: Store, manifest: Manifest, *, parts_threshold: int = P
     if manifest.num_shards <= parts_threshold:
         store.write_bytes(MANIFEST_NAME, manifest.dumps())
         return
-    columns: dict[str, Any] = {"path": manifest.shard_paths, "num_bytes": manifest.shard_num_bytes,
-                               "checksum": manifest.shard_checksums}
-    if manifest.format == "tar":
-        columns |= {"index_path": manifest.index_paths, "index_bytes": manifest.index_num_bytes,
-                    "index_checksum": manifest.index_checksums}
-    else:
-        columns["row_groups"] = manifest.row_groups
-    parts = write_parts(store, fingerprint=manifest.fingerprint, fmt=manifest.format,
-                        num_samples=manifest.shard_num_samples, columns=columns)
+    parts = write_parts(store, manifest)
     root = {"shardify_manifest": PARTED_VERSION, **manifest._header(), "num_shards": manifest.num_shards,
-            "fingerprint": manifest.fingerprint, "parts": parts}
+            "fingerprint": manifest.fingerprint, "parts": parts, "skipped": []}  # skipped: in their own part
     store.write_bytes(MANIFEST_NAME, json.dumps(root, separators=(",", ":")).encode())
 
 

@@ -62,15 +62,21 @@ def _parquet_bytes(table: pa.Table, fingerprint: str, part: str) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def write_parts(
-    store: Store, *, fingerprint: str, fmt: str, num_samples: Sequence[int], columns: dict[str, Sequence[Any]],
-    rows_per_part: int | None = None, num_threads: int = 16,
-) -> dict[str, Any]:
-    """Write the sizes part and the table parts (each atomically); return the root's "parts" entry.
+def _columns(manifest: Any) -> dict[str, Sequence[Any]]:
+    columns = {"path": manifest.shard_paths, "num_bytes": manifest.shard_num_bytes, "checksum": manifest.shard_checksums}
+    if manifest.format == "tar":
+        return columns | {"index_path": manifest.index_paths, "index_bytes": manifest.index_num_bytes,
+                          "index_checksum": manifest.index_checksums}
+    return columns | {"row_groups": manifest.row_groups}
+
+
+def write_parts(store: Store, manifest: Any, *, rows_per_part: int | None = None, num_threads: int = 16) -> dict[str, Any]:
+    """Write a Manifest's sizes, table and skipped parts (each atomically); return the root's "parts" entry.
 
     Call before publishing the root: the root is what makes them a dataset version.
     """
-    names = TABLE_COLUMNS[fmt]
+    fingerprint, num_samples, columns = manifest.fingerprint, manifest.shard_num_samples, _columns(manifest)
+    names = TABLE_COLUMNS[manifest.format]
     rows_per_part = rows_per_part or ROWS_PER_PART
     num_shards = len(num_samples)
     directory = f"{PARTS_DIR}/{fingerprint}"
@@ -89,13 +95,16 @@ def write_parts(
     num_parts = -(-num_shards // rows_per_part)
     with ThreadPoolExecutor(max(1, num_threads)) as pool:  # uploads overlap; local writes are quick anyway
         tables = list(pool.map(table_part, range(num_parts)))
-    return {"dir": directory, "rows_per_part": rows_per_part, "sizes": publish("sizes.parquet", sizes),
-            "tables": tables}
+    out = {"dir": directory, "rows_per_part": rows_per_part, "sizes": publish("sizes.parquet", sizes), "tables": tables}
+    if manifest.skipped:  # millions of skipped samples would swell the root: they get a part of their own
+        out["skipped"] = publish("skipped.parquet", pa.Table.from_pylist([dict(s) for s in manifest.skipped]))
+    return out
 
 
 def part_paths(parts: dict[str, Any]) -> list[str]:
     """Every file a root's "parts" entry references, relative to the dataset (for gc and checks)."""
-    return [f"{parts['dir']}/{p['path']}" for p in [parts["sizes"], *parts["tables"]]]
+    entries = [parts["sizes"], *parts["tables"], *([parts["skipped"]] if "skipped" in parts else [])]
+    return [f"{parts['dir']}/{p['path']}" for p in entries]
 
 
 class PartedTable:
@@ -202,7 +211,7 @@ def check_parts_entry(parts: Any, fingerprint: str) -> None:
         raise ValueError(f"parts directory {parts.get('dir')!r} is not {PARTS_DIR}/{fingerprint}")
     if not isinstance(parts.get("rows_per_part"), int) or parts["rows_per_part"] < 1:
         raise ValueError("'rows_per_part' must be a positive int")
-    for entry in [parts["sizes"], *parts["tables"]]:
+    for entry in [parts["sizes"], *parts["tables"], *([parts["skipped"]] if "skipped" in parts else [])]:
         if not isinstance(entry, dict) or not {"path", "num_bytes", "checksum"} <= set(entry):
             raise ValueError(f"part entry {entry!r} needs path, num_bytes and checksum")
         if "/" in str(entry["path"]):
@@ -310,3 +319,37 @@ class Counts(Sequence[int]):
 
     def __repr__(self) -> str:
         return f"Counts({len(self)} shards, {int(self.values.sum())} samples)"
+
+
+class SkippedRows(Sequence[dict[str, str]]):
+    """The skipped samples of a parted manifest: their count from the root, the rows on first use."""
+
+    def __init__(self, table: PartedTable) -> None:
+        self.table, self.entry = table, table.parts["skipped"]
+        self._rows: list[dict[str, str]] | None = None
+
+    def _load(self) -> list[dict[str, str]]:
+        if self._rows is None:
+            data, _ = read_part(self.table.store, self.table.parts, self.entry, self.table.fingerprint)
+            self._rows = [{k: v for k, v in row.items() if v is not None} for row in data.to_pylist()]
+        return self._rows
+
+    def __len__(self) -> int:
+        return int(self.entry.get("rows", 0))
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._load()[i]
+
+    def __iter__(self) -> Iterator[dict[str, str]]:
+        return iter(self._load())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"table": self.table}  # a loader worker never needs them: they load again if asked
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["table"])  # type: ignore[misc]

@@ -45,7 +45,9 @@ def test_round_trip_through_the_one_api(tmp_path, small_parts, make):
     root = _write(store, manifest, threshold=0)
     assert root["shardify_manifest"] == PARTED_VERSION and "shards" not in root
     assert root["fingerprint"] == manifest.fingerprint  # the same as the single-file form's
+    assert root["skipped"] == [] and ("skipped" in root["parts"]) == bool(manifest.skipped)  # in a part of their own
     loaded = read_manifest(store)
+    assert len(loaded.skipped) == len(manifest.skipped)
     assert loaded == manifest and loaded.fingerprint == manifest.fingerprint
     assert (loaded.num_samples, loaded.num_bytes, loaded.num_shards) == (
         manifest.num_samples, manifest.num_bytes, manifest.num_shards)
