@@ -2,8 +2,10 @@
 
 Requests pass through byte for byte (the Host header included, so SigV4 signatures made for
 the proxy's address still verify upstream). Each request waits `delay_s`; a seeded fraction
-can be answered 503 SlowDown, have its response body cut short, or its connection reset —
-what a loader's retry logic must survive. Stdlib asyncio only, one background thread.
+can be answered 503 SlowDown, have its response body cut short, its connection reset, or never
+be answered (hang) — what a loader's retry logic must survive — and, on its own seeded stream,
+be stalled for stall_s and then served (a straggler, what hedged reads must absorb). `methods`
+picks which requests the faults hit (e.g. only PUT, to fail writes). Stdlib asyncio only, one background thread.
 """
 
 from __future__ import annotations
@@ -37,13 +39,17 @@ class Faults:
     truncate_rate: float = 0.0  # response body cut in half, then the connection closed
     reset_rate: float = 0.0  # connection reset (RST) instead of an answer
     hang_rate: float = 0.0  # request read, never forwarded, never answered (a stuck endpoint)
+    stall_rate: float = 0.0  # request held stall_s, then served normally (a straggler), apart from the rest
+    stall_s: float = 2.0
     methods: tuple[str, ...] = ("GET",)  # which methods the three faults apply to
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.delay_s < 0:
             raise ValueError("delay_s must be >= 0")
-        for name in ("error_rate", "truncate_rate", "reset_rate", "hang_rate"):
+        if self.stall_s < 0:
+            raise ValueError("stall_s must be >= 0")
+        for name in ("error_rate", "truncate_rate", "reset_rate", "hang_rate", "stall_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1]")
         if self.error_rate + self.truncate_rate + self.reset_rate + self.hang_rate > 1.0:
@@ -59,6 +65,7 @@ class ProxyStats:
     num_truncated: int = 0
     num_resets: int = 0
     num_hangs: int = 0
+    num_stalls: int = 0
 
 
 class _Request:
@@ -127,6 +134,8 @@ class DelayProxy:
         truncate_rate: float = 0.0,
         reset_rate: float = 0.0,
         hang_rate: float = 0.0,
+        stall_rate: float = 0.0,
+        stall_s: float = 2.0,
         methods: tuple[str, ...] = ("GET",),
         seed: int = 0,
         port: int = 0,
@@ -136,10 +145,12 @@ class DelayProxy:
             raise ValueError(f"upstream must be an http:// URL, got {upstream_url!r}")
         self.upstream = (parts.hostname, parts.port or 80)
         self.faults = Faults(delay_s=delay_s, error_rate=error_rate, truncate_rate=truncate_rate,
-                             reset_rate=reset_rate, hang_rate=hang_rate, methods=tuple(m.upper() for m in methods),
+                             reset_rate=reset_rate, hang_rate=hang_rate, stall_rate=stall_rate, stall_s=stall_s,
+                             methods=tuple(m.upper() for m in methods),
                              seed=seed)
         self.stats = ProxyStats()
         self._rng = random.Random(seed)
+        self._stall_rng = random.Random(seed + 1)  # its own stream: stalls do not shift the other faults
         self._port = port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -203,6 +214,10 @@ class DelayProxy:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _pick_stall(self, method: str) -> bool:
+        f = self.faults
+        return bool(f.stall_rate) and method in f.methods and self._stall_rng.random() < f.stall_rate
+
     def _pick_fault(self, method: str) -> str:
         f = self.faults
         if method not in f.methods or not (f.error_rate or f.truncate_rate or f.reset_rate or f.hang_rate):
@@ -229,6 +244,9 @@ class DelayProxy:
                 fault = self._pick_fault(request.method)
                 if self.faults.delay_s:
                     await asyncio.sleep(self.faults.delay_s)
+                if self._pick_stall(request.method):
+                    self.stats.num_stalls += 1
+                    await asyncio.sleep(self.faults.stall_s)
                 if fault == "hang":
                     self.stats.num_hangs += 1
                     await asyncio.sleep(3600)  # until the client gives up or the proxy stops
@@ -316,11 +334,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--truncate-rate", type=float, default=0.0, help="fraction of GET bodies cut short")
     parser.add_argument("--reset-rate", type=float, default=0.0, help="fraction of GETs whose connection is reset")
     parser.add_argument("--hang-rate", type=float, default=0.0, help="fraction of requests never answered")
+    parser.add_argument("--stall-rate", type=float, default=0.0,
+                        help="fraction of requests held --stall-ms, then served (stragglers)")
+    parser.add_argument("--stall-ms", type=float, default=2000.0, help="how long a stalled request waits")
     parser.add_argument("--methods", default="GET", help="comma-separated methods the faults apply to, e.g. PUT")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     proxy = DelayProxy(args.upstream, args.delay_ms / 1000, error_rate=args.error_rate,
                        truncate_rate=args.truncate_rate, reset_rate=args.reset_rate, hang_rate=args.hang_rate,
+                       stall_rate=args.stall_rate, stall_s=args.stall_ms / 1000,
                        methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), seed=args.seed,
                        port=args.port)
     with proxy:

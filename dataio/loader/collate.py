@@ -30,6 +30,7 @@ from dataio.loader.slabs import active_ring
 from dataio.rand import sample_seed
 
 SKIPPED_KEY = "__skipped__"  # worker -> main only: URL#key of corrupt samples replaced; popped in main
+HEDGES_KEY = "__hedges__"  # worker -> main only: the worker's hedged-read counters since its last batch
 BYTES_LIKE = (bytes, bytearray, memoryview)
 _META_KEYS = ("__key__", "__id__", "__url__", "__source__")  # keys of a sample dict that are bookkeeping, not fields
 LABEL_FIELD = "cls"

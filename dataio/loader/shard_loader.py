@@ -19,7 +19,7 @@ import torch
 from dataio.decode.cpu import DecodeConfig
 from dataio.decode.images import DEFAULT_MAX_PIXELS
 from dataio.errors import StateError
-from dataio.loader.collate import SKIPPED_KEY
+from dataio.loader.collate import HEDGES_KEY, SKIPPED_KEY
 from dataio.loader.config import LoaderConfig, MiB, Source, check_int, window_samples
 from dataio.loader.mixing import (
     OpenSources,
@@ -43,10 +43,23 @@ from dataio.storage.store import StorageOptions
 
 @dataclass
 class LoaderStats:
-    """What the loader counted in the main process: corrupt samples replaced under on_corrupt='skip'."""
+    """What the loader counted in the main process: corrupt samples replaced under on_corrupt='skip',
+    hedged reads reported by the workers."""
 
     corrupt_skipped: int = 0
     corrupt_keys: list[str] = field(default_factory=list)  # "shard URL#sample key", first 1000
+    # Ranged reads in the workers, how many got a hedge (a second request after a slow start),
+    # how many of those the hedge won, and slow reads left alone because the budget was spent.
+    ranged_reads: int = 0
+    hedged_reads: int = 0
+    hedges_won: int = 0
+    hedges_over_budget: int = 0
+
+    def add_hedges(self, counts: dict[str, int]) -> None:
+        self.ranged_reads += counts.get("requests", 0)
+        self.hedged_reads += counts.get("hedged", 0)
+        self.hedges_won += counts.get("won", 0)
+        self.hedges_over_budget += counts.get("over_budget", 0)
 
     def add_skipped(self, keys: Sequence[str]) -> None:
         self.corrupt_skipped += len(keys)
@@ -254,6 +267,9 @@ class ShardLoader:
                     skipped = batch.pop(SKIPPED_KEY, None)
                     if skipped:
                         self.stats.add_skipped(skipped)
+                    hedges = batch.pop(HEDGES_KEY, None)
+                    if hedges:
+                        self.stats.add_hedges(hedges)
                     if self.config.decode == "dali":
                         batch.pop("__id__", None), batch.pop("epoch", None)
                 self._delivered += 1  # counted as it leaves: the state is what the caller got

@@ -20,7 +20,7 @@ import torch
 
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.format.manifest import Manifest
-from dataio.loader.collate import assemble
+from dataio.loader.collate import HEDGES_KEY, assemble
 from dataio.plan.mix import MixState, Mixture, plan_mix_worker
 from dataio.loader.slabs import SlabRing
 from dataio.plan.plan import plan_worker
@@ -30,6 +30,7 @@ from dataio.readers.by_format import make_reader
 from dataio.readers.mixed import MixedReader
 from dataio.readers.tar import zero_copy
 from dataio.storage.cache import DiskCache
+from dataio.storage.hedge import HedgeStats, process_stats
 from dataio.storage.prefetch import Prefetcher
 from dataio.storage.store import Store
 
@@ -337,6 +338,21 @@ class WorkerStream:
     def _assemble(self, pending: list[tuple[dict[str, Any], bool]], number: int, read_s: float) -> dict[str, Any]:
         samples = [s for s, _ in pending]
         mask = [not p for _, p in pending]
-        return assemble(self.owner, samples, mask, epoch=self.epoch, batch_number=number, read_s=read_s)
+        batch = assemble(self.owner, samples, mask, epoch=self.epoch, batch_number=number, read_s=read_s)
+        if isinstance(batch, dict):
+            batch[HEDGES_KEY] = hedges_since_last_batch()
+        return batch
+
+
+_LAST_HEDGES = HedgeStats()
+
+
+def hedges_since_last_batch() -> dict[str, int]:
+    """This process's hedged-read counters since the previous call (what its last batch did not report)."""
+    global _LAST_HEDGES
+    now = process_stats()
+    delta = {k: v - getattr(_LAST_HEDGES, k) for k, v in now.as_dict().items()}
+    _LAST_HEDGES = now
+    return delta
 
 

@@ -6,7 +6,9 @@ private temporary name: two processes filling the same entry both succeed and re
 a whole file or none, with no lock shared between workers. Eviction is least recently used
 (a hit refreshes the entry's mtime; atime is unreliable under relatime/noatime). Each user
 gets their own 0700 directory below `directory`. An entry larger than the limit streams
-through uncached. The cache is best effort: a full or failing disk only costs hits.
+through uncached. The cache is best effort: a full or failing disk only costs hits. Each entry
+keeps the checksum of its bytes and is checked on every hit: an entry changed on disk is
+refused (dropped and read from the store again, counted in stats.refused), never served.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import xxhash
 
 from dataio.errors import StorageError
 
+DIGEST_BYTES = 8  # each entry ends with the xxh3-64 of its bytes
 RESCAN_EVERY_INSERTS = 64
 LOW_WATER = 0.9  # evict down to this share of the limit, so scans stay rare
 STALE_TMP_S = 3600.0
@@ -38,6 +41,7 @@ class CacheStats:
     misses: int = 0
     streamed: int = 0  # entries larger than the limit, passed through uncached
     evicted: int = 0
+    refused: int = 0  # entries whose bytes no longer match their checksum (dropped, read again)
 
 
 class DiskCache:
@@ -116,10 +120,14 @@ class DiskCache:
     def _load(self, entry: str, size: int) -> bytes | None:
         try:
             with open(entry, "rb") as f:
-                data = f.read()
+                raw = f.read()
         except OSError:  # absent, or evicted by another process just now
             return None
-        if len(data) != size:  # cannot happen with rename publication; a damaged disk can
+        data, digest = raw[:-DIGEST_BYTES], raw[-DIGEST_BYTES:]
+        # A wrong size cannot happen with rename publication, a wrong checksum neither; a damaged
+        # disk or a hand-edited entry can: refuse the entry, drop it, read from the store again.
+        if len(raw) != size + DIGEST_BYTES or xxhash.xxh3_64_digest(data) != digest:
+            self.stats.refused += 1
             with contextlib.suppress(OSError):
                 os.unlink(entry)
             return None
@@ -133,13 +141,14 @@ class DiskCache:
             os.makedirs(os.path.dirname(entry), mode=0o700, exist_ok=True)
             with open(tmp, "wb") as f:
                 f.write(data)
+                f.write(xxhash.xxh3_64_digest(data))  # the entry's checksum, checked on every hit
             os.replace(tmp, entry)
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             return
         with self._lock:
-            self._estimate_bytes += len(data)
+            self._estimate_bytes += len(data) + DIGEST_BYTES
             self._inserts += 1
             due = self._estimate_bytes > self.limit_bytes or self._inserts % RESCAN_EVERY_INSERTS == 0
         if due:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, TypeVar
 
 from dataio.errors import StorageError
+from dataio.storage.hedge import Hedger, HedgePolicy
 from dataio.storage.redact import redact, split_userinfo, url_secrets
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
     FIRST_REQUEST_DEADLINE_S,
@@ -56,6 +57,9 @@ class StorageOptions:
     # when a loaded one does, the retry gets a second chance.
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 10.0
+    # Reads of remote stores slower than k x their recent median get a second request
+    # (dataio.storage.hedge); None: never.
+    hedge: HedgePolicy | None = HedgePolicy()
 
     def __post_init__(self) -> None:
         if (self.key is None) != (self.secret is None):
@@ -204,6 +208,8 @@ class Store:
         self._fs: Any = None
         self._fs_pid = 0
         self._root = ""
+        self._hedger: Hedger | None = None
+        self._hedger_pid = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"raw_url": self.raw_url, "options": self.options, "retry": self.retry}
@@ -298,7 +304,20 @@ class Store:
             return data
 
         span = "" if start is None else f" bytes {start}-{end}"
-        return self._retry(once, f"reading {self.url_of(rel)}{span}")
+        hedger = self.hedger
+        if hedger is None:
+            return self._retry(once, f"reading {self.url_of(rel)}{span}")
+        # Whole objects (indexes, footers) are hedged in the size class of what they should be.
+        return hedger.call(lambda: self._retry(once, f"reading {self.url_of(rel)}{span}"), want or 0)
+
+    @property
+    def hedger(self) -> Hedger | None:
+        """This process's Hedger for reads, or None (local and in-memory stores, or no policy)."""
+        if self.options.hedge is None or self.protocol in ("file", "local", "memory"):
+            return None
+        if self._hedger is None or self._hedger_pid != os.getpid():
+            self._hedger, self._hedger_pid = Hedger(self.options.hedge), os.getpid()
+        return self._hedger
 
     def size(self, rel: str) -> int:
         path = self.path(rel)

@@ -88,6 +88,18 @@ def test_damaged_entry_is_refetched(tmp_path):
     assert source.get(cache, 3) == blob(3, 1000) and source.calls == 2
 
 
+def test_entry_changed_in_place_is_refused_not_served(tmp_path):
+    """Issue 9: a cache entry changed on disk (same size) was served silently."""
+    cache, source = DiskCache(str(tmp_path / "c"), limit_bytes=10_000), Source()
+    source.get(cache, 3)
+    entry = cache.entry_path(namespace="s3://b/ds", path="shards/3.tar", start=0, end=1000, checksum="c0ffee")
+    with open(entry, "r+b") as f:
+        f.seek(500)
+        f.write(b"X")
+    assert source.get(cache, 3) == blob(3, 1000) and source.calls == 2 and cache.stats.refused == 1
+    assert source.get(cache, 3) == blob(3, 1000) and source.calls == 2  # the re-read entry is whole again
+
+
 def test_private_directory_per_user(tmp_path):
     cache, source = DiskCache(str(tmp_path / "c"), limit_bytes=10_000), Source()
     source.get(cache, 1)

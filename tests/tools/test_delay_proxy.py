@@ -109,3 +109,16 @@ def test_cli_prints_the_proxy_url(s3_server):
         proc.terminate()
         proc.wait(timeout=10)
         proc.stdout.close()
+
+
+def test_stalls_hold_requests_then_serve_them_with_a_fixed_seed(s3_server, bucket):
+    with DelayProxy(s3_server.endpoint_url, delay_s=0.0, stall_rate=1.0, stall_s=0.3) as proxy:
+        store = Store(f"s3://{bucket}/p", replace(s3_server.options(), endpoint_url=proxy.url, hedge=None),
+                      RetryPolicy(max_attempts=1))
+        start = time.perf_counter()
+        assert store.read("obj.bin", 0, 100) == PAYLOAD[:100]  # held, then served whole
+        assert time.perf_counter() - start >= 0.3 and proxy.stats.num_stalls == 1
+    proxies = [DelayProxy("http://127.0.0.1:1", stall_rate=0.3, seed=seed) for seed in (7, 7, 8)]
+    picks = [[p._pick_stall("GET") for _ in range(50)] for p in proxies]
+    assert picks[0] == picks[1] != picks[2] and 5 < sum(picks[0]) < 25
+    assert not DelayProxy("http://127.0.0.1:1", stall_rate=1.0, methods=("PUT",))._pick_stall("GET")
