@@ -78,7 +78,7 @@ def checked_samples(
             if loaded.image is not None:
                 loaded.image_ext, loaded.image = prepare_image(loaded, config)
         except (ShardifyError, OSError, ValueError) as exc:
-            where = loaded.where if isinstance(loaded, RawSample) else source.description
+            where = loaded.where if isinstance(loaded, RawSample) else getattr(exc, "where", source.description)
             if config.on_error == "fail":
                 raise _sample_error(ref, exc, where) from None
             reason = str(exc).split(f"sample {ref.key!r}: ", 1)[-1]  # where and key have their own columns

@@ -25,6 +25,14 @@ class SourceError(ShardifyError):
     """The source of `shardify write` is missing, empty or not what the options say."""
 
 
+class SampleLoadError(SourceError):
+    """One sample of the source could not be loaded; `where` is its file, URL or table row."""
+
+    def __init__(self, message: str, *, where: str) -> None:
+        super().__init__(message)
+        self.where = where
+
+
 @dataclass(frozen=True, slots=True)
 class Ref:
     """One sample before loading: `loc` is a file path (folder), a row number (table) or tar members."""

@@ -13,6 +13,7 @@ from sharding.sources.base import (
     IMAGE_EXT_SET,
     RawSample,
     Ref,
+    SampleLoadError,
     Source,
     SourceError,
     key_width,
@@ -35,9 +36,9 @@ class FolderSource(Source):
             try:
                 data = files.read(path)
             except OSError as exc:
-                return SourceError(f"{path}: cannot read ({exc.strerror or exc})")
+                return SampleLoadError(f"{path}: cannot read ({exc.strerror or exc})", where=path)
             except ShardifyError as exc:
-                return exc
+                return SampleLoadError(str(exc), where=path)
             ext = normalize_ext(os.path.splitext(ref.loc)[1])
             return RawSample(ref.key, ref.label, ext, data, {}, path, origin=ref.loc)
 

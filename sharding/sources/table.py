@@ -20,6 +20,7 @@ from dataio.format.manifest import Field
 from sharding.sources.base import (
     RawSample,
     Ref,
+    SampleLoadError,
     Source,
     SourceError,
     key_width,
@@ -151,7 +152,9 @@ class TableSource(Source):
                     image, where, origin = self._image_of(ref.loc, value, files)
                     ext = ext_of_bytes(image) or _ext_of_name(origin) or "jpg"
             except (ShardifyError, OSError) as exc:
-                return exc if isinstance(exc, ShardifyError) else SourceError(f"{where}: cannot read ({exc})")
+                target = resolve(self.path, str(row.get(self.image_column))) if self.image_kind == "path" else where
+                text = str(exc) if isinstance(exc, ShardifyError) else f"{target}: cannot read ({exc})"
+                return SampleLoadError(text, where=target)
             extras = {c: row[c] for c in self.extra_columns}
             return RawSample(ref.key, ref.label, ext, image, extras, where, origin=origin)
 

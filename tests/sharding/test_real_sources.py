@@ -114,3 +114,19 @@ def test_folder_and_url_table_in_object_storage(s3_server, tmp_path) -> None:
                                  [p for b in batches for p in b["__position__"]])
         assert origins == [f"s3://{bucket}/raw/{rel}" for rel in sorted(expected)]
         assert sum(len(b["__key__"]) for b in batches) == 6
+
+
+@pytest.mark.slow
+def test_a_missing_object_is_named_or_a_counted_skip(s3_server, tmp_path, capsys) -> None:
+    bucket = s3_server.new_bucket()
+    s3_server.client().put_object(Bucket=bucket, Key="raw/a.jpg", Body=IMAGES["jpeg_rgb"][1])
+    urls = [f"s3://{bucket}/raw/a.jpg", f"s3://{bucket}/raw/missing.jpg"]
+    pq.write_table(pa.table({"path": urls, "label": [0, 1]}), tmp_path / "t.parquet")
+    assert run("write", tmp_path / "t.parquet", tmp_path / "ds", "--workers", 1, "--quiet", *_flags(s3_server)) == 2
+    err = capsys.readouterr().err
+    assert "missing.jpg" in err and "--on-error skip" in err and s3_server.secret not in err
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+    assert run("write", tmp_path / "t.parquet", tmp_path / "ds", "--workers", 1, "--quiet", "--on-error", "skip",
+               *_flags(s3_server)) == 0
+    m = read_manifest(Store(str(tmp_path / "ds")))
+    assert m.num_samples == 1 and len(m.skipped) == 1 and "missing.jpg" in m.skipped[0]["source"]
