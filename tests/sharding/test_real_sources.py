@@ -126,7 +126,7 @@ def test_a_missing_object_is_named_or_a_counted_skip(s3_server, tmp_path, capsys
     err = capsys.readouterr().err
     assert "missing.jpg" in err and "--on-error skip" in err and s3_server.secret not in err
     assert not (tmp_path / "ds" / "manifest.json").exists()
-    assert run("write", tmp_path / "t.parquet", tmp_path / "ds", "--workers", 1, "--quiet", "--on-error", "skip",
+    assert run("write", tmp_path / "t.parquet", tmp_path / "ds2", "--workers", 1, "--quiet", "--on-error", "skip",
                *_flags(s3_server)) == 0
-    m = read_manifest(Store(str(tmp_path / "ds")))
+    m = read_manifest(Store(str(tmp_path / "ds2")))
     assert m.num_samples == 1 and len(m.skipped) == 1 and "missing.jpg" in m.skipped[0]["source"]
