@@ -2,6 +2,7 @@
 LitData and torchvision's ImageFolder, each reading its own format written from the same images.
 
     python -m benchmarks.bench_loader [--num-images 10000] [--epochs 3] [--repeats 3] [--no-s3]
+    python -m benchmarks.bench_loader --mix   # only: one dataset vs the same images as a 2-source mixture
 
 Each configuration runs in a fresh child process while the parent samples the proportional set
 size (PSS) of the child's whole process tree; the peers run in benchmarks/.peers-venv (torch
@@ -227,6 +228,39 @@ def prepare(work: Path, num_images: int) -> dict[str, Any]:
     return {"folder": str(folder), "shards": str(shards), "big_shards": str(big_shards)}
 
 
+def prepare_halves(work: Path, folder: str) -> list[str]:
+    """The same images as two datasets (the first half of the class folders, then the rest), for
+    the mixture row: a 1:1 mixture of them reads exactly the bytes of the one-dataset row."""
+    classes = sorted(p for p in Path(folder).iterdir() if p.is_dir())
+    urls = []
+    for i, part in enumerate((classes[: len(classes) // 2], classes[len(classes) // 2:])):
+        half = work / f"{Path(folder).name}-half{i}"
+        if not (half / ".done").exists():
+            for cls in part:
+                for f in cls.glob("*.jpg"):
+                    target = half / cls.name / f.name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if not target.exists():
+                        os.link(f, target)
+            (half / ".done").touch()
+        dest = work / f"shards-{Path(folder).name}-half{i}"
+        if not (dest / "manifest.json").exists():
+            _shardify(half, str(dest))
+        urls.append(str(dest))
+    return urls
+
+
+def mix_specs(data: dict[str, Any], args: argparse.Namespace) -> dict[str, tuple[dict[str, Any], int]]:
+    """RAW, one dataset vs the same images as a 1:1 mixture of two (plan/mix.py): the cost of mixing."""
+    base = {"epochs": args.epochs, "batch_size": args.batch_size, "num_workers": args.num_workers,
+            "loader": "shardify", "task": "raw"}
+    return {
+        f"shardify/{TORCH}/raw/local": ({**base, "url": data["shards"]}, args.repeats),
+        f"shardify/{TORCH}/raw/local, 2-source mix": (
+            {**base, "url": data["halves"], "options": {"weights": [1, 1]}, "source": "2-source mix"}, args.repeats),
+    }
+
+
 def tar_urls(prefix: str) -> list[str]:
     from dataio.format.manifest import read_manifest
     from dataio.storage.store import StorageOptions, Store
@@ -297,6 +331,8 @@ def local_specs(data: dict[str, Any], args: argparse.Namespace) -> dict[str, tup
     specs[f"shardify/{TORCH}/raw/local x4"] = ({**big, "loader": "shardify", "task": "raw"}, peer_r)
     specs["page cache/-/raw/local"] = ({**local, "loader": "pagecache", "task": "raw",
                                         "counts": shard_counts(data["shards"])}, main_r)
+    if "halves" in data:
+        specs.update(mix_specs(data, args))
     return specs
 
 
@@ -315,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-peers-venv", action="store_true",
                         help="no Streaming/LitData/ImageFolder rows (they need benchmarks/.peers-venv, built once)")
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results_loader.md"))
+    parser.add_argument("--mix", action="store_true",
+                        help="only the mixing rows (RAW: one dataset vs a 2-source mixture), to results_mix.md")
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(run_child(json.loads(args.child))))
@@ -322,7 +360,10 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.mix:
+        return run_mix(work, args)
     data = prepare(work, args.num_images)
+    data["halves"] = prepare_halves(work, data["folder"])
     if not args.no_peers_venv:
         from benchmarks.peers_env import prepare_peer_formats
 
@@ -364,5 +405,27 @@ def run_s3(work: Path, data: dict[str, Any], base: dict[str, Any], repeats: int,
     return res
 
 
+
+def run_mix(work: Path, args: argparse.Namespace) -> int:
+    """The mixing rows alone (no peers, no x4 data): results_mix.md."""
+    folder = work / f"images-{args.num_images}"
+    if not (folder / ".done").exists():
+        subprocess.run([sys.executable, "-m", "tools.make_synthetic", str(folder), "--num-images",
+                        str(args.num_images), "--num-classes", str(min(1000, args.num_images)), "--seed", "0"],
+                       check=True)
+        (folder / ".done").touch()
+    shards = work / f"shards-{args.num_images}"
+    if not (shards / "manifest.json").exists():
+        _shardify(folder, str(shards))
+    data = {"shards": str(shards), "halves": prepare_halves(work, str(folder))}
+    load_start = os.getloadavg()
+    res = interleaved(mix_specs(data, args))
+    from benchmarks.loader_report import write_mix_results
+
+    write_mix_results(ROOT / "benchmarks" / "results_mix.md", res, args, load_start)
+    return 0
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("plan", "decode", "write", "loader", "scale")
-QUICK = {"loader": ["--num-images", "2000", "--repeats", "1", "--epochs", "2"]}
+ORDER = ("plan", "decode", "write", "loader", "mix", "scale")
+# Names whose command is not benchmarks.bench_NAME.
+COMMANDS = {"mix": ["benchmarks.bench_loader", "--mix"]}
+QUICK = {"loader": ["--num-images", "2000", "--repeats", "1", "--epochs", "2"],
+         "mix": ["--num-images", "2000", "--repeats", "1", "--epochs", "2"]}
 
 
 def gather() -> None:
@@ -35,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     failed = []
     for name in args.only.split(","):
-        cmd = [sys.executable, "-m", f"benchmarks.bench_{name}", *(QUICK.get(name, []) if args.quick else [])]
+        module = COMMANDS.get(name, [f"benchmarks.bench_{name}"])
+        cmd = [sys.executable, "-m", *module, *(QUICK.get(name, []) if args.quick else [])]
         print(f"\n=== {' '.join(cmd)}", flush=True)
         if subprocess.run(cmd, cwd=HERE.parent, check=False).returncode != 0:
             failed.append(name)

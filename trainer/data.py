@@ -73,6 +73,11 @@ def mixture_facts(loader: Any) -> tuple[list[str], list[float]]:
 
 def job_facts(loader: Any) -> dict[str, Any]:
     """What the scaling prediction needs to know of the dataset: its samples and stored bytes per sample."""
+    mixture = getattr(loader, "mixture", None)
+    if mixture is not None:  # an epoch of the mixture; its mean sample weighted by the sources' counts
+        manifests = loader.sources.manifests
+        per_sample = sum(int(c) * m.num_bytes / max(1, m.num_samples) for c, m in zip(mixture.counts, manifests))
+        return {"dataset_samples": int(mixture.total), "bytes_per_sample": per_sample / max(1, mixture.total)}
     manifest = getattr(loader, "manifest", None)
     if manifest is not None:
         samples = int(manifest.num_samples)
