@@ -65,6 +65,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _label_names(text: str) -> tuple[str, ...]:
+    from sharding.sources.labels import read_label_names
+
+    try:
+        return read_label_names(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _storage_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("object storage (else the AWS_* environment variables)")
     g.add_argument("--endpoint-url", help="S3 endpoint, e.g. http://127.0.0.1:8333")
@@ -110,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--image-column", help="table column with image paths or bytes (default: guessed)")
     w.add_argument("--label-column", help="table column with labels (default: label/cls/class/target if present)")
     w.add_argument("--key-column", help="table column with unique sample keys (default: row number)")
+    w.add_argument("--label-names", type=_label_names, metavar="A,B,C|@FILE",
+                   help="class names in label order (label i is the i-th name): fixes the order of named labels "
+                        "in a table or of class folders (default: sorted), or names the integer labels of tars")
+    w.add_argument("--follow-symlinks", action=argparse.BooleanOptionalAction, default=True,
+                   help="follow symlinked directories in an image folder, each real file once, loops detected "
+                        "(default), or skip them")
     w.add_argument("--key", choices=("index", "path"), default="index",
                    help="sample keys: index (000042, the scan order) or path (the relative path, sanitised: "
                         "cat/img_1 for cat/img 1.jpg; unique and the same on every re-run)")
@@ -195,7 +210,8 @@ def _write(args: argparse.Namespace) -> int:
                   shown_dest=dest.url)
     _check_reachable(dest)
     source = open_source(args.src, storage=options, image_column=args.image_column,
-                         label_column=args.label_column, key_column=args.key_column, key=args.key)
+                         label_column=args.label_column, key_column=args.key_column, key=args.key,
+                         label_names=args.label_names, follow_symlinks=args.follow_symlinks)
     total = sum(r.size_bytes for r in source.refs)
     progress = Progress(total_samples=len(source.refs), total_bytes=total, what="write", quiet=args.quiet)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from dataio.storage.store import Store, redact
@@ -20,15 +21,29 @@ from sharding.sources.tar import expand_braces, open_dataset, open_tars
 
 def open_source(
     src: str, *, storage: Any = None, image_column: str | None = None, label_column: str | None = None,
-    key_column: str | None = None, key: str = "index",
+    key_column: str | None = None, key: str = "index", label_names: Sequence[str] | None = None,
+    follow_symlinks: bool = True,
 ) -> Source:
-    """Scan SRC (a path or URL): a brace pattern / .tar / directory of .tar (re-shard), a table file, or an image folder."""
+    """Scan SRC (a path or URL): a brace pattern / .tar / directory of .tar (re-shard), a table file, or an image folder.
+
+    `label_names` fixes the order of named labels (tables, folders) or names integer ones (tars);
+    `follow_symlinks` follows symlinked directories of a local image folder once, or not at all.
+    """
+    source = _open(src, storage=storage, image_column=image_column, label_column=label_column,
+                   key_column=key_column, key=key, label_names=label_names, follow_symlinks=follow_symlinks)
+    if label_names is not None and source.label_names != tuple(label_names):
+        source.label_names = tuple(label_names)  # tar shards: .cls integers, named by the given list
+    return source
+
+
+def _open(src: str, *, storage: Any, image_column: str | None, label_column: str | None, key_column: str | None,
+          key: str, label_names: Sequence[str] | None, follow_symlinks: bool) -> Source:
     shown = redact(src, storage.secrets if storage else ())
     if "{" in src or src.endswith(".tar"):
         paths = expand_braces(src)
-        parent = os.path.dirname(paths[0]) or "."
+        parent = _common_parent(paths)
         store = Store(parent, storage)
-        names = [p[len(parent) + 1 :] if p.startswith(parent + "/") else os.path.basename(p) for p in paths]
+        names = [p[len(parent):].lstrip("/") if parent != "." else p for p in paths]  # a/x.tar, b/x.tar stay apart
         missing = [n for n in names if not store.exists(n)]
         if missing:
             raise SourceError(f"{shown}: source shard(s) {missing[:3]} do not exist; check the path or pattern")
@@ -41,7 +56,7 @@ def open_source(
             if not path.lower().endswith(TABLE_EXTS):
                 raise SourceError(f"{path}: not a table ({', '.join(TABLE_EXTS)}) nor a .tar shard")
             return open_table(path, image_column=image_column, label_column=label_column, key_column=key_column,
-                              key=key, storage=storage)
+                              key=key, storage=storage, label_names=label_names)
         if os.path.isfile(os.path.join(path, "manifest.json")):
             return open_dataset(Store(path, storage), shown)
         tars = sorted(e.name for e in os.scandir(path) if e.is_file() and e.name.endswith(".tar"))
@@ -51,11 +66,11 @@ def open_source(
         if tables:  # a Hugging Face export: data/train-0000N-of-0000M.parquet
             return open_table([os.path.join(path, t) for t in tables], image_column=image_column,
                               label_column=label_column, key_column=key_column, key=key, storage=storage,
-                              description=path)
-        return open_folder(path, key=key)
+                              description=path, label_names=label_names)
+        return open_folder(path, key=key, follow_symlinks=follow_symlinks, label_names=label_names)
     if src.lower().endswith(TABLE_EXTS):
         return open_table(src, image_column=image_column, label_column=label_column, key_column=key_column,
-                          key=key, storage=storage)
+                          key=key, storage=storage, label_names=label_names)
     store = Store(src, storage)
     if store.exists("manifest.json"):
         return open_dataset(store, shown)
@@ -67,8 +82,20 @@ def open_source(
     if tables:
         return open_table([f"{store.raw_url}/{t}" for t in tables], image_column=image_column,
                           label_column=label_column, key_column=key_column, key=key, storage=storage,
-                          description=shown)
-    return open_folder(src, key=key, storage=storage)  # ROOT/CLASS/IMAGE in object storage
+                          description=shown, label_names=label_names)
+    return open_folder(src, key=key, storage=storage, label_names=label_names)  # ROOT/CLASS/IMAGE in object storage
+
+
+def _common_parent(paths: list[str]) -> str:
+    """The deepest directory (or URL prefix) holding every path; "." for relative paths with none."""
+    dirs = [p.rsplit("/", 1)[0] if "/" in p else "" for p in paths]
+    common = dirs[0]
+    for d in dirs[1:]:
+        while common and not (d == common or d.startswith(common + "/")):
+            common = common.rsplit("/", 1)[0] if "/" in common else ""
+    if "://" in paths[0] and "://" not in common:
+        raise SourceError(f"{redact(paths[0])}: the source shards must share a bucket")
+    return common or ("/" if paths[0].startswith("/") else ".")
 
 
 def _table_files(listed: list[str]) -> list[str]:

@@ -45,34 +45,69 @@ class FolderSource(Source):
         yield from zip(refs, files.map(one, list(refs)))
 
 
-def _scan_images(directory: str) -> list[tuple[str, int]]:
-    """(path relative to `directory`, size) of every image file below it, sorted; follows ImageFolder."""
+def _scan_images(directory: str, *, follow_symlinks: bool = True,
+                 seen: tuple[set[tuple[int, int]], set[tuple[int, int]]] | None = None) -> list[tuple[str, int]]:
+    """(path relative to `directory`, size) of every image file below it, sorted; follows ImageFolder.
+
+    Symlinked directories are followed once (each real directory and each real file is taken
+    once, by device and inode, so loops end) or, with follow_symlinks=False, not at all.
+    `seen` (directories, files) is shared across calls so a file reachable from two classes
+    counts once.
+    """
+    seen_dirs, seen_files = seen if seen is not None else (set(), set())
     found: list[tuple[str, int]] = []
-    for dirpath, dirnames, filenames in os.walk(directory, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in filenames:
-            if name.startswith(".") or normalize_ext(os.path.splitext(name)[1]) not in IMAGE_EXT_SET:
+    stack = [directory]
+    while stack:
+        current = stack.pop()
+        try:
+            st = os.stat(current)
+            entries = sorted(os.scandir(current), key=lambda e: e.name)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in seen_dirs and current is not directory:
+            continue  # a loop, a second way into a directory already scanned, or another class's folder
+        seen_dirs.add((st.st_dev, st.st_ino))
+        subdirs = []
+        for e in entries:
+            if e.name.startswith("."):
                 continue
-            full = os.path.join(dirpath, name)
             try:
-                size = os.stat(full).st_size
+                if e.is_dir(follow_symlinks=follow_symlinks):
+                    subdirs.append(e.path)
+                    continue
+                if e.is_dir() or normalize_ext(os.path.splitext(e.name)[1]) not in IMAGE_EXT_SET:
+                    continue  # a symlinked directory not followed, or not an image
+                fst = e.stat()
             except OSError:
-                size = 0  # unreadable: load() reports it, per --on-error
-            found.append((os.path.relpath(full, directory), size))
+                found.append((os.path.relpath(e.path, directory), 0))  # unreadable: load() reports it
+                continue
+            if (fst.st_dev, fst.st_ino) not in seen_files:
+                seen_files.add((fst.st_dev, fst.st_ino))
+                found.append((os.path.relpath(e.path, directory), fst.st_size))
+        stack.extend(reversed(subdirs))
     return sorted(found)
 
 
-def open_folder(root: str, *, key: str = "index", storage: Any = None) -> FolderSource:
+def open_folder(root: str, *, key: str = "index", storage: Any = None, follow_symlinks: bool = True,
+                label_names: Sequence[str] | None = None) -> FolderSource:
     """ImageFolder layout: ROOT/CLASS/.../IMAGE (a directory or a URL prefix); labels index the
-    sorted class folder names. Keys are scan numbers (`000042`), or with key="path" the relative
-    paths (see path_keys)."""
+    sorted class folder names, or `label_names` when given. Keys are scan numbers (`000042`), or
+    with key="path" the relative paths (see path_keys)."""
     if is_url(root):
         classes, items = _scan_remote(root, storage)
     else:
-        classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+        classes = sorted(e.name for e in os.scandir(root)
+                         if e.is_dir(follow_symlinks=follow_symlinks) and not e.name.startswith("."))
         items = []
+        # The root and every class folder are fenced off: a link from one class into another (or
+        # up to the root) must not give the other class's images this class's label.
+        fence = {(st.st_dev, st.st_ino) for st in map(os.stat, [root, *(os.path.join(root, c) for c in classes)])}
+        seen: tuple[set[tuple[int, int]], set[tuple[int, int]]] = (fence, set())
         for label, name in enumerate(classes):
-            items += [(os.path.join(name, rel), size, label) for rel, size in _scan_images(os.path.join(root, name))]
+            items += [(os.path.join(name, rel), size, label)
+                      for rel, size in _scan_images(os.path.join(root, name), follow_symlinks=follow_symlinks, seen=seen)]
+    if label_names is not None and classes:
+        classes, items = _relabel(root, classes, items, tuple(label_names))
     if not classes:
         raise SourceError(
             f"{redact(root)}: no class folders found; an image folder source must look like "
@@ -89,6 +124,17 @@ def open_folder(root: str, *, key: str = "index", storage: Any = None) -> Folder
     exts = tuple(sorted({normalize_ext(os.path.splitext(rel)[1]) for rel, _, _ in items}))
     return FolderSource(description=redact(root), refs=refs, label_names=tuple(classes), image_exts=exts,
                         root=root.rstrip("/"), storage=storage)
+
+
+def _relabel(root: str, classes: list[str], items: list[tuple[str, int, int]],
+             names: tuple[str, ...]) -> tuple[list[str], list[tuple[str, int, int]]]:
+    """Labels by position in `names` (--label-names) instead of the sorted folder names."""
+    unknown = [c for c in classes if c not in names]
+    if unknown:
+        raise SourceError(f"{redact(root)}: class folders {unknown[:5]} are not in --label-names {list(names)[:10]}; "
+                          "list every class folder")
+    index = {n: i for i, n in enumerate(names)}
+    return list(names), [(rel, size, index[classes[label]]) for rel, size, label in items]
 
 
 def _is_image(rel: str) -> bool:

@@ -27,6 +27,7 @@ from sharding.sources.base import (
     normalize_ext,
     path_keys,
 )
+from sharding.sources.labels import to_labels
 from sharding.sources.remote import RemoteFiles, is_url
 
 _IMAGE_COLUMN_GUESSES = ("image", "img", "image_path", "path", "file", "filename", "filepath", "jpg", "png")
@@ -187,18 +188,6 @@ def _pick_column(columns: list[str], asked: str | None, guesses: tuple[str, ...]
     return next((lower[g] for g in guesses if g in lower), None)
 
 
-def _labels(values: list[Any], path: str, column: str) -> tuple[list[int | None], tuple[str, ...] | None]:
-    """Integer labels as they are; anything else mapped to the index of its sorted distinct names."""
-    present = [v for v in values if v is not None]
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
-        if any(v < 0 for v in present):
-            raise SourceError(f"{path}: column {column!r} holds negative labels; labels must be >= 0")
-        return values, None
-    names = tuple(sorted({str(v) for v in present}))
-    index = {n: i for i, n in enumerate(names)}
-    return [None if v is None else index[str(v)] for v in values], names
-
-
 def _image_kind(table: Any, column: str, path: str) -> str:
     arrow_type = table.schema.field(column).type
     children = image_struct_fields(arrow_type)
@@ -241,7 +230,8 @@ def _url_path(value: str) -> str:
 
 
 def open_table(path: str | Sequence[str], *, image_column: str | None, label_column: str | None,
-               key_column: str | None, key: str = "index", storage: Any = None, description: str = "") -> TableSource:
+               key_column: str | None, key: str = "index", storage: Any = None, description: str = "",
+               label_names: Sequence[str] | None = None) -> TableSource:
     """A CSV/JSONL/Parquet table (or several files of one schema, e.g. a Hugging Face export's shards);
     the image column holds paths (relative to the first table), URLs, bytes or {bytes, path}."""
     paths = (path,) if isinstance(path, str) else tuple(path)
@@ -258,9 +248,10 @@ def open_table(path: str | Sequence[str], *, image_column: str | None, label_col
         kind = _image_kind(table, image_col, path)
         sizes, exts, names = _scan_images(table, image_col, kind, path, storage)
     labels: list[int | None] = [None] * table.num_rows
+    given_names = label_names
     label_names = None
     if label_col:
-        labels, label_names = _labels(table.column(label_col).to_pylist(), path, label_col)
+        labels, label_names = to_labels(table.column(label_col).to_pylist(), path, label_col, given_names)
     if key_col:
         keys = _keys(table.column(key_col).to_pylist(), table.num_rows, path, key_col)
     elif key == "path" and any(names):

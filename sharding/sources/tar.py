@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dataio.decode.images import IMAGE_FIELD_ORDER
@@ -97,14 +97,16 @@ def open_tars(store: Store, names: list[str], description: str) -> TarSource:
     refs: list[Ref] = []
     exts: set[str] = set()
     extra: dict[str, None] = {}
-    seen: set[str] = set()
+    full_keys: list[str] = []  # as in the tar, directories included
     for shard, name in enumerate(names):
+        seen: set[str] = set()
         with store.fs.open(store.path(name), "rb") as f:
             index = build_index(f)
             for sample in index.samples:
                 members = {m.ext: (m.offset, m.size) for m in sample.members}
                 if sample.key in seen:
-                    raise SourceError(f"{store.url_of(name)}: sample key {sample.key!r} appears twice in the source shards")
+                    raise SourceError(f"{store.url_of(name)}: sample key {sample.key!r} appears twice in this shard; "
+                                      "its samples cannot be told apart")
                 seen.add(sample.key)
                 label = _tar_label(store, name, f, members, sample.key)
                 image = sorted((e for e in members if _is_image_ext(e)), key=_image_rank)[:1]
@@ -113,14 +115,32 @@ def open_tars(store: Store, names: list[str], description: str) -> TarSource:
                 size = sum(s for _, s in members.values())
                 locs = tuple((e, o, s) for e, (o, s) in members.items())
                 refs.append(Ref(sample.key.rsplit("/", 1)[-1], label, (shard, locs), size, len(members)))
+                full_keys.append(sample.key)
     if not refs:
         raise SourceError(f"{description}: the tar shards hold no samples")
+    refs = _unique_keys(refs, full_keys, names)
     has_labels = any(r.label is not None for r in refs)
     extra_fields = tuple(Field(name=e, type="json" if e == "json" else "bytes") for e in extra)
     return TarSource(
         description=description, refs=refs, label_names=None, image_exts=tuple(sorted(exts)),
         extra_fields=extra_fields, has_labels=has_labels, store=store, names=tuple(names),
     )
+
+
+def _unique_keys(refs: list[Ref], full_keys: list[str], names: Sequence[str]) -> list[Ref]:
+    """Keys as they are (without directories) when unique across the shards; else each made unique
+    by its path: shard path and key as in the tar (`a/shard-000000/000123`: tars of the same name in
+    two directories often number their samples alike)."""
+    keys = [r.key for r in refs]
+    if len(set(keys)) == len(keys):
+        return refs
+    stems = [re.sub(r"[^A-Za-z0-9_/-]", "_", n.removesuffix(".tar")).strip("/") for n in names]
+    out = [replace(r, key=f"{stems[r.loc[0]]}/{re.sub(r'[^A-Za-z0-9_/-]', '_', full)}")
+           for r, full in zip(refs, full_keys)]
+    if len({r.key for r in out}) != len(out):
+        raise SourceError("sample keys repeat within the source shards even with their shard paths; "
+                          "re-shard them separately")
+    return out
 
 
 def open_dataset(store: Store, description: str) -> TarSource:
