@@ -135,3 +135,23 @@ def test_trainer_reports_failed_checkpoints_keeps_training_and_records_none(s3_s
     assert any(r["kind"] == "note" and "FAILED and was not recorded" in r["text"] for r in records)
     assert records[-1]["kind"] == "summary"  # training went on to the end
     assert _direct(s3_server, url).list() == []
+
+
+def test_write_dataset_through_hanging_puts_fails_and_publishes_nothing(s3_server, image_folder: Path) -> None:
+    from sharding.progress import Progress
+    from sharding.sources.by_path import open_source
+    from sharding.writer import WriteConfig, write_dataset
+
+    url = f"s3://{s3_server.new_bucket()}/ds"
+    source = open_source(str(image_folder))
+    with DelayProxy(s3_server.endpoint_url, 0.0, hang_rate=1.0, methods=("PUT",)) as proxy:
+        options = replace(s3_server.options(), endpoint_url=proxy.url, connect_timeout_s=1.0, read_timeout_s=1.0)
+        dest = Store(url, options, RetryPolicy(max_attempts=2, base_delay_s=0.0, max_delay_s=0.0))
+        progress = Progress(total_samples=len(source.refs), total_bytes=1, what="write", quiet=True)
+        try:
+            with pytest.raises(StorageError, match=rf"uploading {url}/"):
+                write_dataset(source, dest, WriteConfig(max_samples_per_shard=10), progress)
+        finally:
+            progress.close()
+        assert proxy.stats.num_hangs >= 2
+    assert not _direct(s3_server, url).exists("manifest.json")

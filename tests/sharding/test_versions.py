@@ -222,3 +222,26 @@ def test_kill_9_at_any_moment_leaves_the_old_or_the_new_dataset(tmp_path: Path) 
     assert run("write", new_src, ds, "--overwrite", "--quiet") == 0 and _whole(ds, sizes) == 120
     assert run("gc", ds, "--grace", "0") == 0 and _whole(ds, sizes) == 120
     assert seen <= sizes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_gc_on_s3_removes_retired_versions_and_aborts_stale_uploads(s3_server, image_folder: Path, capsys) -> None:
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/ds"
+    flags = ["--endpoint-url", s3_server.endpoint_url, "--access-key", s3_server.key, "--secret-key",
+             s3_server.secret, "--region", "us-east-1", "--quiet"]
+    assert run("write", image_folder, url, "--max-samples-per-shard", 12, *flags) == 0
+    assert run("write", url, url, "--max-samples-per-shard", 8, "--overwrite", *flags) == 0  # in place
+    client = s3_server.client()
+    upload = client.create_multipart_upload(Bucket=bucket, Key="ds/shards/v000003/shard-000000.tar")
+    store = Store(url, s3_server.options())
+    assert store.exists("shards/shard-000000.tar")
+    capsys.readouterr()
+    assert run("gc", url, "--grace", "0", *flags[:-1]) == 0
+    out = capsys.readouterr().out
+    assert "removed shards/shard-000000.tar" in out and "aborted 1 stale multipart upload" in out
+    assert not store.exists("shards/shard-000000.tar")
+    uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads") or []
+    assert upload["UploadId"] not in {u["UploadId"] for u in uploads}
+    assert run("verify", url, *flags) == 0
