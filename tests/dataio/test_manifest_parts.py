@@ -162,3 +162,20 @@ def test_the_loader_reads_a_parted_dataset_exactly_once(tmp_path, small_parts, f
                          tail="pad") as loader:
             keys += [k for b in loader for k, m in zip(b["__key__"], b["mask"].tolist()) if m]
     assert sorted(keys) == sorted(s["__key__"] for shard in shards for s in shard)
+
+
+def test_a_failed_part_write_publishes_no_root(tmp_path, small_parts, monkeypatch):
+    store = Store(str(tmp_path), retry=RetryPolicy(max_attempts=1))
+    written: list[str] = []
+    real = Store.write_bytes
+
+    def flaky(self, rel, data):
+        if rel.endswith("part-000002.parquet"):
+            raise OSError("disk full")
+        written.append(rel)
+        real(self, rel, data)
+
+    monkeypatch.setattr(Store, "write_bytes", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        write_manifest(store, tar_manifest(num_shards=12), parts_threshold=2)
+    assert MANIFEST_NAME not in written and not store.exists(MANIFEST_NAME)  # the root goes last, or not at all
