@@ -77,3 +77,17 @@ def test_prefixed_parted_dataset_on_s3(s3_server, image_folder: Path, tmp_path: 
     with make_loader(url, batch_size=4, num_workers=0, decode=None, storage=s3_server.options(), tail="pad") as loader:
         keys = [k for b in loader for k, m in zip(b["__key__"], b["mask"].tolist()) if m]
     assert sorted(keys) == sorted(f"{i:06d}" for i in range(24))
+
+
+def test_gc_removes_a_retired_versions_parts_and_keeps_the_current_ones(image_folder: Path, tmp_path: Path) -> None:
+    ds = tmp_path / "ds"
+    common = ("--max-samples-per-shard", 3, "--prefixes", 4, "--manifest-parts-above", 2, "--quiet", "--workers", 1)
+    assert run("write", image_folder, ds, *common, "--shuffle", "--seed", 1) == 0
+    old = read_manifest(Store(str(ds)))
+    assert run("write", image_folder, ds, *common, "--shuffle", "--seed", 2, "--overwrite") == 0
+    new = read_manifest(Store(str(ds)))
+    assert old.fingerprint != new.fingerprint and all((ds / p).is_file() for p in old.part_paths)
+    assert run("gc", ds, "--grace", "0") == 0
+    assert not any((ds / p).exists() for p in old.part_paths)  # the retired version's parts went with it
+    assert all((ds / p).is_file() for p in new.part_paths)
+    assert run("verify", ds, "--quiet") == 0
