@@ -11,6 +11,7 @@ sources together: a mixture needs no more memory than one dataset.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -85,10 +86,15 @@ class OpenSources:
 
 
 def open_sources(sources: Sequence[Source], config: LoaderConfig) -> OpenSources:
-    """Open every source with the single-dataset start-up checks and build the Mixture."""
-    opened = [open_dataset(s.url, config) for s in sources]
+    """Open every source with the single-dataset start-up checks and build the Mixture. `fields`
+    names fields of any source (a tar `jpg` and a Parquet `image`): each reads those it has."""
+    opened = [open_dataset(s.url, dataclasses.replace(config, fields=None)) for s in sources]
     stores = tuple(store for store, _ in opened)
     manifests = tuple(manifest for _, manifest in opened)
+    unknown = [f for f in config.fields or () if not any(f in m.field_names for m in manifests)]
+    if unknown:
+        raise ManifestError(f"fields {unknown} are in none of the mixed sources {[s.url for s in stores]} "
+                            f"(their fields: {sorted({f for m in manifests for f in m.field_names})})")
     mix_sources = tuple(
         MixSource(name=store.url, shard_sizes=list(m.shard_num_samples), weight=s.weight, repeat=s.repeat,
                   fingerprint=m.fingerprint)
@@ -116,7 +122,8 @@ class MixedFields:
 def batch_fields(opened: OpenSources, config: LoaderConfig) -> MixedFields:
     """The sources' fields, checked: the fields a batch carries (images decoded, labels as "label")
     must be the same from every source, else ManifestError naming the source and the fix."""
-    per_source = [fields_to_read(m, config, store.url) for store, m in zip(opened.stores, opened.manifests)]
+    per_source = [fields_to_read(m, own_fields(config, m), store.url)
+                  for store, m in zip(opened.stores, opened.manifests)]
     labels = tuple(label_field(m) for m in opened.manifests)
     delivered = []
     for (images, fields), m, label in zip(per_source, opened.manifests, labels):
@@ -134,6 +141,13 @@ def batch_fields(opened: OpenSources, config: LoaderConfig) -> MixedFields:
                 + (", or decode images" if config.decode is None else ""))
     images = order_image_fields(list(dict.fromkeys(f for imgs, _ in per_source for f in imgs)))
     return MixedFields(image_fields=images, projections=tuple(f for _, f in per_source), label_fields=labels)
+
+
+def own_fields(config: LoaderConfig, manifest: Manifest) -> LoaderConfig:
+    """The config with `fields` narrowed to those this source has (None: all of them)."""
+    if config.fields is None:
+        return config
+    return dataclasses.replace(config, fields=tuple(f for f in config.fields if f in manifest.field_names))
 
 
 def mixed_window_samples(opened: OpenSources, config: LoaderConfig) -> int:

@@ -152,3 +152,34 @@ def test_local_and_s3_sources_mix(sources, moto_s3) -> None:
                      storage=moto_s3.options()) as loader:
         got = delivered(list(loader))
     assert Counter(s for s, _ in got) == {0: 48, 1: 16}
+
+
+def test_each_source_labels_come_from_its_own_label_field(sources, tmp_path) -> None:
+    """A Hugging Face style Parquet source (image column, int `label`) mixes with a tar one (`jpg`, `cls`)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dataio.format.manifest import Manifest, checksum_bytes
+    from tests.dataio.shardgen import tiny_jpeg
+
+    tar, _ = sources
+    store = Store(str(tmp_path / "hf"))
+    table = pa.table({"__key__": pa.array([f"hf{i:03d}" for i in range(8)]),
+                      "image": pa.array([tiny_jpeg(i) for i in range(8)], pa.binary()),
+                      "label": pa.array([7] * 8, pa.int64())})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=4)
+    store.write_bytes("shards/shard-000000.parquet", buf.getvalue())
+    write_manifest(store, Manifest(
+        format="parquet", fields=(Field(name="image", type="image"), Field(name="label", type="int")),
+        shard_paths=("shards/shard-000000.parquet",), shard_num_samples=(8,), shard_num_bytes=(len(buf.getvalue()),),
+        shard_checksums=(checksum_bytes(buf.getvalue()),), row_groups=((4, 4),), source="test"))
+    with make_loader([tar, store.raw_url], weights=[0.5, 0.5], epoch_samples=16, batch_size=4, num_workers=0,
+                     decode="cpu", image_size=8, fields=["jpg", "image"]) as loader:
+        batches = list(loader)
+    labels = {(s, k): y for b in batches for s, k, y in zip(b["source"].tolist(), b["__key__"], b["label"].tolist())}
+    assert {y for (s, _), y in labels.items() if s == 1} == {7}  # the Parquet source's `label` column
+    assert all(y == int(k) % 10 for (s, k), y in labels.items() if s == 0)  # the tar source's `cls`
+    assert all(b["image"].shape == (4, 3, 8, 8) for b in batches)
