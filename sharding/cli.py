@@ -83,6 +83,36 @@ def _storage_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--storage-config", metavar="TOML", help="a TOML file with an [s3] table of the same keys")
 
 
+def _sample_flags(p: argparse.ArgumentParser) -> None:
+    """Flags `write` and `append` share: how samples are read, checked and cut into shards."""
+    p.add_argument("--shard-size", type=parse_size, default=parse_size("256MB"), help="bytes per shard (default 256MB)")
+    p.add_argument("--max-samples-per-shard", type=_positive_int)
+    p.add_argument("--shuffle", action="store_true", help="shuffle samples across shards at write time")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    p.add_argument("--workers", type=_positive_int, default=_num_cores(), help="processes (default: all cores)")
+    p.add_argument("--max-side", type=_positive_int, help="downscale images so the longer side is at most this")
+    p.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS, help="refuse larger images")
+    p.add_argument("--validate", choices=("structure", "full", "header"), default="structure",
+                   help="structure: walk each file's framing to its end marker, catching truncation and "
+                        "damaged structure, decoding only what the walk cannot vouch for (default); "
+                        "full: decode every pixel; header: format and pixel limit only")
+    p.add_argument("--on-error", choices=("fail", "skip"), default="fail", help="unreadable samples: stop, or skip and list them")
+    p.add_argument("--image-column", help="table column with image paths or bytes (default: guessed)")
+    p.add_argument("--label-column", help="table column with labels (default: label/cls/class/target if present)")
+    p.add_argument("--key-column", help="table column with unique sample keys (default: row number)")
+    p.add_argument("--label-names", type=_label_names, metavar="A,B,C|@FILE",
+                   help="class names in label order (label i is the i-th name): fixes the order of named labels "
+                        "in a table or of class folders (default: sorted), or names the integer labels of tars")
+    p.add_argument("--follow-symlinks", action=argparse.BooleanOptionalAction, default=True,
+                   help="follow symlinked directories in an image folder, each real file once, loops detected "
+                        "(default), or skip them")
+    p.add_argument("--key", choices=("index", "path"), default="index",
+                   help="sample keys: index (000042, the scan order) or path (the relative path, sanitised: "
+                        "cat/img_1 for cat/img 1.jpg; unique and the same on every re-run)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, only a summary")
+    _storage_flags(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardify", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -91,18 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("src", help="image folder (ROOT/CLASS/IMG), table (.csv/.jsonl/.parquet), .tar, dir of .tar, or brace pattern")
     w.add_argument("dest", help="dataset prefix: a local directory or a URL (s3://bucket/prefix)")
     w.add_argument("--format", choices=("tar", "parquet"), default="tar")
-    w.add_argument("--shard-size", type=parse_size, default=parse_size("256MB"), help="bytes per shard (default 256MB)")
-    w.add_argument("--max-samples-per-shard", type=_positive_int)
-    w.add_argument("--shuffle", action="store_true", help="shuffle samples across shards at write time")
-    w.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
-    w.add_argument("--workers", type=_positive_int, default=_num_cores(), help="processes (default: all cores)")
-    w.add_argument("--max-side", type=_positive_int, help="downscale images so the longer side is at most this")
-    w.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS, help="refuse larger images")
-    w.add_argument("--validate", choices=("structure", "full", "header"), default="structure",
-                   help="structure: walk each file's framing to its end marker, catching truncation and "
-                        "damaged structure, decoding only what the walk cannot vouch for (default); "
-                        "full: decode every pixel; header: format and pixel limit only")
-    w.add_argument("--on-error", choices=("fail", "skip"), default="fail", help="unreadable samples: stop, or skip and list them")
     w.add_argument("--overwrite", action="store_true",
                    help="write a new version of the dataset at DEST beside the old one; the manifest switches "
                         "atomically when it is complete, the old shards go after the grace period (shardify gc)")
@@ -116,20 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--manifest-parts-above", type=int, default=PARTS_THRESHOLD, metavar="SHARDS",
                    help="more shards than this: a small JSON root plus Parquet parts instead of one JSON "
                         f"manifest (default {PARTS_THRESHOLD})")
-    w.add_argument("--image-column", help="table column with image paths or bytes (default: guessed)")
-    w.add_argument("--label-column", help="table column with labels (default: label/cls/class/target if present)")
-    w.add_argument("--key-column", help="table column with unique sample keys (default: row number)")
-    w.add_argument("--label-names", type=_label_names, metavar="A,B,C|@FILE",
-                   help="class names in label order (label i is the i-th name): fixes the order of named labels "
-                        "in a table or of class folders (default: sorted), or names the integer labels of tars")
-    w.add_argument("--follow-symlinks", action=argparse.BooleanOptionalAction, default=True,
-                   help="follow symlinked directories in an image folder, each real file once, loops detected "
-                        "(default), or skip them")
-    w.add_argument("--key", choices=("index", "path"), default="index",
-                   help="sample keys: index (000042, the scan order) or path (the relative path, sanitised: "
-                        "cat/img_1 for cat/img 1.jpg; unique and the same on every re-run)")
-    w.add_argument("--quiet", action="store_true", help="no progress bar, only a summary")
-    _storage_flags(w)
+    w.add_argument("--resume", action="store_true",
+                   help="continue DEST's interrupted write (same SRC and options): keep the shards its journal "
+                        "confirmed, write the rest")
+    _sample_flags(w)
+
+    a = sub.add_parser("append", help="add SRC's samples to the dataset at DATASET as new shards (a new version)")
+    a.add_argument("src", help="image folder, table or tar shards, as for write")
+    a.add_argument("dest", metavar="DATASET", help="an existing dataset (its format, fields and labels are kept)")
+    _sample_flags(a)
 
     i = sub.add_parser("inspect", help="show a dataset's shards, fields and label histogram")
     i.add_argument("url")
@@ -198,16 +211,19 @@ def _write(args: argparse.Namespace) -> int:
     from sharding.writer import WriteConfig, write_dataset
 
     options = _options(args)
+    append = args.command == "append"
+    extra = {} if append else {
+        "format": args.format, "overwrite": args.overwrite, "num_prefixes": args.prefixes,
+        "parts_threshold": args.manifest_parts_above, "engine": args.engine, "ray_address": args.ray_address}
     config = WriteConfig(
-        format=args.format, shard_size_bytes=args.shard_size, max_samples_per_shard=args.max_samples_per_shard,
+        shard_size_bytes=args.shard_size, max_samples_per_shard=args.max_samples_per_shard,
         shuffle=args.shuffle, seed=args.seed, num_workers=args.workers, max_side=args.max_side,
-        max_pixels=args.max_pixels, validate=args.validate, on_error=args.on_error, overwrite=args.overwrite,
-        num_prefixes=args.prefixes, parts_threshold=args.manifest_parts_above, engine=args.engine,
-        ray_address=args.ray_address,
+        max_pixels=args.max_pixels, validate=args.validate, on_error=args.on_error, **extra,
     )
+    resume = getattr(args, "resume", False)
     dest = Store(args.dest, options)
-    check_overlap(args.src, args.dest, overwrite=args.overwrite, shown_src=redact(args.src, options.secrets),
-                  shown_dest=dest.url)
+    check_overlap(args.src, args.dest, overwrite=config.overwrite or resume or append,
+                  shown_src=redact(args.src, options.secrets), shown_dest=dest.url)
     _check_reachable(dest)
     source = open_source(args.src, storage=options, image_column=args.image_column,
                          label_column=args.label_column, key_column=args.key_column, key=args.key,
@@ -215,7 +231,7 @@ def _write(args: argparse.Namespace) -> int:
     total = sum(r.size_bytes for r in source.refs)
     progress = Progress(total_samples=len(source.refs), total_bytes=total, what="write", quiet=args.quiet)
     try:
-        report = write_dataset(source, dest, config, progress)
+        report = write_dataset(source, dest, config, progress, resume=resume, append=append)
     finally:
         progress.close()
     m = report.manifest
@@ -308,15 +324,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("src", "dest", "url"):
         secrets += url_secrets(getattr(args, name, None) or "")
     try:
-        return {"write": _write, "inspect": _inspect, "verify": _verify, "index": _index, "gc": _gc}[args.command](args)
+        return {"write": _write, "append": _write, "inspect": _inspect, "verify": _verify, "index": _index, "gc": _gc}[args.command](args)
     except KeyboardInterrupt:
         if args.command == "write":
             print(f"shardify: interrupted; the new version was not published, so {redact(args.dest, secrets)} "
-                  "holds what it held before; rerun with --overwrite", file=sys.stderr)
+                  "holds what it held before; rerun the same command with --resume to continue it (the shards "
+                  "already written are kept)", file=sys.stderr)
         return 130
     except BrokenProcessPool:
         print(f"shardify {args.command}: error: a worker process died (out of memory, or killed); no manifest "
-              "was written; rerun with --overwrite, with fewer --workers if memory is short", file=sys.stderr)
+              "was written; rerun with --resume (fewer --workers if memory is short)", file=sys.stderr)
         return 2
     except (ShardifyError, ValueError, OSError) as exc:
         print(f"shardify {args.command}: error: {redact(str(exc), secrets)}", file=sys.stderr)

@@ -41,6 +41,14 @@ from dataio.storage.store import Store, redact
 from sharding.gc import collect
 from sharding.config import Layout, ShardResult, WriteConfig, layout_of
 from sharding.parallel import run_parallel
+from sharding.resume import (
+    appended_layout,
+    appended_manifest,
+    appended_source,
+    check_append,
+    open_for_append,
+    resume_point,
+)
 from sharding.shard import write_shard
 from sharding.sources.base import Ref, Source, SourceError
 
@@ -204,24 +212,42 @@ def _retire_others(dest: Store, version: str) -> None:
 
 
 def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: Any, *,
-                  grace_s: float = DEFAULT_GRACE_S) -> WriteReport:
+                  grace_s: float = DEFAULT_GRACE_S, resume: bool = False, append: bool = False) -> WriteReport:
     """Write every shard of a new version, then its manifest; raises (and publishes nothing) if anything fails.
 
-    After publishing, versions retired more than `grace_s` ago are deleted (best effort).
+    resume: continue DEST's interrupted write, keeping the shards its journal confirmed; append:
+    add the source's samples to DEST's dataset as new shards (see sharding/resume.py). After
+    publishing, versions retired more than `grace_s` ago are deleted (best effort).
     """
     start = time.perf_counter()
-    generation = prepare_destination(dest, config.overwrite)
+    old, done, num_batches, head = None, {}, 0, None
     layout = layout_of(source, config)
+    if append:
+        old, generation = open_for_append(dest)
+        source = appended_source(source, old, check_append(old, source, layout, source.description))
+        config, layout = replace(config, format=old.format), appended_layout(old, layout)
     plan = plan_shards(source.refs, config)
-    prefixes = config.num_prefixes or default_prefixes(len(plan))
-    base = shard_base(generation)
-    tasks = [(i, shard_name(i, len(plan), config.format, prefixes, base), [source.refs[j] for j in run])
-             for i, run in enumerate(plan)]
-    journal = Journal(dest, _head(source, config, generation))
+    prefixes = config.num_prefixes or default_prefixes(len(plan) + (old.num_shards if old else 0))
+    first = old.num_shards if old else 0
+
+    def tasks_of(generation: int) -> list[tuple[int, str, list[Ref]]]:
+        base = shard_base(generation)
+        return [(first + i, shard_name(first + i, first + len(plan), config.format, prefixes, base),
+                 [source.refs[j] for j in run]) for i, run in enumerate(plan)]
+
+    if resume:
+        generation, head, done, num_batches = resume_point(dest, lambda g: _head(source, config, g), tasks_of)
+    elif not append:
+        generation = prepare_destination(dest, config.overwrite)
+    tasks = [t for t in tasks_of(generation) if t[0] not in done]
+    journal = Journal(dest, head or _head(source, config, generation))
+    journal.num_batches = num_batches  # a resumed journal's earlier batches stay
     journal.start()
     sink = _Journaled(progress, journal)
     try:
-        if config.engine == "ray":
+        if not tasks:
+            results = []
+        elif config.engine == "ray":
             from sharding.engine_ray import run_ray
 
             results = run_ray(tasks, source, dest, config, layout, sink, address=config.ray_address)
@@ -232,7 +258,9 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
                 sink.log_shard(results[-1])
         else:
             results = run_parallel(tasks, source, dest, config, layout, sink)
-        manifest = _manifest(results, source, config, layout)
+        manifest = _manifest([*done.values(), *results], source, config, layout)
+        if old is not None:
+            manifest = appended_manifest(old, manifest)
         if manifest.num_shards == 0:
             raise SourceError(
                 f"{source.description}: every sample was skipped ({len(manifest.skipped)}; first: "
@@ -241,6 +269,8 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
         journal.flush()  # every shard the manifest names is in the journal before it is published
         write_manifest(dest, manifest, parts_threshold=config.parts_threshold)
     except BaseException as exc:
+        with contextlib.suppress(Exception):
+            journal.flush()  # the shards confirmed so far: what a --resume keeps
         with contextlib.suppress(Exception):
             journal.fail(redact(str(exc)) or type(exc).__name__)
         raise

@@ -341,7 +341,7 @@ class ShardLoader:
     def state_dict(self) -> dict[str, Any]:
         """What has been delivered so far, in a form any rank of any topology can load."""
         return make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
-                          mixture=self.mixture)
+                          mixture=self.mixture, epoch_complete=self._finished and self._active_steps is None)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a state saved by any rank of any topology; StateError says what does not fit."""

@@ -27,7 +27,7 @@ _MUST_MATCH = (
 
 
 def make_state(plan: PlanState, *, fingerprint: str, plan_config: PlanConfig,
-               mixture: Mixture | None = None) -> dict[str, Any]:
+               mixture: Mixture | None = None, epoch_complete: bool = False) -> dict[str, Any]:
     """The state dict a loader saves: flat, JSON-able scalars only.
 
     The plan (PlanState.to_dict()) is stored as JSON text: torch.distributed.checkpoint loads
@@ -42,6 +42,8 @@ def make_state(plan: PlanState, *, fingerprint: str, plan_config: PlanConfig,
     }
     if mixture is not None:
         state["mixture"] = json.dumps(mixture.describe(), sort_keys=True)
+    if epoch_complete:  # saved after the epoch's last batch: carries over to a new version of the dataset
+        state["epoch_complete"] = True
     return state
 
 
@@ -81,6 +83,30 @@ def _identity(fingerprint: str, plan_config: PlanConfig) -> dict[str, Any]:
     }
 
 
+def _carry_over(state: dict[str, Any], mine: dict[str, Any]) -> PlanState | None:
+    """A state saved at an epoch boundary of another version of the dataset (an append, a rewrite):
+    the next epoch starts afresh on this one. None when the dataset is the same (or no boundary)."""
+    if state["fingerprint"] == mine["fingerprint"]:
+        return None
+    if any(state[k] != mine[k] for k, _ in _MUST_MATCH if k not in ("fingerprint", "shuffle_window")):
+        return None  # the checks below name what differs
+    plan = state["plan"]
+    try:
+        progress = (json.loads(plan) if isinstance(plan, (str, bytes)) else plan).get("progress")
+    except (ValueError, AttributeError):
+        return None
+    if state.get("epoch_complete"):
+        return PlanState(epoch=int(state["epoch"]) + 1)
+    if not progress:
+        return PlanState(epoch=int(state["epoch"]))
+    raise StateError(
+        f"cannot resume: the state was saved in the middle of epoch {state['epoch']} of another version of this "
+        f"dataset (fingerprint {state['fingerprint']}, now {mine['fingerprint']}: samples were appended or the "
+        "dataset was rewritten); a mid-epoch position cannot carry over. Resume from a checkpoint saved at an "
+        "epoch boundary (it carries over), or start the epoch afresh without load_state_dict"
+    )
+
+
 def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig,
                 mixture: Mixture | None = None) -> PlanState:
     """The saved PlanState if `state` fits this loader; StateError saying what differs otherwise."""
@@ -97,6 +123,9 @@ def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig,
         raise StateError(f"loader state lacks {missing}; pass the dict ShardLoader.state_dict() returned")
     _check_mixture(state, mixture)  # before the fingerprint: it names which source or weight differs
     mine = _identity(fingerprint, plan_config)
+    carried = _carry_over(state, mine)
+    if carried is not None:
+        return carried
     for key, what in _MUST_MATCH:
         if state[key] != mine[key]:
             raise StateError(

@@ -1,0 +1,123 @@
+"""`shardify write --resume` after an interrupted write, and `shardify append`, on the dataset versions
+(journal, manifest versions) of dataio.format.versions; loader states across an append."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import sharding.writer
+from dataio import StateError, make_loader
+from dataio.format.manifest import read_manifest
+from dataio.storage.store import Store
+from tests.sharding.conftest import make_image_folder, manifest_of, run
+
+pytestmark = pytest.mark.timeout(180)
+WRITE_SHARD = sharding.writer.write_shard
+ARGS = ("--max-samples-per-shard", 4, "--workers", 1, "--quiet", "--shuffle", "--seed", 5)
+
+
+def interrupt_after(monkeypatch, num_shards: int) -> list[int]:
+    """Make the in-process write stop (as Ctrl-C does) when it starts shard number `num_shards`."""
+    real, calls = WRITE_SHARD, []
+
+    def flaky(task, *args, **kw):
+        calls.append(task[0])
+        if len(calls) > num_shards:
+            raise KeyboardInterrupt
+        return real(task, *args, **kw)
+
+    monkeypatch.setattr(sharding.writer, "write_shard", flaky)
+    return calls
+
+
+def test_resume_writes_only_the_missing_shards_and_equals_an_uninterrupted_run(image_folder, tmp_path,
+                                                                               monkeypatch, capsys) -> None:
+    dest, whole = tmp_path / "ds", tmp_path / "whole"
+    assert run("write", image_folder, whole, *ARGS) == 0
+    interrupt_after(monkeypatch, 3)
+    assert run("write", image_folder, dest, *ARGS) == 130
+    assert "--resume" in capsys.readouterr().err and not (dest / "manifest.json").exists()
+    calls = interrupt_after(monkeypatch, 100)
+    assert run("write", image_folder, dest, *ARGS, "--resume") == 0
+    assert sorted(calls) == [3, 4, 5]  # shards 0-2 were confirmed in the journal: kept
+    a, b = manifest_of(dest), manifest_of(whole)
+    for doc in (a, b):
+        doc.pop("created_utc"), doc.pop("tool_version")
+    assert a == b  # the same shards, paths, checksums and sources as the uninterrupted run
+    for rel in b["shards"]["path"]:
+        assert (dest / rel).read_bytes() == (whole / rel).read_bytes()
+        side = rel.rsplit(".", 1)[0] + ".sources.json"
+        assert (dest / side).read_bytes() == (whole / side).read_bytes()
+    assert run("write", image_folder, dest, *ARGS, "--resume") == 2
+    assert "no interrupted write to resume" in capsys.readouterr().err
+
+
+def test_resume_refuses_other_options_or_another_source(image_folder, tmp_path, monkeypatch, capsys) -> None:
+    dest = tmp_path / "ds"
+    interrupt_after(monkeypatch, 2)
+    assert run("write", image_folder, dest, *ARGS) == 130
+    capsys.readouterr()
+    assert run("write", image_folder, dest, *ARGS, "--resume", "--format", "parquet") == 2
+    assert "write options ['format'] changed" in capsys.readouterr().err
+    (image_folder / "ant" / "img1.jpg").unlink()
+    assert run("write", image_folder, dest, *ARGS, "--resume") == 2
+    err = capsys.readouterr().err
+    assert "the source" in err and "--overwrite instead of --resume" in err
+    assert not (dest / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+def test_append_adds_a_version_old_loaders_keep_reading(image_folder, tmp_path, fmt) -> None:
+    dest = tmp_path / "ds"
+    assert run("write", image_folder, dest, "--format", fmt, *ARGS) == 0
+    old = read_manifest(Store(str(dest)))
+    more = make_image_folder(tmp_path / "more", per_class=5, classes=("bee",), seed=9)
+    before = make_loader(str(dest), batch_size=4, decode=None, num_workers=0, tail="pad")
+    assert run("append", more, dest, "--max-samples-per-shard", 4, "--workers", 1, "--quiet") == 0
+    new = read_manifest(Store(str(dest)))
+    assert new.num_samples == old.num_samples + 5 and new.shard_paths[: old.num_shards] == old.shard_paths
+    assert new.label_names == old.label_names and new.format == fmt and new.fields == old.fields
+    assert all("/v000002/" in p for p in new.shard_paths[old.num_shards:])
+    assert sum(len(b["__key__"]) for b in before) == old.num_samples  # the old version, still whole
+    before.close()
+    with make_loader(str(dest), batch_size=1, decode=None, num_workers=0) as after:
+        got = {k: int(lab) for b in after for k, lab in zip(b["__key__"], b["label"])}
+    assert len(got) == 29 and [got[f"{24 + i:06d}"] for i in range(5)] == [1] * 5  # bee keeps label 1
+    assert run("verify", dest, "--quiet", "--workers", 1) == 0
+
+
+def test_append_refuses_other_labels_or_fields(image_folder, tmp_path, capsys) -> None:
+    dest = tmp_path / "ds"
+    assert run("write", image_folder, dest, "--format", "parquet", *ARGS) == 0
+    dogs = make_image_folder(tmp_path / "dogs", per_class=2, classes=("dog",))
+    assert run("append", dogs, dest, "--workers", 1, "--quiet") == 2
+    assert "label names ['dog'] are not among the dataset's ['ant', 'bee', 'cat']" in capsys.readouterr().err
+    table = tmp_path / "t.csv"
+    table.write_text(f"path,label,caption\n{image_folder.name}/ant/img1.jpg,ant,hello\n")
+    assert run("append", table, dest, "--workers", 1, "--quiet") == 2
+    assert "fields ['caption:str']" in capsys.readouterr().err
+    assert read_manifest(Store(str(dest))).num_samples == 24  # nothing half-published
+
+
+def test_loader_state_across_an_append(image_folder, tmp_path) -> None:
+    dest = tmp_path / "ds"
+    assert run("write", image_folder, dest, *ARGS) == 0
+    kw = {"batch_size": 4, "decode": None, "num_workers": 0, "seed": 1}
+    with make_loader(str(dest), **kw) as loader:
+        it = iter(loader)
+        next(it)
+        mid = json.loads(json.dumps(loader.state_dict()))
+        list(it)
+        boundary = json.loads(json.dumps(loader.state_dict()))
+    more = make_image_folder(tmp_path / "more", per_class=4, classes=("cat",), seed=3)
+    assert run("append", more, dest, "--workers", 1, "--quiet") == 0
+    with make_loader(str(dest), **kw) as loader:
+        with pytest.raises(StateError, match=r"middle of epoch 0 of another version.*epoch boundary"):
+            loader.load_state_dict(mid)
+        loader.load_state_dict(boundary)  # carries over: the next epoch, on the new version
+        assert loader.epoch == 1
+        loader.set_epoch(1)
+        assert sum(len(b["__key__"]) for b in loader) == 28
