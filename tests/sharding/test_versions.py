@@ -245,3 +245,34 @@ def test_gc_on_s3_removes_retired_versions_and_aborts_stale_uploads(s3_server, i
     uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads") or []
     assert upload["UploadId"] not in {u["UploadId"] for u in uploads}
     assert run("verify", url, *flags) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_kill_9_mid_rewrite_on_s3_leaves_the_old_or_the_new_dataset(s3_server, tmp_path: Path) -> None:
+    old_src = make_image_folder(tmp_path / "old", per_class=4)
+    new_src = make_image_folder(tmp_path / "new", per_class=20, seed=1)
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/ds"
+    flags = ["--endpoint-url", s3_server.endpoint_url, "--access-key", s3_server.key, "--secret-key",
+             s3_server.secret, "--region", "us-east-1", "--quiet"]
+    assert run("write", old_src, url, *flags) == 0
+    client = s3_server.client()
+
+    def new_shards() -> int:
+        listed = client.list_objects_v2(Bucket=bucket, Prefix="ds/shards/v").get("Contents") or []
+        return sum(1 for o in listed if o["Key"].endswith(".tar"))
+
+    for ready in (lambda: True, lambda: new_shards() >= 2):
+        cmd = [sys.executable, "-m", "sharding.cli", "write", str(new_src), url, "--workers", "2",
+               "--max-samples-per-shard", "3", "--overwrite", *flags]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                cwd=Path(__file__).resolve().parents[2])
+        _kill_when(proc, ready)
+        m = read_manifest(Store(url, s3_server.options()))
+        assert m.num_samples in (12, 60)
+        assert run("verify", url, "--workers", 1, *flags) == 0
+    assert run("write", new_src, url, "--overwrite", *flags) == 0
+    assert run("gc", url, "--grace", "0", *flags[:-1]) == 0
+    assert read_manifest(Store(url, s3_server.options())).num_samples == 60
+    assert run("verify", url, *flags) == 0
