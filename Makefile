@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench s3-server clean
+.PHONY: setup demo test lint bench faults s3-server clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ test: $(STAMP) lint
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
+
+# The fault-injection suite against a local SeaweedFS; writes benchmarks/results_faults.md.
+faults: $(STAMP)
+	$(PY) -m tools.faults
 
 s3-server: $(STAMP)
 	$(PY) -m tools.s3_server

@@ -48,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, ShardifyError) as exc:  # bad data met in training: this rank says which
             _say(True, f"{exc}" + (f" (on rank {rt.rank})" if rt.world_size > 1 else ""))
             return 2
+        except RuntimeError as exc:  # a collective timed out or lost a peer: name the rank that stopped
+            named = runtime.name_unresponsive(rt, exc)
+            if named is None:
+                raise
+            _say(True, f"{named} (seen from rank {rt.rank})")
+            return 2
         return 0
     except runtime.SetupFailed as exc:
         where = f" (on rank {exc.failed_rank})" if rt.world_size > 1 else ""

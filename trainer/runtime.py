@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +37,7 @@ class Runtime:
     device: torch.device
     distributed: bool
     node_rank: int = 0  # torchrun's GROUP_RANK: which node (launcher) this rank runs on
+    heartbeat: Heartbeat | None = None  # distributed runs only: names a rank that stops responding
 
     @property
     def is_main(self) -> bool:
@@ -79,15 +82,88 @@ def start(*, device: str, timeout_s: float, env: Mapping[str, str] | None = None
         # After torchrun restarts the group, the store can still hold the dead attempt's addresses;
         # a prefix per attempt keeps the new ranks from connecting to them.
         attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(backend, store=dist.PrefixStore(f"trainer/attempt-{attempt}", store), rank=rank,
-                                world_size=world_size, timeout=timeout,
+        kv = dist.PrefixStore(f"trainer/attempt-{attempt}", store)
+        dist.init_process_group(backend, store=kv, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=dev if dev.type == "cuda" else None)
     node_rank = int(env.get("GROUP_RANK", "0") or 0)
+    heartbeat = Heartbeat(kv, rank=rank, world_size=world_size).start() if distributed else None
     return Runtime(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, distributed=distributed,
-                   node_rank=node_rank)
+                   node_rank=node_rank, heartbeat=heartbeat)
+
+
+class Heartbeat:
+    """Every rank bumps a counter of its own in the job's key-value store each second.
+
+    When a collective times out (--dist-timeout-s) the counters tell which ranks stopped: a rank
+    that is stopped (SIGSTOP), hung in native code or gone leaves its counter still, while a
+    rank merely waiting in the same collective keeps beating. Under torchrun the store is the
+    agent's, so it still answers when a rank does not.
+    """
+
+    EVERY_S = 1.0
+    WATCH_S = 3.0
+
+    def __init__(self, kv: Any, *, rank: int, world_size: int) -> None:
+        self.kv, self.rank, self.world_size = kv, rank, world_size
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Heartbeat:
+        self._thread = threading.Thread(target=self._beat, name=f"trainer-heartbeat-{self.rank}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.kv.add(f"heartbeat/{self.rank}", 1)
+            except Exception:  # noqa: BLE001 - the store is gone: the job is ending anyway
+                return
+            self._stop.wait(self.EVERY_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def silent_ranks(self) -> list[int] | None:
+        """Ranks whose counter did not move during WATCH_S; None if the store itself did not answer."""
+        result: list[list[int]] = []
+
+        def read() -> None:
+            keys = [f"heartbeat/{r}" for r in range(self.world_size)]
+            before = [int(self.kv.add(k, 0)) for k in keys]
+            time.sleep(self.WATCH_S)
+            after = [int(self.kv.add(k, 0)) for k in keys]
+            result.append([r for r in range(self.world_size) if after[r] == before[r]])
+
+        reader = threading.Thread(target=read, name="trainer-heartbeat-check", daemon=True)
+        reader.start()
+        reader.join(timeout=self.WATCH_S + 10)
+        return result[0] if result else None
+
+
+def name_unresponsive(rt: Runtime, exc: BaseException) -> str | None:
+    """After a collective failed with `exc`: which ranks stopped responding, in words; None if none can be named."""
+    if rt.heartbeat is None:
+        return None
+    silent = rt.heartbeat.silent_ranks()
+    text = str(exc).strip()
+    first = text.splitlines()[0][:300] if text else type(exc).__name__
+    if silent is None:
+        return (f"a collective failed ({first}) and the job's key-value store does not answer either: the "
+                "machine hosting torchrun's store, or its network, is down")
+    silent = [r for r in silent if r != rt.rank]
+    if not silent:
+        return None
+    ranks = ", ".join(str(r) for r in silent)
+    return (f"rank {ranks} stopped responding (no heartbeat for {Heartbeat.WATCH_S:.0f} s); the collective "
+            f"waiting for it gave up after --dist-timeout-s ({first})")
 
 
 def stop(rt: Runtime | None) -> None:
+    if rt is not None and rt.heartbeat is not None:
+        rt.heartbeat.stop()
     if rt is not None and rt.distributed and dist.is_initialized():
         dist.destroy_process_group()
 

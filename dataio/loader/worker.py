@@ -344,15 +344,17 @@ class WorkerStream:
         return batch
 
 
-_LAST_HEDGES = HedgeStats()
+_LAST_HEDGES: tuple[int, HedgeStats] = (os.getpid(), HedgeStats())
 
 
 def hedges_since_last_batch() -> dict[str, int]:
     """This process's hedged-read counters since the previous call (what its last batch did not report)."""
     global _LAST_HEDGES
+    pid, last = _LAST_HEDGES
+    if pid != os.getpid():  # a forked worker: its counters start at zero (hedge.process_stats)
+        last = HedgeStats()
     now = process_stats()
-    delta = {k: v - getattr(_LAST_HEDGES, k) for k, v in now.as_dict().items()}
-    _LAST_HEDGES = now
-    return delta
+    _LAST_HEDGES = (os.getpid(), now)
+    return {k: v - getattr(last, k) for k, v in now.as_dict().items()}
 
 

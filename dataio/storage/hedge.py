@@ -10,6 +10,7 @@ twice for everything. Counters are per process; loader workers report them with 
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -61,13 +62,23 @@ class HedgeStats:
 
 
 _STATS = HedgeStats()
+_STATS_PID = os.getpid()
 _STATS_LOCK = threading.Lock()
+
+
+def _own_stats() -> HedgeStats:
+    """This process's counters (a forked worker starts from zero, not from its parent's); hold the lock."""
+    global _STATS, _STATS_PID
+    if _STATS_PID != os.getpid():
+        _STATS, _STATS_PID = HedgeStats(), os.getpid()
+    return _STATS
 
 
 def process_stats() -> HedgeStats:
     """A copy of this process's counters (every Hedger of the process adds to them)."""
     with _STATS_LOCK:
-        return HedgeStats(_STATS.requests, _STATS.hedged, _STATS.won, _STATS.over_budget)
+        s = _own_stats()
+        return HedgeStats(s.requests, s.hedged, s.won, s.over_budget)
 
 
 class Hedger:
@@ -77,6 +88,7 @@ class Hedger:
         self.policy = policy
         self.stats = HedgeStats()
         self._history: dict[int, deque[float]] = {}
+        self._all: deque[float] = deque(maxlen=HISTORY)
         self._lock = threading.Lock()
 
     def threshold_s(self, size: int) -> float | None:
@@ -84,6 +96,8 @@ class Hedger:
         with self._lock:
             recent = self._history.get(max(0, size).bit_length())
             if recent is None or len(recent) < self.policy.min_history:
+                recent = self._all  # a size class seen too rarely: the median over every size
+            if len(recent) < self.policy.min_history:
                 return None
             median = statistics.median(recent)
         return max(self.policy.k * median, self.policy.floor_ms / 1000)
@@ -91,6 +105,7 @@ class Hedger:
     def _record(self, size: int, seconds: float) -> None:
         with self._lock:
             self._history.setdefault(max(0, size).bit_length(), deque(maxlen=HISTORY)).append(seconds)
+            self._all.append(seconds)
 
     def _may_hedge(self) -> bool:
         p = self.policy
@@ -102,8 +117,9 @@ class Hedger:
             for name, n in deltas.items():
                 setattr(self.stats, name, getattr(self.stats, name) + n)
         with _STATS_LOCK:
+            stats = _own_stats()
             for name, n in deltas.items():
-                setattr(_STATS, name, getattr(_STATS, name) + n)
+                setattr(stats, name, getattr(stats, name) + n)
 
     def call(self, fn: Callable[[], T], size: int) -> T:
         """fn(), with a second fn() started if the first is slow; the first result (or the last error) wins."""

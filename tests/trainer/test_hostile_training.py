@@ -43,3 +43,48 @@ def test_label_outside_num_classes_names_the_shard_and_key(tmp_path, capsys):
     line = next(x for x in err.splitlines() if x.startswith("trainer: error:"))
     assert "outside the model's 5 classes" in line and "shard-00000" in line and "sample '0000" in line
     assert "IndexError" not in err
+
+
+def stops_on_rank1(*, num_classes: int, image_size: int):  # noqa: ANN201 - a --model factory for the test below
+    """A model whose rank-1 copy SIGSTOPs its own process at the third forward (a hung rank)."""
+    import os
+    import signal
+
+    from tests.trainer.fakes import Sleepy
+
+    class Stopper(Sleepy):
+        calls = 0
+
+        def forward(self, x):  # noqa: ANN001, ANN201
+            type(self).calls += 1
+            if os.environ.get("RANK") == "1" and type(self).calls == 3:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return super().forward(x)
+
+    del image_size
+    return Stopper(num_classes, 0.0)
+
+
+def test_a_stopped_rank_is_named_within_the_dist_timeout(tmp_path):
+    """Issue 9: a hung rank (SIGSTOP) ended the job with a raw gloo timeout that did not name it."""
+    import time
+
+    from tests.trainer.harness import finish, start
+
+    proc = start(["--data", SYNTH, "--model", "tests.trainer.test_hostile_training:stops_on_rank1",
+                  "--batch-size", "4", "--image-size", "4", "--num-workers", "0", "--dist-timeout-s", "15",
+                  "--out", str(tmp_path / "o"), "--no-live"], nproc=2)
+    began, named_after_s, seen = time.monotonic(), None, []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # torchrun then takes its own time to reap the stopped rank
+            seen.append(line)
+            if "rank 1 stopped responding" in line:
+                named_after_s = time.monotonic() - began
+                break
+    finally:
+        result = finish(proc, timeout_s=120)
+    assert named_after_s is not None, "".join(seen)[-3000:] + result.stderr[-2000:]
+    assert result.returncode != 0
+    # Start-up, the 15 s timeout and the 3 s heartbeat check; a raw hang or minutes would fail.
+    assert named_after_s < 15 + 45

@@ -1,0 +1,443 @@
+"""The fault-injection suite: each scenario's figure and pass/fail, written to benchmarks/results_faults.md.
+
+    python -m tools.faults            # the full suite (a few minutes), `make faults`
+    python -m tools.faults --short    # the small form CI runs through tests/tools/test_faults.py
+
+Scenarios run against a local SeaweedFS (tools.s3_server) behind tools.delay_proxy: loader
+epochs through 503s, resets, truncated bodies and 2-second stalls (every sample exactly once?
+throughput against no fault, with and without hedged reads); `shardify write` through failing
+PUTs (a complete dataset or a clean failure, never a false success); kill -9 of `shardify write`
+mid-write (locally and on S3: no manifest over a partial dataset, and a rerun completes);
+corrupted shards, indexes and cache entries; a truncated newest checkpoint under
+`--resume auto`. Pass/fail judges correctness only; throughput ratios are reported, never
+asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import random
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dataio.format.manifest import Field, Manifest, checksum_bytes, read_manifest, write_manifest
+from dataio.format.tar_index import build_index
+from dataio.storage.store import RetryPolicy, StorageOptions, Store
+from tools.delay_proxy import DelayProxy
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results_faults.md"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Size:
+    """How big the suite's dataset and runs are."""
+
+    num_shards: int
+    samples_per_shard: int
+    sample_bytes: int
+    images: int  # images in the folder `shardify write` shards
+    epochs: int  # loader epochs per fault scenario (the figure is their mean rate)
+
+
+SHORT = Size(num_shards=16, samples_per_shard=16, sample_bytes=4096, images=24, epochs=1)
+FULL = Size(num_shards=48, samples_per_shard=64, sample_bytes=32 * 1024, images=120, epochs=2)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Row:
+    """One scenario's outcome: what was done, its figure, and whether the behaviour was correct."""
+
+    group: str
+    scenario: str
+    figure: str
+    passed: bool
+    note: str = ""
+
+
+# --- the dataset and the loader scenarios ---------------------------------------------------
+
+
+def write_raw_dataset(store: Store, size: Size, *, seed: int = 0) -> int:
+    """Tar shards of random-bytes samples (`bin` + `cls`) with their indexes and manifest; returns the sample count."""
+    rng = random.Random(seed)
+    cols: dict[str, list[Any]] = {k: [] for k in ("path", "n", "bytes", "sum", "ipath", "ibytes", "isum")}
+    for s in range(size.num_shards):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(size.samples_per_shard):
+                key = f"{s * size.samples_per_shard + i:08d}"
+                for ext, data in (("bin", rng.randbytes(size.sample_bytes)), ("cls", str(i % 10).encode())):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        data = buf.getvalue()
+        index = build_index(io.BytesIO(data)).dumps()
+        rel = f"shards/shard-{s:06d}.tar"
+        store.write_bytes(rel, data)
+        store.write_bytes(rel + ".idx", index)
+        for k, v in zip(cols, (rel, size.samples_per_shard, len(data), checksum_bytes(data), rel + ".idx",
+                               len(index), checksum_bytes(index))):
+            cols[k].append(v)
+    write_manifest(store, Manifest(
+        format="tar", fields=(Field(name="bin", type="bytes"), Field(name="cls", type="int")),
+        shard_paths=tuple(cols["path"]), shard_num_samples=tuple(cols["n"]), shard_num_bytes=tuple(cols["bytes"]),
+        shard_checksums=tuple(cols["sum"]), index_paths=tuple(cols["ipath"]), index_num_bytes=tuple(cols["ibytes"]),
+        index_checksums=tuple(cols["isum"]), source="tools.faults",
+    ))
+    return size.num_shards * size.samples_per_shard
+
+
+def epoch_ids(url: str, options: StorageOptions, *, epoch: int, **kwargs: Any) -> tuple[list[int], float, Any]:
+    """(sample ids delivered, seconds, loader stats) of one epoch, padded so every sample should come once."""
+    from dataio import make_loader
+
+    loader = make_loader(url, batch_size=8, num_workers=2, decode=None, tail="pad", storage=options,
+                         check_shards=False, **kwargs)
+    try:
+        loader.set_epoch(epoch)
+        start = time.perf_counter()
+        ids = [int(k) for b in loader for k, keep in zip(b["__key__"], b["mask"].tolist()) if keep]
+        return ids, time.perf_counter() - start, loader.stats
+    finally:
+        loader.close()
+
+
+LOADER_FAULTS: list[tuple[str, dict[str, Any], bool]] = [
+    ("no fault", {}, True),
+    ("10% 503 SlowDown", {"error_rate": 0.1}, True),
+    ("10% connection resets", {"reset_rate": 0.1}, True),
+    ("10% truncated bodies", {"truncate_rate": 0.1}, True),
+    ("5% 2-second stalls, hedged", {"stall_rate": 0.05, "stall_s": 2.0}, True),
+    ("5% 2-second stalls, no hedging", {"stall_rate": 0.05, "stall_s": 2.0}, False),
+]
+
+
+def loader_scenarios(server: Any, size: Size, seed: int) -> list[Row]:
+    """One or more epochs per fault: exactly once, and samples/s against the no-fault rate."""
+    bucket = server.new_bucket()
+    url = f"s3://{bucket}/raw"
+    total = write_raw_dataset(Store(url, server.options()), size, seed=seed)
+    rows, base_rate = [], None
+    for name, faults, hedge in LOADER_FAULTS:
+        with DelayProxy(server.endpoint_url, delay_s=0.0, seed=seed, **faults) as proxy:
+            options = replace(server.options(), endpoint_url=proxy.url,
+                              hedge=StorageOptions().hedge if hedge else None)
+            ok, seconds, hedged, reads = True, 0.0, 0, 0
+            for epoch in range(size.epochs):
+                ids, s, stats = epoch_ids(url, options, epoch=epoch)
+                ok = ok and sorted(ids) == list(range(total))
+                seconds += s
+                hedged, reads = hedged + stats.hedged_reads, reads + stats.ranged_reads
+            rate = size.epochs * total / seconds
+            base_rate = base_rate or rate
+            figure = f"{rate:,.0f} samples/s ({rate / base_rate:.0%} of no fault)"
+            if hedged or "stall" in name:
+                figure += f"; {hedged} of {reads} reads hedged"
+            rows.append(Row(group="loader", scenario=f"epoch through {name}", figure=figure, passed=ok,
+                            note=f"proxy: {proxy.stats.num_requests} requests, {_faults_seen(proxy)}"
+                                 + ("" if ok else "; samples missing or repeated")))
+    return rows
+
+
+def _faults_seen(proxy: DelayProxy) -> str:
+    s = proxy.stats
+    return (f"{s.num_errors} 503s, {s.num_resets} resets, {s.num_truncated} truncated, "
+            f"{s.num_hangs} hung, {s.num_stalls} stalled")
+
+
+# --- shardify write through faults, and killed mid-write --------------------------------------
+
+
+def make_image_folder(root: Path, num_images: int, *, seed: int = 0) -> Path:
+    """ROOT/CLASS/N.jpg: small distinct JPEGs in three classes."""
+    from PIL import Image
+
+    rng = random.Random(seed)
+    for i in range(num_images):
+        d = root / f"c{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (32 + i % 7, 24), tuple(rng.randrange(256) for _ in range(3))).save(d / f"{i}.jpg")
+    return root
+
+
+def _shardify(args: list[str], *, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sharding.cli", *args], capture_output=True, text=True,
+                          timeout=timeout_s, env=_env())
+
+
+def _env() -> dict[str, str]:
+    root = str(Path(__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+
+
+def _flags(server: Any, endpoint: str | None = None) -> list[str]:
+    return ["--endpoint-url", endpoint or server.endpoint_url, "--access-key", server.key,
+            "--secret-key", server.secret, "--region", "us-east-1"]
+
+
+def judge_write(code: int, store: Store, num_images: int) -> tuple[str, bool]:
+    """'complete' (exit 0, every sample readable once), 'clean failure' (exit != 0, no manifest), or a false success."""
+    try:
+        manifest = read_manifest(store)
+    except Exception:  # noqa: BLE001 - no (readable) manifest
+        manifest = None
+    if code != 0:
+        return ("clean failure", True) if manifest is None else ("FAILED but published a manifest", False)
+    if manifest is None:
+        return "FALSE SUCCESS: exit 0, no manifest", False
+    try:
+        ids, _, _ = epoch_ids(store.raw_url, store.options, epoch=0, fields=("cls",))
+    except Exception as exc:  # noqa: BLE001 - a shard the manifest lists is not there
+        return f"FALSE SUCCESS: exit 0, dataset unreadable ({type(exc).__name__})", False
+    complete = sorted(ids) == list(range(num_images)) and manifest.num_samples == num_images
+    return ("complete" if complete else "FALSE SUCCESS: exit 0, samples missing"), complete
+
+
+WRITE_FAULTS: list[tuple[str, dict[str, Any]]] = [
+    ("10% of PUTs 503", {"error_rate": 0.1, "methods": ("PUT", "POST")}),
+    ("10% of PUTs reset", {"reset_rate": 0.1, "methods": ("PUT", "POST")}),
+    ("10% truncated responses", {"truncate_rate": 0.1, "methods": ("GET", "PUT", "POST", "HEAD")}),
+    ("5% 2-second stalls", {"stall_rate": 0.05, "stall_s": 2.0, "methods": ("GET", "PUT", "POST", "HEAD")}),
+    ("every PUT 503", {"error_rate": 1.0, "methods": ("PUT", "POST")}),
+]
+
+
+def write_scenarios(server: Any, size: Size, workdir: Path, seed: int) -> list[Row]:
+    """`shardify write` to S3 through each fault: complete or a clean failure, never a false success."""
+    images = make_image_folder(workdir / "images", size.images, seed=seed)
+    rows = []
+    for name, faults in WRITE_FAULTS:
+        bucket = server.new_bucket()
+        with DelayProxy(server.endpoint_url, delay_s=0.0, seed=seed, **faults) as proxy:
+            start = time.perf_counter()
+            result = _shardify(["write", str(images), f"s3://{bucket}/ds", "--max-samples-per-shard", "8",
+                                "--workers", "1", "--quiet", *_flags(server, proxy.url)])
+            seconds = time.perf_counter() - start
+        outcome, ok = judge_write(result.returncode, Store(f"s3://{bucket}/ds", server.options()), size.images)
+        rows.append(Row(group="write", scenario=f"shardify write through {name}",
+                        figure=f"{outcome}, exit {result.returncode}, {seconds:.1f} s", passed=ok,
+                        note=f"{_faults_seen(proxy)}" + ("" if ok else f"; stderr: {result.stderr.strip()[-200:]}")))
+    return rows
+
+
+def kill_scenarios(server: Any, size: Size, workdir: Path, seed: int) -> list[Row]:
+    """kill -9 of `shardify write` once a shard is out: no manifest over the partial dataset; a rerun completes."""
+    images = workdir / "images"
+    if not images.exists():
+        make_image_folder(images, size.images, seed=seed)
+    rows = []
+    for where in ("local", "S3"):
+        if where == "local":
+            url, flags, store = str(workdir / "killed"), [], Store(str(workdir / "killed"))
+        else:
+            bucket = server.new_bucket()
+            url, flags = f"s3://{bucket}/ds", _flags(server)
+            store = Store(url, server.options())
+        # A slow write: 100 ms per request through the proxy on S3, one image per shard locally.
+        with DelayProxy(server.endpoint_url, delay_s=0.1) as proxy:
+            if where == "S3":
+                flags = _flags(server, proxy.url)
+            proc = subprocess.Popen([sys.executable, "-m", "sharding.cli", "write", str(images), url,
+                                     "--max-samples-per-shard", "1", "--workers", "1", "--quiet", *flags],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env())
+            started = time.perf_counter()
+            while proc.poll() is None and time.perf_counter() - started < 120:
+                if any(p.endswith(".tar") for p in _safe_list(store)):
+                    break
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        partial = [p for p in _safe_list(store) if p.endswith(".tar")]
+        no_manifest = not any(p == "manifest.json" for p in _safe_list(store))
+        rerun = _shardify(["write", str(images), url, "--max-samples-per-shard", "8", "--workers", "1",
+                           "--overwrite", "--quiet", *_flags(server)] if where == "S3" else
+                          ["write", str(images), url, "--max-samples-per-shard", "8", "--workers", "1",
+                           "--overwrite", "--quiet"])
+        outcome, ok = judge_write(rerun.returncode, store, size.images)
+        rows.append(Row(group="kill", scenario=f"kill -9 of shardify write mid-write ({where})",
+                        figure=f"{len(partial)} shard(s) out at the kill, manifest: {'none' if no_manifest else 'PRESENT'}; "
+                               f"rerun with --overwrite: {outcome}",
+                        passed=no_manifest and ok,
+                        note="" if ok else rerun.stderr.strip()[-200:]))
+    return rows
+
+
+def _contents(loader: Any) -> dict[int, bytes]:
+    """Sample id -> its `bin` bytes, over one epoch."""
+    out = {}
+    for batch in loader:
+        for i, (key, keep) in enumerate(zip(batch["__key__"], batch["mask"].tolist())):
+            if keep:
+                out[int(key)] = bytes(batch["bin"][i])
+    return out
+
+
+def _safe_list(store: Store) -> list[str]:
+    try:
+        return Store(store.raw_url, store.options, RetryPolicy(max_attempts=1)).list()
+    except Exception:  # noqa: BLE001 - nothing there yet
+        return []
+
+
+# --- corruption ----------------------------------------------------------------------------------
+
+
+def corruption_scenarios(workdir: Path, size: Size, seed: int) -> list[Row]:
+    """A flipped byte in a shard, an index, a cache entry: detected (or healed), never served as good."""
+    from dataio import ShardifyError
+
+    rows = []
+    root = workdir / "corrupt"
+    store = Store(str(root))
+    total = write_raw_dataset(store, replace(size, num_shards=2), seed=seed)
+    good = {int(i): None for i in range(total)}
+    manifest = read_manifest(store)
+    # An index: its checksum is in the manifest.
+    index_rel = manifest.index_paths[0]
+    original = store.read(index_rel)
+    store.write_bytes(index_rel, original.replace(b"bin", b"bim", 1))
+    try:
+        epoch_ids(str(root), StorageOptions(), epoch=0)
+        rows.append(Row(group="corrupt", scenario="a changed index", figure="served", passed=False))
+    except ShardifyError as exc:
+        rows.append(Row(group="corrupt", scenario="a changed index",
+                        figure=f"refused: {type(exc).__name__}", passed="index" in str(exc)))
+    store.write_bytes(index_rel, original)
+    # A cache entry: each keeps its checksum; a changed one is dropped and read again.
+    cache_dir = workdir / "cache"
+    ids, _, _ = epoch_ids(str(root), StorageOptions(), epoch=0, cache_dir=str(cache_dir), cache_limit_bytes=1 << 30)
+    entries = [p for p in cache_dir.rglob("*") if p.is_file() and "tmp" not in p.relative_to(cache_dir).parts]
+    for p in entries:
+        data = bytearray(p.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        p.write_bytes(bytes(data))
+    from dataio import make_loader
+
+    loader = make_loader(str(root), batch_size=8, num_workers=0, decode=None, tail="pad",
+                         cache_dir=str(cache_dir), cache_limit_bytes=1 << 30, shuffle=False)
+    served = _contents(loader)
+    truth = _contents(make_loader(str(root), batch_size=8, num_workers=0, decode=None, tail="pad", shuffle=False))
+    rows.append(Row(group="corrupt", scenario=f"{len(entries)} changed cache entries",
+                    figure="refused and re-read" if served == truth else "SERVED changed bytes",
+                    passed=served == truth and set(served) == set(good)))
+    # A shard: the whole-shard checksum is in the manifest; `shardify verify` checks it.
+    shard = root / manifest.shard_paths[0]
+    data = bytearray(shard.read_bytes())
+    data[1024 + 100] ^= 0xFF  # inside the first sample's data
+    shard.write_bytes(bytes(data))
+    verify = _shardify(["verify", str(root), "--quiet"])
+    rows.append(Row(group="corrupt", scenario="a flipped byte in a shard (shardify verify)",
+                    figure=f"verify exit {verify.returncode}", passed=verify.returncode != 0,
+                    note="the loader itself checks sizes, not per-sample checksums (not yet in the index)"))
+    return rows
+
+
+# --- checkpoints -------------------------------------------------------------------------------------
+
+
+def checkpoint_scenarios(workdir: Path) -> list[Row]:
+    """A truncated newest checkpoint: --resume auto falls back to the previous complete one and says so."""
+    out = workdir / "train"
+    base = [sys.executable, "-m", "trainer", "--data", "synthetic:?samples=64&classes=4", "--model", "mlp",
+            "--batch-size", "8", "--image-size", "8", "--checkpoint-every", "1", "--keep-checkpoints", "3",
+            "--out", str(out), "--no-live", "--device", "cpu"]
+    first = subprocess.run([*base, "--max-steps", "2"], capture_output=True, text=True, timeout=300, env=_env())
+    ckpts = sorted((out / "checkpoints").glob("ckpt-*.pt"))
+    if first.returncode != 0 or not ckpts:
+        return [Row(group="checkpoint", scenario="truncated newest checkpoint", figure="setup failed",
+                    passed=False, note=first.stderr.strip()[-300:])]
+    newest = ckpts[-1]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    start = time.perf_counter()
+    second = subprocess.run([*base, "--max-steps", "3"], capture_output=True, text=True, timeout=300, env=_env())
+    seconds = time.perf_counter() - start
+    notes = (out / "metrics.jsonl").read_text() if (out / "metrics.jsonl").exists() else ""
+    skipped = f"skipped checkpoint {newest.name}" in notes
+    ok = second.returncode == 0 and skipped
+    return [Row(group="checkpoint", scenario="truncated newest checkpoint, --resume auto",
+                figure=f"exit {second.returncode}, fell back past {newest.name}: {'yes' if skipped else 'no'} "
+                       f"({seconds:.1f} s)", passed=ok, note="" if ok else second.stderr.strip()[-300:])]
+
+
+# --- the suite ---------------------------------------------------------------------------------------
+
+GROUPS: dict[str, Callable[..., list[Row]]] = {}
+
+
+def run_suite(server: Any, workdir: Path, *, short: bool, seed: int = 1,
+              groups: tuple[str, ...] = ("loader", "write", "kill", "corrupt", "checkpoint")) -> list[Row]:
+    """Every scenario of `groups` against `server` (an S3Server); rows in order."""
+    size = SHORT if short else FULL
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    if "loader" in groups:
+        rows += loader_scenarios(server, size, seed)
+    if "write" in groups:
+        rows += write_scenarios(server, size, workdir, seed)
+    if "kill" in groups:
+        rows += kill_scenarios(server, size, workdir, seed)
+    if "corrupt" in groups:
+        rows += corruption_scenarios(workdir, size, seed)
+    if "checkpoint" in groups:
+        rows += checkpoint_scenarios(workdir)
+    return rows
+
+
+def to_markdown(rows: list[Row], *, short: bool, machine: str, seconds: float) -> str:
+    lines = [
+        "# Fault-injection suite (`make faults` = `python -m tools.faults`)",
+        "",
+        f"Form: {'short (CI)' if short else 'full'}; {seconds:.0f} s in all. Machine: {machine}.",
+        "Pass/fail judges correctness only (exactly once, complete or clean failure, refused corruption);",
+        "throughput figures are reported, never asserted. Faults come from tools/delay_proxy.py in front",
+        "of a local SeaweedFS (fixed seed), so both ends share this machine's cores.",
+        "",
+        "| group | scenario | figure | pass | note |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r.group} | {r.scenario} | {r.figure} | {'PASS' if r.passed else 'FAIL'} | "
+                     f"{r.note.replace('|', '/')} |")
+    failed = [r for r in rows if not r.passed]
+    lines += ["", f"{len(rows) - len(failed)} of {len(rows)} scenarios pass."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite against a fresh local SeaweedFS and write the results file; exit 1 if any scenario fails."""
+    import tempfile
+
+    from benchmarks.machine import describe_machine
+    from tools.s3_server import S3Server
+
+    parser = argparse.ArgumentParser(prog="python -m tools.faults", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--short", action="store_true", help="the small CI form")
+    parser.add_argument("--seed", type=int, default=1, help="the proxy's fault seed (runs are repeatable)")
+    parser.add_argument("--groups", default="loader,write,kill,corrupt,checkpoint")
+    parser.add_argument("--out", default=str(RESULTS), help="results file (markdown)")
+    args = parser.parse_args(argv)
+    groups = tuple(g.strip() for g in args.groups.split(",") if g.strip())
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="shardify-faults-") as tmp, S3Server() as server:
+        rows = run_suite(server, Path(tmp), short=args.short, seed=args.seed, groups=groups)
+    m = describe_machine()
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    machine = f"{m['cpu']}, {m['cores']} cores, {m['memory']} RAM, load average {load} at the end"
+    text = to_markdown(rows, short=args.short, machine=machine, seconds=time.perf_counter() - start)
+    Path(args.out).write_text(text)
+    print(text)
+    return 0 if all(r.passed for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
