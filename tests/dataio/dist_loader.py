@@ -5,6 +5,7 @@ usage: dist_loader.py MODE DATASET OUT_DIR
   stop      deliver STOP_AFTER batches (2 workers); rank 0 saves its state; every rank writes its keys
   resume    load OUT_DIR/state.json (1 worker), deliver the rest; every rank writes its keys
   mismatch  the last rank opens a prefix without a manifest: every rank must fail, none hang
+DATASET may be several URLs joined by '|': a 1:1 mixture (keys are then "SOURCE:KEY").
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ STOP_AFTER = 2
 
 
 def real_keys(batch: dict) -> list[str]:
-    return [k for k, m in zip(batch["__key__"], batch["mask"].tolist()) if m]
+    keys = batch["__key__"]
+    if "source" in batch:  # a mixture: keys repeat across sources
+        keys = [f"{s}:{k}" for s, k in zip(batch["source"].tolist(), keys)]
+    return [k for k, m in zip(keys, batch["mask"].tolist()) if m]
 
 
 def write(out_dir: str, name: str, doc: object) -> None:
@@ -37,8 +41,10 @@ def main(mode: str, url: str, out_dir: str) -> None:
     options = dict(batch_size=BATCH_SIZE, decode=None, shuffle_window=5, startup_timeout_s=30)
     if mode == "mismatch" and rank == dist.get_world_size() - 1:
         url = os.path.join(out_dir, "not-a-dataset")
+    if "|" in url:
+        options["weights"] = [1] * len(url.split("|"))
     try:
-        loader = make_loader(url, num_workers=1 if mode == "resume" else 2, **options)
+        loader = make_loader(url.split("|") if "|" in url else url, num_workers=1 if mode == "resume" else 2, **options)
     except Exception as exc:  # noqa: BLE001 - the test reads what each rank saw
         write(out_dir, f"error-{rank}.json", {"type": type(exc).__name__, "message": str(exc)})
         raise
