@@ -129,16 +129,17 @@ def appended_source(source: Source, manifest: Manifest, mapping: dict[int, int] 
 def appended_manifest(old: Manifest, new: Manifest) -> Manifest:
     """The old dataset's shards, then the new ones; the dataset's fields and label names."""
     tar = old.format == "tar"
+
+    def both(name: str) -> tuple:
+        return tuple(getattr(old, name)) + tuple(getattr(new, name))  # tuple(): a parted column reads its parts
+
     return dataclasses.replace(
         new, fields=old.fields, label_names=old.label_names,
-        shard_paths=old.shard_paths + new.shard_paths, shard_num_samples=old.shard_num_samples + new.shard_num_samples,
-        shard_num_bytes=old.shard_num_bytes + new.shard_num_bytes,
-        shard_checksums=old.shard_checksums + new.shard_checksums,
-        index_paths=old.index_paths + new.index_paths if tar else (),
-        index_num_bytes=old.index_num_bytes + new.index_num_bytes if tar else (),
-        index_checksums=old.index_checksums + new.index_checksums if tar else (),
-        row_groups=() if tar else old.row_groups + new.row_groups,
-        source=f"{old.source} + {new.source}", skipped=old.skipped + new.skipped,
+        shard_paths=both("shard_paths"), shard_num_samples=both("shard_num_samples"),
+        shard_num_bytes=both("shard_num_bytes"), shard_checksums=both("shard_checksums"),
+        index_paths=both("index_paths") if tar else (), index_num_bytes=both("index_num_bytes") if tar else (),
+        index_checksums=both("index_checksums") if tar else (), row_groups=() if tar else both("row_groups"),
+        source=f"{old.source} + {new.source}", skipped=both("skipped"),
         _fingerprint=[], parted=None,
     )
 
@@ -146,9 +147,6 @@ def appended_manifest(old: Manifest, new: Manifest) -> Manifest:
 def open_for_append(dest: Store) -> tuple[Manifest, int]:
     """The dataset's current manifest and the generation the append writes."""
     manifest = read_manifest(dest)
-    if manifest.parted is not None:
-        raise SourceError(f"{dest.url}: appending to a dataset whose manifest is in parts is not supported yet; "
-                          "rewrite it with the new samples")
     listing = dest.list()
     return manifest, next_generation(listing, journal_versions(listing))
 

@@ -89,3 +89,17 @@ def test_gc_removes_a_retired_versions_parts_and_keeps_the_current_ones(image_fo
     assert not any((ds / p).exists() for p in old.part_paths)  # the retired version's parts went with it
     assert all((ds / p).is_file() for p in new.part_paths)
     assert run("verify", ds, "--quiet") == 0
+
+
+def test_append_to_a_parted_prefixed_dataset(image_folder: Path, tmp_path: Path) -> None:
+    from tests.sharding.conftest import make_image_folder
+
+    ds, more = tmp_path / "ds", make_image_folder(tmp_path / "more", seed=5, per_class=2)
+    common = ("--max-samples-per-shard", 3, "--quiet", "--workers", 1)
+    assert run("write", image_folder, ds, *common, "--prefixes", 4, "--manifest-parts-above", 2) == 0
+    old = read_manifest(Store(str(ds)))
+    assert run("append", more, ds, *common) == 0
+    new = read_manifest(Store(str(ds)))
+    assert new.num_samples == 30 and new.num_shards == old.num_shards + 2  # 10 shards: one JSON file again
+    assert list(new.shard_paths)[: old.num_shards] == list(old.shard_paths)
+    assert run("verify", ds, "--quiet") == 0
