@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import time
 
+import psutil
 import pytest
 
 import sharding.writer
@@ -121,3 +122,36 @@ def test_loader_state_across_an_append(image_folder, tmp_path) -> None:
         assert loader.epoch == 1
         loader.set_epoch(1)
         assert sum(len(b["__key__"]) for b in loader) == 28
+
+
+@pytest.mark.slow
+def test_resume_after_kill_9_gives_the_uninterrupted_dataset(tmp_path) -> None:
+    import os
+    import signal
+
+    from tests.sharding.test_interrupt import _start_write, _wait_gone
+
+    folder = make_image_folder(tmp_path / "images", per_class=400, size=96)
+    dest, whole = tmp_path / "ds", tmp_path / "whole"
+    proc = _start_write(folder, dest)  # --workers 2 --max-samples-per-shard 4
+    try:
+        deadline = time.monotonic() + 60
+        while not list(dest.glob("versions/*/shards-*.json")):  # the journal's first batch (after ~2 s)
+            if proc.poll() is not None:
+                pytest.skip("the write finished before its journal's first flush: nothing to kill")
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        _wait_gone(workers)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert not (dest / "manifest.json").exists()
+    flags = ("--workers", 2, "--max-samples-per-shard", 4, "--quiet")
+    assert run("write", folder, dest, *flags, "--resume") == 0
+    assert run("write", folder, whole, *flags) == 0
+    a, b = manifest_of(dest), manifest_of(whole)
+    assert a["shards"] == b["shards"] and a["num_samples"] == 1200
