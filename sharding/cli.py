@@ -205,9 +205,9 @@ def _check_reachable(store: Store) -> None:
 
 
 def _write(args: argparse.Namespace) -> int:
+    from sharding.overlap import check_overlap
     from sharding.progress import Progress
     from sharding.sources.by_path import open_source
-    from sharding.overlap import check_overlap
     from sharding.writer import WriteConfig, write_dataset
 
     options = _options(args)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from dataio.format.manifest import Manifest, write_manifest
+from dataio.format.tar_index import TAR_BLOCK
 from dataio.format.versions import (
     DEFAULT_GRACE_S,
     SHARD_DIR,
@@ -36,10 +37,9 @@ from dataio.format.versions import (
     write_head,
 )
 from dataio.rand import mix64
-from dataio.format.tar_index import TAR_BLOCK
 from dataio.storage.store import Store, redact
-from sharding.gc import collect
 from sharding.config import Layout, ShardResult, WriteConfig, layout_of
+from sharding.gc import collect
 from sharding.parallel import run_parallel
 from sharding.resume import (
     appended_layout,

@@ -18,8 +18,8 @@ import pytest
 
 from dataio.format.manifest import read_manifest
 from dataio.storage.store import Store
-from sharding.sources.labels import read_label_names, to_labels
 from sharding.sources.base import SourceError
+from sharding.sources.labels import read_label_names, to_labels
 from tests.sharding.conftest import make_image_folder, run
 
 

@@ -99,7 +99,7 @@ def test_gc_keeps_a_legacy_versions_shards_while_the_replacement_is_young() -> N
     objects = [_obj("manifest.json", 0.1 * HOUR), _obj("shards/v000002/shard-000000.tar", 0.1 * HOUR),
                _obj("shards/shard-000000.tar", 50 * HOUR), _obj("shards/shard-000000.idx", 50 * HOUR)]
     versions = {"v000002": VersionFacts(head=_head("v000002", "published", fp="x"))}
-    kw = dict(current=("shards/v000002/shard-000000.tar",), current_version="v000002")
+    kw = {"current": ("shards/v000002/shard-000000.tar",), "current_version": "v000002"}
     assert _gc(objects, versions, published_ago=0.1 * HOUR, **kw).delete == ()
     assert _gc(objects, versions, published_ago=2 * HOUR, **kw).delete == (
         "shards/shard-000000.tar", "shards/shard-000000.idx")
