@@ -203,3 +203,20 @@ def test_a_mixture_under_torchrun_resumes_on_another_world_size_exactly_once(sou
     assert per_source["0"] == len({k for k in union if k.startswith("0:")}) <= 32  # tar: down-sampled, no repeat
     assert sum(per_source.values()) > 64 - 3 * 3  # only a tail below one global batch is dropped
     assert max(Counter(union).values()) <= 2  # the Parquet source's two passes, nothing more
+
+
+def test_one_window_and_one_prefetch_budget_for_all_sources(sources) -> None:
+    """The shuffle window is sized from the mixture's mean sample, not multiplied by the sources."""
+    from dataio.format.manifest import read_manifest
+
+    tar, parquet = sources
+    manifests = [read_manifest(Store(u)) for u in (tar, parquet)]
+    budget = 20_000
+    with make_loader([tar, parquet], weights=[3, 1], batch_size=4, num_workers=0, decode=None,
+                     shuffle_window_bytes=budget) as loader:
+        counts, total = loader.mixture.counts.tolist(), loader.mixture.total
+        mean = sum(c / total * m.num_bytes / m.num_samples for c, m in zip(counts, manifests))
+        assert loader.plan_config.shuffle_window == int(budget // mean)
+        job = loader._worker_job()
+        assert job.prefetch_bytes == loader.config.prefetch_bytes  # one budget, whatever the sources
+        assert [m.num_samples for _, m, _ in job.sources] == [48, 16]
