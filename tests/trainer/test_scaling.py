@@ -90,3 +90,17 @@ def test_scaling_report_matches_the_injected_delays(tmp_path):
     two = plain["measured"][1]
     assert two["cost"]["dollars_per_epoch"] == pytest.approx(4 / 3600 * 4000 / two["samples_per_s"])
     assert plain["choice"]["cheapest"] == 1 and plain["choice"]["smallest_meeting_deadline"] == 1
+
+
+def test_allreduce_sweep_at_two_ranks_fits_a_link(tmp_path):
+    out = tmp_path / "sweep.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+           "trainer.comm_sweep", "--out", str(out), "--max-bytes", str(4 * 2**20), "--repeats", "3"]
+    done = subprocess.run(cmd, cwd=REPO, env=env_for(), capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sweep = json.loads(out.read_text())
+    assert sweep["world_size"] == 2 and sweep["backend"] == "gloo"
+    assert sorted(set(sweep["sizes_bytes"])) == [4096 * 4**k for k in range(6)]  # 4 kB .. 4 MB
+    assert len(sweep["seconds"]) == 6 * 3 and min(sweep["seconds"]) > 0
+    link = predict.fit_link(sweep["sizes_bytes"], sweep["seconds"], world_size=2)
+    assert link.bytes_per_s > 0 and link.latency_s >= 0
