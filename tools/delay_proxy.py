@@ -270,6 +270,8 @@ class DelayProxy:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
             return  # a peer went away or spoke broken HTTP: drop this connection only
+        except asyncio.CancelledError:
+            return  # the proxy is stopping (a stalled or hung request included): end quietly
         finally:
             self._tasks.discard(task)
             for w in (writer, up[1] if up else None):

@@ -9,14 +9,17 @@ throughput against no fault, with and without hedged reads); `shardify write` th
 PUTs (a complete dataset or a clean failure, never a false success); kill -9 of `shardify write`
 mid-write (locally and on S3: no manifest over a partial dataset, and a rerun completes);
 corrupted shards, indexes and cache entries; a truncated newest checkpoint under
-`--resume auto`. Pass/fail judges correctness only; throughput ratios are reported, never
+`--resume auto`; kill -9 and SIGSTOP of a trainer rank under `torchrun --max-restarts`
+(committed steps exactly once; time to detect). Pass/fail judges correctness only; throughput ratios are reported, never
 asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
+import json
 import os
 import random
 import signal
@@ -49,7 +52,7 @@ class Size:
 
 
 SHORT = Size(num_shards=16, samples_per_shard=16, sample_bytes=4096, images=24, epochs=1)
-FULL = Size(num_shards=48, samples_per_shard=64, sample_bytes=32 * 1024, images=120, epochs=2)
+FULL = Size(num_shards=48, samples_per_shard=64, sample_bytes=32 * 1024, images=120, epochs=3)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,29 +125,42 @@ LOADER_FAULTS: list[tuple[str, dict[str, Any], bool]] = [
 
 
 def loader_scenarios(server: Any, size: Size, seed: int) -> list[Row]:
-    """One or more epochs per fault: exactly once, and samples/s against the no-fault rate."""
+    """Epochs through each fault, the faults interleaved round by round (so a busy spell of the
+    machine hits every one alike): exactly once, and the median samples/s against no fault."""
+    import statistics
+
     bucket = server.new_bucket()
     url = f"s3://{bucket}/raw"
     total = write_raw_dataset(Store(url, server.options()), size, seed=seed)
-    rows, base_rate = [], None
-    for name, faults, hedge in LOADER_FAULTS:
-        with DelayProxy(server.endpoint_url, delay_s=0.0, seed=seed, **faults) as proxy:
-            options = replace(server.options(), endpoint_url=proxy.url,
-                              hedge=StorageOptions().hedge if hedge else None)
-            ok, seconds, hedged, reads = True, 0.0, 0, 0
-            for epoch in range(size.epochs):
-                ids, s, stats = epoch_ids(url, options, epoch=epoch)
-                ok = ok and sorted(ids) == list(range(total))
-                seconds += s
-                hedged, reads = hedged + stats.hedged_reads, reads + stats.ranged_reads
-            rate = size.epochs * total / seconds
-            base_rate = base_rate or rate
-            figure = f"{rate:,.0f} samples/s ({rate / base_rate:.0%} of no fault)"
-            if hedged or "stall" in name:
-                figure += f"; {hedged} of {reads} reads hedged"
-            rows.append(Row(group="loader", scenario=f"epoch through {name}", figure=figure, passed=ok,
-                            note=f"proxy: {proxy.stats.num_requests} requests, {_faults_seen(proxy)}"
-                                 + ("" if ok else "; samples missing or repeated")))
+    rates: dict[str, list[float]] = {name: [] for name, _, _ in LOADER_FAULTS}
+    ok = dict.fromkeys(rates, True)
+    hedges = {name: [0, 0] for name in rates}
+    seen: dict[str, list[int]] = {name: [0] * 6 for name in rates}
+    for epoch in range(size.epochs):
+        for name, faults, hedge in LOADER_FAULTS:
+            with DelayProxy(server.endpoint_url, delay_s=0.0, seed=seed + epoch, **faults) as proxy:
+                options = replace(server.options(), endpoint_url=proxy.url,
+                                  hedge=StorageOptions().hedge if hedge else None)
+                ids, seconds, stats = epoch_ids(url, options, epoch=epoch)
+            ok[name] = ok[name] and sorted(ids) == list(range(total))
+            rates[name].append(total / seconds)
+            hedges[name][0] += stats.hedged_reads
+            hedges[name][1] += stats.ranged_reads
+            p = proxy.stats
+            for i, n in enumerate((p.num_requests, p.num_errors, p.num_resets, p.num_truncated, p.num_hangs,
+                                   p.num_stalls)):
+                seen[name][i] += n
+    base = statistics.median(rates["no fault"])
+    rows = []
+    for name, _, hedge in LOADER_FAULTS:
+        rate = statistics.median(rates[name])
+        figure = f"{rate:,.0f} samples/s, {rate / base:.0%} of no fault (median of {len(rates[name])} epochs)"
+        if hedge:
+            figure += f"; {hedges[name][0]} of {hedges[name][1]} reads hedged"
+        n = seen[name]
+        rows.append(Row(group="loader", scenario=f"epoch through {name}", figure=figure, passed=ok[name],
+                        note=f"proxy: {n[0]} requests, {n[1]} 503s, {n[2]} resets, {n[3]} truncated, {n[4]} hung, "
+                             f"{n[5]} stalled" + ("" if ok[name] else "; samples missing or repeated")))
     return rows
 
 
@@ -368,13 +384,100 @@ def checkpoint_scenarios(workdir: Path) -> list[Row]:
                        f"({seconds:.1f} s)", passed=ok, note="" if ok else second.stderr.strip()[-300:])]
 
 
+def _committed_once(out: Path) -> tuple[bool, int]:
+    """(every committed step present once and no sample key twice, number of committed steps)."""
+    steps: dict[int, list[str]] = {}
+    for path in sorted(out.glob("keys-rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            steps.setdefault(rec["step"], []).extend(rec["keys"])
+    if not steps:
+        return False, 0
+    keys = [k for ks in steps.values() for k in ks]
+    epochs_keys: dict[str, int] = {}
+    for k in keys:
+        epochs_keys[k] = epochs_keys.get(k, 0) + 1
+    contiguous = sorted(steps) == list(range(1, max(steps) + 1))
+    # Every sample comes once per epoch: no key more often than any other by more than one epoch.
+    counts = sorted(epochs_keys.values())
+    return contiguous and counts[-1] - counts[0] <= 1, len(steps)
+
+
+def _rank_pid(root_pid: int, rank: int) -> int | None:
+    import psutil
+
+    for proc in psutil.Process(root_pid).children(recursive=True):
+        try:
+            if proc.environ().get("RANK") == str(rank) and "trainer" in " ".join(proc.cmdline()):
+                return proc.pid
+        except psutil.Error:
+            continue
+    return None
+
+
+def trainer_rank_scenarios(workdir: Path, size: Size, seed: int) -> list[Row]:
+    """kill -9 and SIGSTOP of rank 1 mid-epoch under torchrun --max-restarts=1: committed steps exactly once,
+    and how long until the fault is detected (SIGSTOP: the rank named) and the job is done."""
+    images = workdir / "images"
+    if not images.exists():
+        make_image_folder(images, size.images, seed=seed)
+    data = workdir / "rank-ds"
+    if not (data / "manifest.json").exists():
+        _shardify(["write", str(images), str(data), "--max-samples-per-shard", "8", "--quiet"])
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    rows = []
+    for name, sig in (("kill -9", signal.SIGKILL), ("SIGSTOP", signal.SIGSTOP)):
+        out = workdir / f"rank-{sig.name}"
+        cmd = [torchrun, "--standalone", "--nproc_per_node=2", "--max-restarts=1", "--monitor-interval=0.2",
+               "-m", "trainer", "--data", str(data), "--num-classes", "3", "--model", "mlp", "--batch-size", "2",
+               "--image-size", "8", "--num-workers", "0", "--record-keys", "--checkpoint-every", "2",
+               "--dist-timeout-s", "15", "--epochs", str(max(3, 240 // size.images)), "--out", str(out),
+               "--no-live", "--device", "cpu"]
+        err_path = workdir / f"rank-{sig.name}.err"
+        with open(err_path, "w") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env={**_env(), "OMP_NUM_THREADS": "1"},
+                                    start_new_session=True)
+        try:
+            keys0, began = out / "keys-rank0.jsonl", time.monotonic()
+            while proc.poll() is None and time.monotonic() - began < 180:
+                if keys0.exists() and len(keys0.read_text().splitlines()) >= 3:
+                    break
+                time.sleep(0.1)
+            pid = _rank_pid(proc.pid, 1)
+            if pid is None or proc.poll() is not None:
+                rows.append(Row(group="trainer", scenario=f"{name} of rank 1", figure="rank 1 not found mid-run",
+                                passed=False, note=err_path.read_text()[-300:]))
+                continue
+            os.kill(pid, sig)
+            hit, detected_s = time.monotonic(), None
+            while proc.poll() is None and time.monotonic() - hit < 300:
+                if detected_s is None and "stopped responding" in err_path.read_text():
+                    detected_s = time.monotonic() - hit
+                time.sleep(0.2)
+            done_s = time.monotonic() - hit
+            code = proc.poll()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        once, num_steps = _committed_once(out)
+        detect = (f"rank 1 named after {detected_s:.1f} s (--dist-timeout-s 15)" if detected_s is not None
+                  else "rank not named" if sig == signal.SIGSTOP else "torchrun saw the exit")
+        ok = code == 0 and once and (sig != signal.SIGSTOP or detected_s is not None)
+        rows.append(Row(group="trainer", scenario=f"{name} of rank 1 mid-epoch, --max-restarts 1",
+                        figure=f"{detect}; job done {done_s:.0f} s after the signal, exit {code}; "
+                               f"{num_steps} committed steps, exactly once: {'yes' if once else 'NO'}",
+                        passed=ok, note="" if ok else err_path.read_text()[-300:].replace("\n", " ")))
+    return rows
+
+
 # --- the suite ---------------------------------------------------------------------------------------
 
 GROUPS: dict[str, Callable[..., list[Row]]] = {}
 
 
 def run_suite(server: Any, workdir: Path, *, short: bool, seed: int = 1,
-              groups: tuple[str, ...] = ("loader", "write", "kill", "corrupt", "checkpoint")) -> list[Row]:
+              groups: tuple[str, ...] = ("loader", "write", "kill", "corrupt", "checkpoint", "trainer")) -> list[Row]:
     """Every scenario of `groups` against `server` (an S3Server); rows in order."""
     size = SHORT if short else FULL
     workdir.mkdir(parents=True, exist_ok=True)
@@ -389,6 +492,8 @@ def run_suite(server: Any, workdir: Path, *, short: bool, seed: int = 1,
         rows += corruption_scenarios(workdir, size, seed)
     if "checkpoint" in groups:
         rows += checkpoint_scenarios(workdir)
+    if "trainer" in groups:
+        rows += trainer_rank_scenarios(workdir, size, seed)
     return rows
 
 
@@ -423,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--short", action="store_true", help="the small CI form")
     parser.add_argument("--seed", type=int, default=1, help="the proxy's fault seed (runs are repeatable)")
-    parser.add_argument("--groups", default="loader,write,kill,corrupt,checkpoint")
+    parser.add_argument("--groups", default="loader,write,kill,corrupt,checkpoint,trainer")
     parser.add_argument("--out", default=str(RESULTS), help="results file (markdown)")
     args = parser.parse_args(argv)
     groups = tuple(g.strip() for g in args.groups.split(",") if g.strip())

@@ -261,6 +261,11 @@ def train(run: Run) -> None:
             run.recorder.validation(run.val, step=run.step, epoch=run.epoch)
         run.epoch += 1
     run.recorder.job["buckets_per_step"] = run.timer.buckets_per_step
+    stats = getattr(run.loader, "stats", None)
+    if run.rt.is_main and getattr(stats, "ranged_reads", 0):
+        run.recorder.note(f"storage: {stats.hedged_reads} of {stats.ranged_reads} reads on rank 0 were hedged "
+                          f"(a second request after a slow start; {stats.hedges_won} won by the hedge, "
+                          f"{stats.hedges_over_budget} slow reads over the 10% budget)")
     run.recorder.finish(run.val)
 
 

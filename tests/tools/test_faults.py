@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.allow_leak
 def test_short_fault_suite_is_correct(s3_server, tmp_path):
     rows = run_suite(s3_server, tmp_path, short=True)
     text = to_markdown(rows, short=True, machine="CI", seconds=0)
-    assert {r.group for r in rows} == {"loader", "write", "kill", "corrupt", "checkpoint"}
+    assert {r.group for r in rows} == {"loader", "write", "kill", "corrupt", "checkpoint", "trainer"}
     assert all(r.passed for r in rows), text
     # The faults were really injected (a fault-free run proves nothing).
     for r in rows:
