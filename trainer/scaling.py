@@ -217,10 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             sweep = run_comm_sweep(cfg, trainer_args)
         console.print("[bold]timing[/] one rank's input pipeline alone")
         ceiling = input_ceiling(cfg, trainer_args)
-    except (RuntimeError, OSError, ValueError) as exc:
+        result = scaling_report.build(cfg, runs, sweep=sweep, ceiling=ceiling, cpu_count=os.cpu_count() or 1)
+    except (RuntimeError, OSError, ValueError) as exc:  # a failed run, or a sweep that fits no link
         console.print(f"trainer.scaling: error: {exc}")
         return 1
-    result = scaling_report.build(cfg, runs, sweep=sweep, ceiling=ceiling, cpu_count=os.cpu_count() or 1)
     scaling_report.write_json(cfg.out, result)
     scaling_chart.write_chart(os.path.join(cfg.out, "scaling.png"), result)
     scaling_report.show(console, result)
