@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,10 +62,14 @@ def test_scaling_report_matches_the_injected_delays(tmp_path):
         one, two = v["measured"]
         assert one["efficiency"] == 1.0 and _near(two["efficiency"], one["step_ms"] / two["step_ms"], 0.05)
     # The swept lever's effect: 100 ms more exposed comm at 2 ranks, none at 1, and the efficiency it costs.
-    assert _near(ms(delayed["measured"][1], "comm_exposed"), 1000 * COMM_S, 0.10, 5)
+    # (the rank that reaches the all-reduce last shows the delay itself; the other adds its wait for it)
+    ranks = json.loads((Path(delayed["measured"][1]["dir"]) / "summary.json").read_text())["ranks"]
+    exposed_ms = [1000 * r["comm_exposed_s"] / r["steps"] for r in ranks]
+    assert _near(min(exposed_ms), 1000 * COMM_S, 0.10, 5), exposed_ms
+    assert _near(ms(delayed["measured"][1], "comm_exposed"), 1000 * COMM_S, 0.25, 5)
     assert ms(plain["measured"][1], "comm_exposed") < 0.3 * 1000 * COMM_S
     assert ms(delayed["measured"][0], "comm_exposed") < 5
-    assert _near(delayed["measured"][1]["efficiency"], (WAIT_S + COMPUTE_S) / (WAIT_S + COMPUTE_S + COMM_S), 0.15)
+    assert _near(delayed["measured"][1]["efficiency"], (WAIT_S + COMPUTE_S) / (WAIT_S + COMPUTE_S + COMM_S), 0.20)
     # The prediction agrees with what it was calibrated on: the measured 2-rank point, each variant.
     for v in (plain, delayed):
         at_two = next(p for p in v["predicted"] if p["world_size"] == 2)
