@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -71,24 +72,26 @@ def checked_samples(
     `report(samples, bytes)` is called every 32 samples and at the end.
     """
     num, num_bytes = 0, 0
-    for ref, loaded in source.load(refs):
-        try:
-            if isinstance(loaded, Exception):
-                raise loaded
-            if loaded.image is not None:
-                loaded.image_ext, loaded.image = prepare_image(loaded, config)
-        except (ShardifyError, OSError, ValueError) as exc:
-            where = loaded.where if isinstance(loaded, RawSample) else getattr(exc, "where", source.description)
-            if config.on_error == "fail":
-                raise _sample_error(ref, exc, where) from None
-            reason = str(exc).split(f"sample {ref.key!r}: ", 1)[-1]  # where and key have their own columns
-            skipped.append({"key": ref.key, "source": redact(where), "reason": redact(reason)})
-            continue
-        yield loaded
-        num, num_bytes = num + 1, num_bytes + ref.size_bytes
-        if num >= 32:
-            report(num, num_bytes)
-            num, num_bytes = 0, 0
+    # closing: a failed shard stops the source's reader threads now, not when garbage collected
+    with contextlib.closing(source.load(refs)) as loads:
+        for ref, loaded in loads:
+            try:
+                if isinstance(loaded, Exception):
+                    raise loaded
+                if loaded.image is not None:
+                    loaded.image_ext, loaded.image = prepare_image(loaded, config)
+            except (ShardifyError, OSError, ValueError) as exc:
+                where = loaded.where if isinstance(loaded, RawSample) else getattr(exc, "where", source.description)
+                if config.on_error == "fail":
+                    raise _sample_error(ref, exc, where) from None
+                reason = str(exc).split(f"sample {ref.key!r}: ", 1)[-1]  # where and key have their own columns
+                skipped.append({"key": ref.key, "source": redact(where), "reason": redact(reason)})
+                continue
+            yield loaded
+            num, num_bytes = num + 1, num_bytes + ref.size_bytes
+            if num >= 32:
+                report(num, num_bytes)
+                num, num_bytes = 0, 0
     report(num, num_bytes)
 
 

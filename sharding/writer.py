@@ -211,6 +211,24 @@ def _retire_others(dest: Store, version: str) -> None:
             write_head(dest, replace(head, retired_s=now))
 
 
+def _run(tasks: list[tuple[int, str, list[Ref]]], source: Source, dest: Store, config: WriteConfig, layout: Layout,
+         sink: _Journaled) -> list[ShardResult]:
+    """Write the shards of `tasks` with the configured engine; each confirmed one goes to `sink`."""
+    if not tasks:
+        return []
+    if config.engine == "ray":
+        from sharding.engine_ray import run_ray
+
+        return run_ray(tasks, source, dest, config, layout, sink, address=config.ray_address)
+    if config.num_workers == 1 or len(tasks) == 1:
+        results = []
+        for task in tasks:
+            results.append(write_shard(task, source, dest, config, layout, sink.progress.update))
+            sink.log_shard(results[-1])
+        return results
+    return run_parallel(tasks, source, dest, config, layout, sink)
+
+
 def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: Any, *,
                   grace_s: float = DEFAULT_GRACE_S, resume: bool = False, append: bool = False) -> WriteReport:
     """Write every shard of a new version, then its manifest; raises (and publishes nothing) if anything fails.
@@ -245,19 +263,7 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
     journal.start()
     sink = _Journaled(progress, journal)
     try:
-        if not tasks:
-            results = []
-        elif config.engine == "ray":
-            from sharding.engine_ray import run_ray
-
-            results = run_ray(tasks, source, dest, config, layout, sink, address=config.ray_address)
-        elif config.num_workers == 1 or len(tasks) == 1:
-            results = []
-            for task in tasks:
-                results.append(write_shard(task, source, dest, config, layout, progress.update))
-                sink.log_shard(results[-1])
-        else:
-            results = run_parallel(tasks, source, dest, config, layout, sink)
+        results = _run(tasks, source, dest, config, layout, sink)
         manifest = _manifest([*done.values(), *results], source, config, layout)
         if old is not None:
             manifest = appended_manifest(old, manifest)
