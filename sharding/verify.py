@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from dataio.decode import images
 from dataio.errors import ShardifyError
 from dataio.format.manifest import MANIFEST_NAME, Manifest, checksum_bytes
+from dataio.format.provenance import read_sources, sources_path
 from dataio.format.tar_index import TarIndex, build_index, parse_index
 from dataio.storage.store import Store
 
@@ -129,13 +130,24 @@ def _verify_parquet(store: Store, m: Manifest, i: int, max_pixels: int) -> list[
     return problems
 
 
+def _check_sources(store: Store, m: Manifest, i: int) -> list[Problem]:
+    """The shard's provenance sidecar, when it has one, must describe it (same checksum and count)."""
+    rel = sources_path(m.shard_paths[i])
+    try:
+        if store.exists(rel):
+            read_sources(store, m, i)
+    except ShardifyError as exc:
+        return [Problem(store.url_of(rel), "", str(exc).split(": ", 1)[-1])]
+    return []
+
+
 def verify_dataset(store: Store, manifest: Manifest, *, max_pixels: int = images.DEFAULT_MAX_PIXELS,
                    num_workers: int = 1, on_shard: Callable[[int, int], None] | None = None) -> list[Problem]:
     """Check every shard (threads: reads and decodes release the GIL); `on_shard(samples, bytes)` per shard."""
     check = _verify_tar if manifest.format == "tar" else _verify_parquet
 
     def one(i: int) -> list[Problem]:
-        found = check(store, manifest, i, max_pixels)
+        found = check(store, manifest, i, max_pixels) + _check_sources(store, manifest, i)
         if on_shard:
             on_shard(manifest.shard_num_samples[i], manifest.shard_num_bytes[i])
         return found

@@ -130,3 +130,15 @@ def test_a_missing_object_is_named_or_a_counted_skip(s3_server, tmp_path, capsys
                *_flags(s3_server)) == 0
     m = read_manifest(Store(str(tmp_path / "ds2")))
     assert m.num_samples == 1 and len(m.skipped) == 1 and "missing.jpg" in m.skipped[0]["source"]
+
+
+def test_verify_flags_a_stale_provenance_sidecar(tmp_path, capsys) -> None:
+    hf_parquet(tmp_path / "t.parquet", ["jpeg_rgb", "png_rgba"])
+    dest = tmp_path / "ds"
+    assert run("write", tmp_path / "t.parquet", dest, "--workers", 1, "--quiet") == 0
+    assert run("verify", dest, "--quiet", "--workers", 1) == 0
+    side = next(dest.glob("shards/*.sources.json"))
+    doc = json.loads(side.read_text())
+    side.write_text(json.dumps({**doc, "sources": doc["sources"][:1]}))
+    assert run("verify", dest, "--quiet", "--workers", 1) == 1
+    assert "sources.json" in capsys.readouterr().out
