@@ -200,7 +200,8 @@ class ShardLoader:
         self._active_steps: int | None = None
         self._token = 0  # the iteration in progress (or last started): older generators stop
         self._sampler = _TicketSampler()
-        self._slab_keeper = SlabKeeper() if config.reuse_buffers else None
+        self._slab_keeper = (SlabKeeper(max_storages=4 * max(1, config.num_workers) * (config.prefetch_factor + 2))
+                             if config.reuse_buffers else None)
         self._dataloader: torch.utils.data.DataLoader | None = None
         self._dali: Any = None
 

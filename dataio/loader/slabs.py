@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from dataio.batch import PackedBytes
+
 MIN_SLAB_BYTES = 1 << 20
 GROWTH = 1.25  # a new slab has room for batches a quarter larger than the one that asked
 MAX_SLABS = 32  # per ring: beyond this (callers holding many batches), fresh tensors are used
@@ -111,7 +113,9 @@ class SlabKeeper:
     without one, every batch would map (and page-fault) its slab afresh.
     """
 
-    def __init__(self, max_storages: int = 4 * MAX_SLABS) -> None:
+    def __init__(self, max_storages: int) -> None:
+        # Slabs in use come back every few batches and stay; one a worker replaced by a larger one
+        # ages out after `max_storages` others were seen (a few slabs per worker and field).
         self._storages: OrderedDict[int, torch.UntypedStorage] = OrderedDict()
         self.max_storages = max_storages
 
@@ -119,9 +123,8 @@ class SlabKeeper:
         if not isinstance(batch, dict):
             return
         for value in batch.values():
-            data = getattr(value, "data", None)
-            if isinstance(data, torch.Tensor) and data.dtype == torch.uint8:
-                storage = data.untyped_storage()
+            if isinstance(value, PackedBytes):  # only these live on slabs (never images or labels)
+                storage = value.data.untyped_storage()
                 key = storage.data_ptr()
                 self._storages[key] = storage
                 self._storages.move_to_end(key)

@@ -91,3 +91,16 @@ def test_reuse_buffers_is_refused_with_dali():
         LoaderConfig(batch_size=4, decode="dali", reuse_buffers=True)
     with pytest.raises(TypeError):
         LoaderConfig(batch_size=4, reuse_buffers=1)
+
+
+def test_the_main_process_keeps_only_slab_storages_and_a_bounded_number():
+    import torch
+
+    from dataio.batch import PackedBytes
+    from dataio.loader.slabs import SlabKeeper
+
+    keeper = SlabKeeper(max_storages=3)
+    for _ in range(5):
+        keeper.keep({"jpg": PackedBytes.pack([b"abc", b"de"]), "image": torch.zeros(2, 3, 4, 4, dtype=torch.uint8),
+                     "label": torch.zeros(2, dtype=torch.int64)})
+    assert len(keeper._storages) == 3  # images and labels are never held; old slabs age out
