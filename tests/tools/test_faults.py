@@ -10,7 +10,7 @@ import pytest
 
 from tools.faults import run_suite, to_markdown
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.allow_leaks]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_short_fault_suite_is_correct(s3_server, tmp_path):
