@@ -403,7 +403,8 @@ def _committed_once(out: Path) -> tuple[bool, int]:
     return contiguous and counts[-1] - counts[0] <= 1, len(steps)
 
 
-def _rank_pid(root_pid: int, rank: int) -> int | None:
+def rank_pid(root_pid: int, rank: int) -> int | None:
+    """The pid of the trainer process of `rank` among the descendants of `root_pid` (torchrun), or None."""
     import psutil
 
     for proc in psutil.Process(root_pid).children(recursive=True):
@@ -443,7 +444,7 @@ def trainer_rank_scenarios(workdir: Path, size: Size, seed: int) -> list[Row]:
                 if keys0.exists() and len(keys0.read_text().splitlines()) >= 3:
                     break
                 time.sleep(0.1)
-            pid = _rank_pid(proc.pid, 1)
+            pid = rank_pid(proc.pid, 1)
             if pid is None or proc.poll() is not None:
                 rows.append(Row(group="trainer", scenario=f"{name} of rank 1", figure="rank 1 not found mid-run",
                                 passed=False, note=err_path.read_text()[-300:]))

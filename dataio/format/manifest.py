@@ -26,7 +26,8 @@ from dataio.format.manifest_parts import (
     part_paths,
     write_parts,
 )
-from dataio.storage.store import Store, check_relative_many
+from dataio.storage.paths import check_relative_many
+from dataio.storage.store import Store
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1  # one JSON file holding the whole shard table

@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 import xxhash
 
 from dataio.errors import ManifestError, StorageError
-from dataio.storage.store import Store, check_relative, check_relative_many
+from dataio.storage.paths import check_relative, check_relative_many
+from dataio.storage.store import Store
 
 PARTS_THRESHOLD = 10_000  # shards: above this, write_manifest writes the columnar form
 ROWS_PER_PART = 4096  # one part is ~0.2-0.4 MB: a worker fetches the few holding its shards

@@ -10,6 +10,7 @@ number (the shard's offset in manifest order + its index in the shard).
 from __future__ import annotations
 
 import bisect
+import io
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -197,3 +198,25 @@ def split_segment(seg: Segment, manifest: Manifest, chunk_bytes: int = READ_CHUN
     if step >= n:
         return [seg]
     return [Segment(shard=seg.shard, start=a, stop=min(seg.stop, a + step)) for a in range(seg.start, seg.stop, step)]
+
+
+class SizedRawFile(io.RawIOBase):
+    """The seekable, read-only half of a file of `_size` bytes at position `_pos`; subclasses
+    say where the bytes come from (readinto). pyarrow reads Parquet footers and pages through it."""
+
+    _size: int
+    _pos: int
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = base + offset
+        return self._pos

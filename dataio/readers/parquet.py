@@ -9,7 +9,6 @@ pyarrow never issues a request of its own.
 
 from __future__ import annotations
 
-import io
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from dataio.readers.base import (
     LruCache,
     Sample,
     SegmentLike,
+    SizedRawFile,
     cached_read,
     check_fields,
     check_segment,
@@ -45,26 +45,12 @@ TAIL_BYTES = 64 * 1024
 MERGE_GAP_BYTES = 64 * 1024
 
 
-class SparseFile(io.RawIOBase):
+class SparseFile(SizedRawFile):
     """A read-only file of `size` bytes of which only `chunks` [(offset, bytes)] are known."""
 
     def __init__(self, size: int, chunks: Sequence[tuple[int, bytes]], *, url: str = "") -> None:
         super().__init__()
         self._size, self._chunks, self._url, self._pos = size, sorted(chunks), url, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = base + offset
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         n = max(0, min(len(buffer), self._size - self._pos))

@@ -12,7 +12,6 @@ guarantees are the plan's.
 
 from __future__ import annotations
 
-import io
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dataio.readers.base import SizedRawFile
 from dataio.storage.store import Store
 
 READ_AHEAD_BYTES = 8 << 20
@@ -30,27 +30,13 @@ BATCH_ROWS = 16
 MAX_OPEN_STREAMS = 4  # per reader: each holds a page and a read-ahead buffer
 
 
-class RangeFile(io.RawIOBase):
+class RangeFile(SizedRawFile):
     """A read-only file of `size` bytes fetched in ranged reads of at least READ_AHEAD_BYTES."""
 
     def __init__(self, store: Store, rel: str, size: int) -> None:
         super().__init__()
         self._store, self._rel, self._size = store, rel, size
         self._pos, self._buf_start, self._buf = 0, 0, b""
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = base + offset
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         n = max(0, min(len(buffer), self._size - self._pos))

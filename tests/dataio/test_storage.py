@@ -12,18 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataio import StorageError, StorageNotFoundError
-from dataio.storage.store import (
-    RetryPolicy,
-    ShortReadError,
-    StorageOptions,
-    Store,
-    check_relative,
-    check_relative_many,
-    is_transient,
-    redact,
-    with_options,
-    with_retry,
-)
+from dataio.storage.options import StorageOptions
+from dataio.storage.paths import check_relative, check_relative_many
+from dataio.storage.redact import redact
+from dataio.storage.retry import RetryPolicy, ShortReadError, is_transient, with_retry
+from dataio.storage.store import Store, with_options
 
 NO_WAIT = RetryPolicy(max_attempts=4, base_delay_s=0.0, max_delay_s=0.0)
 

@@ -10,12 +10,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import psutil
 import pytest
 
 from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
 from tests.trainer.harness import committed_keys, finish, ok, run_trainer, start
+from tools.faults import rank_pid
 
 pytestmark = [pytest.mark.slow]
 
@@ -47,16 +47,6 @@ def _assert_exactly_once(out: Path, *, max_global_batch: int) -> dict[int, list[
     return steps
 
 
-def _rank_pid(root: psutil.Process, rank: int) -> int | None:
-    for proc in root.children(recursive=True):
-        try:
-            if proc.environ().get("RANK") == str(rank) and "trainer" in " ".join(proc.cmdline()):
-                return proc.pid
-        except psutil.Error:
-            continue
-    return None
-
-
 def _notes(out: Path) -> list[str]:
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return [r["text"] for r in records if r["kind"] == "note"]
@@ -75,7 +65,7 @@ def test_sigkill_of_a_rank_restarts_the_group_and_resumes_exactly_once(tmp_path,
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if _lines(out / "keys-rank1.jsonl") >= 8 and list((out / "checkpoints").glob("ckpt-*.pt")):
-            killed = _rank_pid(psutil.Process(proc.pid), 1)
+            killed = rank_pid(proc.pid, 1)
             if killed is not None:
                 os.kill(killed, signal.SIGKILL)
                 break
