@@ -54,8 +54,9 @@ class Recorder:
         self.source_interval: list[int] = []
         self.source_total: list[int] = []
         self.keys_path = os.path.join(cfg.out, f"keys-rank{rt.rank}.jsonl")
-        # Piped output (CI logs, tests) gets wide tables instead of rich's 80-column default.
-        self.console = (Console() if sys.stdout.isatty() else Console(width=150)) if rt.is_main else None
+        # Piped output (CI logs, tests) gets wide tables instead of rich's 80-column default, and lines
+        # of text are never wrapped (soft_wrap): a log line stays one line, whatever its length.
+        self.console = (Console() if sys.stdout.isatty() else Console(width=150, soft_wrap=True)) if rt.is_main else None
         self.table = LiveTable(self.console, live=cfg.live) if self.console is not None else None
         if rt.is_main:
             self.event({"kind": "start", "time": time.time(), "world_size": rt.world_size,

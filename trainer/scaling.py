@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainer import scaling_chart, scaling_report
 
-    console = Console(width=160) if not sys.stdout.isatty() else Console()
+    console = Console(width=160, soft_wrap=True) if not sys.stdout.isatty() else Console()
     try:
         cfg, trainer_args = parse(sys.argv[1:] if argv is None else argv)
     except ValueError as exc:
