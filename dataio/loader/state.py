@@ -12,7 +12,7 @@ from typing import Any
 
 from dataio.errors import StateError
 from dataio.plan.mix import Mixture, check_mixture
-from dataio.plan.types import PlanConfig, PlanState
+from dataio.plan.types import PLAN_VERSION, PlanConfig, PlanState
 
 STATE_FORMAT_VERSION = 1
 # Saved keys that must equal this loader's own for the plan to replay; (key, what to tell the user).
@@ -107,6 +107,22 @@ def _carry_over(state: dict[str, Any], mine: dict[str, Any]) -> PlanState | None
     )
 
 
+def _at_boundary_of_old_plan(state: dict[str, Any], plan: dict[str, Any]) -> PlanState | None:
+    """A state of another plan version saved where nothing of an epoch was delivered (its start, or
+    after its last batch): no order to replay, so the next epoch starts as this version orders it.
+    None otherwise (a mid-epoch state of another version is refused by PlanState.from_dict)."""
+    if plan.get("plan_version") == PLAN_VERSION or type(plan.get("plan_version")) is not int:
+        return None
+    epoch = state["epoch"]
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0 or plan.get("epoch") != epoch:
+        return None
+    if state.get("epoch_complete") is True:
+        return PlanState(epoch=epoch + 1)
+    if plan.get("progress") == []:
+        return PlanState(epoch=epoch)
+    return None
+
+
 def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig,
                 mixture: Mixture | None = None) -> PlanState:
     """The saved PlanState if `state` fits this loader; StateError saying what differs otherwise."""
@@ -140,6 +156,9 @@ def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig,
             raise StateError(f"loader state's 'plan' is not valid JSON ({exc}); start the epoch afresh") from None
     if not isinstance(plan, dict):
         raise StateError("loader state's 'plan' must be PlanState.to_dict() or its JSON text")
+    old_version = _at_boundary_of_old_plan(state, plan)
+    if old_version is not None:
+        return old_version
     position = PlanState.from_dict(plan)
     if position.epoch != state["epoch"]:
         raise StateError(f"loader state is inconsistent: epoch {state['epoch']} vs plan epoch {position.epoch}")

@@ -31,6 +31,34 @@ def role_counts(steps: int, num_workers: int) -> np.ndarray:
     return np.where(w < steps, (steps - 1 - w) // num_workers + 1, 0)
 
 
+def growing_starts(config: PlanConfig) -> np.ndarray:
+    """(J+1,) int64 run-relative starts of a worker run's growing windows, then where full ones begin.
+
+    A run's first window holds one batch (at most shuffle_window positions), each next one twice
+    the last, until a window would reach shuffle_window; from there on every window holds
+    shuffle_window. So a worker's first batch waits for one batch of reads, not a whole window,
+    and windows reach their full size after about one window's worth of positions.
+    """
+    win, size = config.shuffle_window, min(config.shuffle_window, config.batch_size)
+    starts = [0]
+    while size < win:
+        starts.append(starts[-1] + size)
+        size *= 2
+    return np.asarray(starts, dtype=np.int64)
+
+
+def window_at(config: PlanConfig, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, size) run-relative of the window holding run-relative `offset` (int64, any shape);
+    the size is the window's full size (a run's end may cut its last window short)."""
+    offset = np.asarray(offset, dtype=np.int64)
+    starts, win = growing_starts(config), config.shuffle_window
+    full = int(starts[-1])  # where full-size windows begin
+    sizes = np.append(np.diff(starts), win)  # (J+1,): the growing sizes, then win
+    j = np.searchsorted(starts, offset, side="right") - 1  # (shape,) in [0, J]
+    start = np.where(offset < full, starts[j], full + (offset - full) // win * win)
+    return start, sizes[j]
+
+
 def window_perm(config: PlanConfig, epoch: int, level: int, start: int, size: int) -> np.ndarray:
     """The delivery order within the window of `size` positions starting at `start` of a level."""
     if not config.shuffle:
@@ -50,7 +78,7 @@ class Pieces:
 
 def split_level(n: int, prog: Progress, *, level: int, config: PlanConfig, epoch: int) -> Pieces:
     """What level `level` (n real samples) had not delivered after prog.batches at prog's topology."""
-    W, K, B, win = prog.world_size, prog.num_workers, config.batch_size, config.shuffle_window
+    W, K, B = prog.world_size, prog.num_workers, config.batch_size
     steps = num_batches(n, W, config)
     if prog.batches > steps:
         raise StateError(
@@ -62,8 +90,9 @@ def split_level(n: int, prog: Progress, *, level: int, config: PlanConfig, epoch
     start = (np.arange(W, dtype=np.int64)[:, None] * (steps * B) + first).ravel()  # (W*K,)
     length = np.tile(counts, W)
     done = np.tile(role_counts(prog.batches, K) * B, W)
-    ws = start + done // win * win  # the window holding the next undelivered position
-    wl = np.minimum(win, start + length - ws)
+    rel, size = window_at(config, done)  # the window holding each run's next undelivered position
+    ws = start + rel
+    wl = np.minimum(size, length - rel)
     skip = done - (ws - start)
     real = np.clip(n - ws, 0, wl)  # positions at or beyond n are padding, never carried over
     tail_len = np.where(skip > 0, np.where(real == wl, wl - skip, 0), 0)

@@ -4,8 +4,10 @@ A pure function of shard sizes, config, slot and resume state: no I/O, no torch,
 An epoch is built in levels. Level 0 is the shards permuted by (seed, epoch) and concatenated.
 Each level is split into world_size equal spans of whole batches (the tail dropped or padded),
 each span into num_workers runs of whole batches (worker w owns rank batches k = w mod
-num_workers, as torch's DataLoader deals them), and each worker shuffles its run within windows
-of shuffle_window positions. A resume at a new topology starts a level holding what the one
+num_workers, as torch's DataLoader deals them), and each worker shuffles its run within windows:
+the first holds one batch, each next one twice the last, up to shuffle_window positions (plan
+version 2; version 1 used full windows from the start), so a worker's first batch waits for one
+batch of reads, not a whole window. A resume at a new topology starts a level holding what the one
 below had not delivered, kept as pieces (a position range, or the unread part of one shuffled
 window) of that level, so one worker's plan costs O(shards + pieces + its own share). A resume
 at the topology that saved the state continues that level instead, replaying the uninterrupted
@@ -15,7 +17,7 @@ the next level; a dropped tail is, so only the last level's tail goes undelivere
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +30,7 @@ from dataio.plan.permute import (
     epoch_shard_key,
     num_batches,
     role_counts,
+    window_at,
     window_perm,
 )
 from dataio.plan.types import PLAN_VERSION, PlanConfig, PlanState, Segment, WorkerSlot
@@ -138,7 +141,7 @@ def plan_positions(total: int, *, config: PlanConfig, slot: WorkerSlot, state: P
     """One worker's plan over a level 0 of `total` positions. make_window turns a window's level-0
     positions (delivery order, (m,) int64) and padding flags into a Window of sample ids."""
     _check_version(state)
-    W, K, B, win = slot.world_size, slot.num_workers, config.batch_size, config.shuffle_window
+    W, K, B = slot.world_size, slot.num_workers, config.batch_size
     progress, done = state.progress, 0
     if progress and (progress[-1].world_size, progress[-1].num_workers) == (W, K):
         progress, done = progress[:-1], progress[-1].batches  # continue that level, same order
@@ -158,13 +161,14 @@ def plan_positions(total: int, *, config: PlanConfig, slot: WorkerSlot, state: P
     run_stop = run_start + int(counts[role])
     delivered = len(range(role, done, K))
     batch_numbers = np.arange(role + K * delivered, steps, K, dtype=np.int64) - done
-    first_window = run_start + delivered * B // win * win
+    rel, _ = window_at(config, np.int64(delivered * B))
+    first_window = run_start + int(rel)
     skip = run_start + delivered * B - first_window
     lmap = LevelMap(levels, config, state.epoch)
     real_pos = lmap.level0(level, np.arange(first_window, max(first_window, min(run_stop, n)), dtype=np.int64))
     windows = []
-    for ws in range(first_window, run_stop, win):
-        wl = min(win, run_stop - ws)
+    for ws, wl in _window_bounds(config, first_window - run_start, run_stop - run_start):
+        ws += run_start
         seq = real_pos[ws - first_window: ws - first_window + max(0, min(wl, n - ws))]
         pos = np.concatenate([seq, _pad_positions(lmap, level, n, ws, wl, seq)])
         perm = window_perm(config, state.epoch, level, ws, wl)[skip if ws == first_window else 0:]
@@ -172,6 +176,17 @@ def plan_positions(total: int, *, config: PlanConfig, slot: WorkerSlot, state: P
             continue
         windows.append(make_window(pos[perm], perm >= len(seq)))
     return WorkerPlan(num_steps=steps - done, batch_numbers=batch_numbers, windows=tuple(windows))
+
+
+def _window_bounds(config: PlanConfig, first: int, run_length: int) -> Iterator[tuple[int, int]]:
+    """(start, size) run-relative of the windows from the one starting at `first` to the run's end:
+    growing ones first (permute.growing_starts), then shuffle_window each; the last cut short."""
+    start = first
+    while start < run_length:
+        _, size = window_at(config, np.int64(start))
+        size = min(int(size), run_length - start)
+        yield start, size
+        start += size
 
 
 def _pad_positions(lmap: LevelMap, level: int, n: int, ws: int, wl: int, seq: np.ndarray) -> np.ndarray:

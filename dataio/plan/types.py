@@ -14,7 +14,9 @@ import numpy as np
 
 from dataio.errors import StateError
 
-PLAN_VERSION = 1
+# 2: a worker's shuffle windows start at one batch and double up to shuffle_window (1: full
+# windows from the start). The sample order differs, so a version-1 state is refused, not replayed.
+PLAN_VERSION = 2
 _TAILS = ("drop", "pad")
 _MAX_U64 = (1 << 64) - 1
 

@@ -93,6 +93,25 @@ def test_refused_states_say_what_differs(dataset, tmp_path) -> None:
         assert len(loader) == TOTAL // 4 - 1
 
 
+def test_a_plan_version_1_state_loads_only_at_an_epoch_boundary(dataset) -> None:
+    # Version 1 used full shuffle windows from a run's start; version 2's grow from one batch, so a
+    # mid-epoch position of version 1 cannot be replayed, but one where nothing is pending can.
+    with make_loader(dataset, batch_size=4, num_workers=0, decode=None) as loader:
+        take(loader, 1)
+        mid = loader.state_dict()
+        list(loader)
+        end = loader.state_dict()
+    fresh = make_loader(dataset, batch_size=4, num_workers=0, decode=None).state_dict()
+    old = [s | {"plan": json.dumps(json.loads(s["plan"]) | {"plan_version": 1})} for s in (mid, end, fresh)]
+    with make_loader(dataset, batch_size=4, num_workers=0, decode=None) as loader:
+        with pytest.raises(StateError, match="plan version 1, this shardify uses 2"):
+            loader.load_state_dict(old[0])
+        loader.load_state_dict(old[1])  # after the epoch's last batch: the next epoch, whole
+        assert loader.epoch == 1 and len(loader) == TOTAL // 4
+        loader.load_state_dict(old[2])  # before the first batch: the whole epoch
+        assert loader.epoch == 0 and len(loader) == TOTAL // 4
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_distributed_checkpoint_saves_and_resumes_the_loader(dataset, tmp_path) -> None:
     import torch.distributed.checkpoint as dcp
