@@ -34,7 +34,7 @@ from dataio.loader.startup import agree_on_dataset, fields_to_read, open_dataset
 from dataio.loader.slabs import SlabKeeper
 from dataio.loader.state import check_state, make_state
 from dataio.loader.worker import BatchDataset, Ticket, WorkerJob
-from dataio.plan.mix import Mixture
+from dataio.plan.mix import Mixture, delivered_epoch
 from dataio.plan.plan import steps_of_total
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.readers.base import sample_url_of
@@ -235,8 +235,10 @@ class ShardLoader:
         return PlanState(epoch=self._state.epoch) if self._finished else self._position()
 
     def _steps_from(self, state: PlanState) -> int:
-        return int(steps_of_total(self._total, config=self.plan_config, world_size=self.topology.world_size,
-                                  state=state))
+        total, world_size = self._total, self.topology.world_size
+        if self.mixture is not None:  # a mixture's epoch is first rounded down to the global batch
+            total = delivered_epoch(self.mixture, config=self.plan_config, world_size=world_size, state=state).total
+        return int(steps_of_total(total, config=self.plan_config, world_size=world_size, state=state))
 
     def __len__(self) -> int:
         """Batches this rank gets in the current iteration (or the next one, between iterations)."""

@@ -1,26 +1,25 @@
 """The mixture plan: several datasets blended by weight into one epoch, the five plan properties kept.
 
-A pure function like plan.py (no I/O, no torch). Level 0 of a mixture epoch is N positions
-(epoch_samples; by default the sum of the sources' sizes). Source s owns count_s of them: a
-`repeat` source exactly round(repeat x size), the weighted ones the rest by largest remainder of
-their weights, so the counts add up to N. The positions are interleaved smoothly: a binary tree
-over the sources (the two smallest counts merged first, Huffman-like) splits each node's m
-positions between children of a and m - a positions by the Sturmian rule
-left_count(p) = floor(p * a / m + 1/2), so every child is within 1/2 of its share over any prefix.
-Source s's k-th position in epoch e takes draw c = e * count_s + k of an endless sequence of
-passes: pass c // size is the source's shards permuted by (seed, source, pass) and concatenated,
-read at c % size. A source that runs out starts a new permutation (upsampling); one too big goes
-on where it stopped in the next epoch (down-sampling); no sample repeats within a pass; and all
-of it is arithmetic, so resume stays arithmetic. Ranks, workers, shuffle windows, tails and
-resume levels above level 0 are plan.py's own (plan_positions), so the properties carry over.
-Global ids and shard numbers are the sources' concatenated: source s's sample i is
-id_base[s] + i, its shard j is shard_base[s] + j.
+A pure function like plan.py (no I/O, no torch). The requested epoch is N positions (epoch_samples;
+by default the sum of the sources' sizes); source s owns count_s of them: a `repeat` source
+exactly round(repeat x size), the weighted ones the rest by largest remainder of their weights.
+When the tail is dropped, the epoch as delivered is N rounded down to a multiple of the global
+batch of the topology it starts on, shared again the same way (none above its count_s), so every
+source delivers exactly its count. The positions are interleaved smoothly with random access
+(interleave.py: a tree of Sturmian splits whose shape is chosen for the smallest bound on any
+prefix's deviation from the shares). Source s's k-th position in epoch e takes draw
+c = e * count_s + k of an endless sequence of passes: pass c // size is the source's shards
+permuted by (seed, source, pass) and concatenated, read at c % size. A source that runs out
+starts a new permutation (upsampling); one too big goes on where it stopped in the next epoch
+(down-sampling); no sample repeats within a pass; the cursors use the requested counts, so they
+do not depend on the topology; all of it is arithmetic, so resume stays arithmetic. Ranks,
+workers, shuffle windows, tails and resume levels above level 0 are plan.py's own
+(plan_positions), so the properties carry over. Global ids and shard numbers are the sources'
+concatenated: source s's sample i is id_base[s] + i, its shard j is shard_base[s] + j.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from fractions import Fraction
 import numpy as np
 
 from dataio.errors import StateError
+from dataio.plan.interleave import Interleave
 from dataio.plan.permute import ShardOrder
 from dataio.plan.plan import (
     Window,
@@ -41,7 +41,7 @@ from dataio.plan.plan import (
 from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
 from dataio.rand import MASK64, key
 
-MIX_VERSION = 1
+MIX_VERSION = 2  # 2: interleaving trees chosen by their bound; the epoch rounded to the global batch
 _MIX_KEY = 0x4D4958  # "MIX": keys of source passes never equal the single-source plan's keys
 
 
@@ -77,13 +77,38 @@ class MixSource:
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
+class MixEpoch:
+    """An epoch as delivered: `total` positions (the mixture's, rounded down to a multiple of the
+    global batch when the tail is dropped), each source's count of them, and their interleaving."""
+
+    counts: np.ndarray  # (n,) int64 positions per source, summing to total
+    total: int
+    order: Interleave
+
+    @property
+    def max_deviation(self) -> float:
+        """Over any prefix of the epoch, no source's count strays further than this from its share
+        (count / total) times the prefix length (interleave.py's bound; below 1 up to four sources)."""
+        return self.order.max_deviation
+
+    def locate(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source, k) of level-0 positions `pos`: the position is source's k-th draw this epoch."""
+        return self.order.locate(pos)
+
+    def prefix_counts(self, length: int) -> np.ndarray:
+        """(n,) int64: how many of the first `length` level-0 positions each source owns."""
+        return self.order.prefix_counts(length)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
 class Mixture:
-    """Sources and the epoch they blend into; derives each source's count per epoch and the tree."""
+    """Sources and the epoch they blend into; derives each source's count per epoch (`counts`, of
+    `total` positions: the requested epoch) and the epoch as delivered for a global batch."""
 
     sources: tuple[MixSource, ...]
     epoch_samples: int | None = None  # None: the sum of the sources' sizes (repeat sources scaled)
-    counts: np.ndarray = field(init=False)  # (n,) int64 positions per epoch, summing to total
-    total: int = field(init=False)  # N, level 0's length
+    counts: np.ndarray = field(init=False)  # (n,) int64 positions per requested epoch, summing to total
+    total: int = field(init=False)  # N, the requested epoch's length
     id_base: np.ndarray = field(init=False)  # (n+1,) int64 first global id of each source
     shard_base: np.ndarray = field(init=False)  # (n+1,) int64 first global shard of each source
 
@@ -99,16 +124,31 @@ class Mixture:
         object.__setattr__(self, "id_base", np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
         shards = [len(s.shard_sizes) for s in sources]
         object.__setattr__(self, "shard_base", np.concatenate([[0], np.cumsum(shards)]).astype(np.int64))
-        object.__setattr__(self, "_tree", _build_tree(counts))
+        object.__setattr__(self, "_epochs", {})  # global batch -> MixEpoch
+
+    def epoch(self, global_batch: int = 1) -> MixEpoch:
+        """The epoch as delivered when it is rounded down to a multiple of `global_batch` (1: not
+        rounded): each source's share of it by largest remainder, never above its count in the
+        requested epoch (so the sources' cursors, epoch x count, never overlap)."""
+        cache = self._epochs  # type: ignore[attr-defined]
+        if global_batch not in cache:
+            total = self.total - self.total % int(global_batch)
+            counts = self.counts if total == self.total else _rounded_counts(self.sources, self.counts, total)
+            cache[global_batch] = MixEpoch(counts=counts, total=total, order=Interleave(counts))
+        return cache[global_batch]
 
     @property
     def max_deviation(self) -> float:
-        """Over any prefix of the epoch, no source's count strays further than this from its
-        share (count / total) times the prefix length; below 1 for up to four sources."""
-        tree = self._tree  # type: ignore[attr-defined]
-        if tree is None or isinstance(tree, int):
-            return 0.0
-        return _bound(_strip(tree), self.counts)
+        """The requested epoch's bound on the prefix deviation (MixEpoch.max_deviation)."""
+        return self.epoch().max_deviation
+
+    def locate(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source, k) of the requested epoch's level-0 positions `pos` (MixEpoch.locate)."""
+        return self.epoch().locate(pos)
+
+    def prefix_counts(self, length: int) -> np.ndarray:
+        """The requested epoch's MixEpoch.prefix_counts."""
+        return self.epoch().prefix_counts(length)
 
     @property
     def shard_sizes(self) -> np.ndarray:
@@ -121,19 +161,6 @@ class Mixture:
             {"name": s.name, "fingerprint": s.fingerprint, "num_samples": s.num_samples,
              "num_shards": len(s.shard_sizes), "weight": s.weight, "repeat": s.repeat}
             for s in self.sources]}
-
-    def locate(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(source, k) of level-0 positions `pos`: the position is source's k-th draw this epoch."""
-        pos = np.asarray(pos, dtype=np.int64)
-        source, k = np.empty_like(pos), np.empty_like(pos)
-        _route(self._tree, pos, np.arange(len(pos)), source, k)  # type: ignore[attr-defined]
-        return source, k
-
-    def prefix_counts(self, length: int) -> np.ndarray:
-        """(n,) int64: how many of the first `length` level-0 positions each source owns."""
-        out = np.zeros(len(self.sources), dtype=np.int64)
-        _prefix(self._tree, int(length), out)  # type: ignore[attr-defined]
-        return out
 
     def draw_ids(self, source: int, k: np.ndarray, *, config: PlanConfig, epoch: int,
                  cache: dict | None = None) -> np.ndarray:
@@ -183,129 +210,48 @@ def _counts(sources: tuple[MixSource, ...], epoch_samples: int | None) -> np.nda
     if free and not weighted:
         raise ValueError(f"an epoch of {total} samples leaves {free} to weighted sources, but none "
                          "has samples and a weight > 0")
-    if free:
-        w = {i: Fraction(sources[i].weight) for i in weighted}
-        whole = sum(w.values())
-        quota = {i: free * w[i] / whole for i in weighted}
-        for i in weighted:
-            counts[i] = math.floor(quota[i])
-        left = free - sum(int(counts[i]) for i in weighted)
-        by_remainder = sorted(weighted, key=lambda i: (-(quota[i] - math.floor(quota[i])), i))
-        for i in by_remainder[:left]:
-            counts[i] += 1
+    for i, c in _largest_remainder(free, {i: Fraction(sources[i].weight) for i in weighted}).items():
+        counts[i] = c
     return counts
 
 
-# The interleaving tree: a leaf is a source index; a node is (left, right, a, m): m positions of
-# which the left subtree owns a, spread by left_count(p) = floor((2pa + m) / 2m). Each split is
-# within 1/2 of its share over any prefix, and a split's error reaches the sources below it scaled
-# by their share of that subtree, so source s's deviation over any prefix is at most
-# 1/2 * sum(count_s / count_H for every subtree H on its path, the root excluded): below 1 for up
-# to four sources (two levels), and the shape is chosen to keep it small for more.
-_EXHAUSTIVE_UP_TO = 6  # sources; (2n - 3)!! trees: 945 at 6
-
-
-def _build_tree(counts: np.ndarray) -> object:
-    leaves = [i for i, c in enumerate(counts.tolist()) if c > 0]
-    if not leaves:
-        return None
-    if len(leaves) <= _EXHAUSTIVE_UP_TO:
-        shape = min(_shapes(leaves), key=lambda t: _bound(t, counts))  # first of equals: deterministic
+def _rounded_counts(sources: tuple[MixSource, ...], full: np.ndarray, total: int) -> np.ndarray:
+    """Counts of an epoch cut to `total` (<= full.sum()) positions: repeat sources keep theirs and
+    the weighted ones share the rest by largest remainder of their weights, none above its full
+    count; when the repeat sources alone exceed `total`, they share it by their full counts."""
+    repeat = [i for i, s in enumerate(sources) if s.repeat is not None and full[i] > 0]
+    weighted = [i for i, s in enumerate(sources) if s.repeat is None and full[i] > 0]
+    caps = {i: int(full[i]) for i in repeat + weighted}
+    counts = np.zeros(len(sources), dtype=np.int64)
+    fixed = sum(caps[i] for i in repeat)
+    if fixed <= total:
+        counts[repeat] = [caps[i] for i in repeat]
+        shares = _largest_remainder(total - fixed, {i: Fraction(sources[i].weight) for i in weighted}, caps)
     else:
-        shape = _huffman(leaves, counts)
-    return _with_counts(shape, counts)
+        shares = _largest_remainder(total, {i: Fraction(caps[i]) for i in repeat}, caps)
+    for i, c in shares.items():
+        counts[i] = c
+    return counts
 
 
-def _shapes(items: list[int]):
-    """Every binary tree over `items` (unordered, each once), as nested pairs."""
-    if len(items) == 1:
-        yield items[0]
-        return
-    first, rest = items[0], items[1:]
-    for r in range(len(rest)):
-        for chosen in itertools.combinations(rest, r):
-            right = [i for i in rest if i not in chosen]
-            for left_tree in _shapes([first, *chosen]):
-                for right_tree in _shapes(right):
-                    yield (left_tree, right_tree)
-
-
-def _path_sums(shape: object, counts: np.ndarray) -> tuple[int, dict[int, float]]:
-    """(subtree count, {source: sum of count_s / count_H over subtrees H from the leaf to here})."""
-    if isinstance(shape, int):
-        return int(counts[shape]), {shape: 0.0}
-    total, sums = 0, {}
-    for child in shape:  # type: ignore[union-attr]
-        c, below = _path_sums(child, counts)
-        total += c
-        sums.update({s: v + int(counts[s]) / c for s, v in below.items()})
-    return total, sums
-
-
-def _bound(shape: object, counts: np.ndarray) -> float:
-    """The largest prefix deviation the tree allows any source (see above)."""
-    return 0.5 * max(_path_sums(shape, counts)[1].values()) if not isinstance(shape, int) else 0.0
-
-
-def _huffman(leaves: list[int], counts: np.ndarray) -> object:
-    heap = [(int(counts[i]), i, i) for i in leaves]
-    heapq.heapify(heap)
-    tie = len(counts)
-    while len(heap) > 1:
-        ca, _, a = heapq.heappop(heap)
-        cb, _, b = heapq.heappop(heap)
-        heapq.heappush(heap, (ca + cb, tie, (b, a)))
-        tie += 1
-    return heap[0][2]
-
-
-def _with_counts(shape: object, counts: np.ndarray) -> object:
-    if isinstance(shape, int):
-        return shape
-    left, right = (_with_counts(child, counts) for child in shape)  # type: ignore[union-attr]
-    a, b = _subtree_count(left, counts), _subtree_count(right, counts)
-    return (left, right, a, a + b)
-
-
-def _subtree_count(node: object, counts: np.ndarray) -> int:
-    return int(counts[node]) if isinstance(node, int) else node[3]  # type: ignore[index]
-
-
-def _strip(node: object) -> object:
-    return node if isinstance(node, int) else (_strip(node[0]), _strip(node[1]))  # type: ignore[index]
-
-
-def _left_count(p: np.ndarray, a: int, m: int) -> np.ndarray:
-    """floor(p * a / m + 1/2) exactly: in int64 while 2 * m * m fits, else in Python ints."""
-    if 2 * m * m + m < (1 << 62):
-        return (2 * p * a + m) // (2 * m)
-    return np.array([(2 * int(x) * a + m) // (2 * m) for x in p.tolist()], dtype=np.int64)
-
-
-def _route(node: object, pos: np.ndarray, at: np.ndarray, source: np.ndarray, k: np.ndarray) -> None:
-    """Write (source, k) of `pos` (positions within node) into source[at], k[at]."""
-    if node is None or len(pos) == 0:  # an empty epoch has no positions to route
-        return
-    if isinstance(node, int):
-        source[at], k[at] = node, pos
-        return
-    left, right, a, m = node  # type: ignore[misc]
-    before = _left_count(pos, a, m)
-    is_left = _left_count(pos + 1, a, m) > before
-    _route(left, before[is_left], at[is_left], source, k)
-    _route(right, (pos - before)[~is_left], at[~is_left], source, k)
-
-
-def _prefix(node: object, length: int, out: np.ndarray) -> None:
-    if node is None:
-        return
-    if isinstance(node, int):
-        out[node] += length
-        return
-    left, right, a, m = node  # type: ignore[misc]
-    c = (2 * length * a + m) // (2 * m)
-    _prefix(left, c, out)
-    _prefix(right, length - c, out)
+def _largest_remainder(amount: int, weights: dict[int, Fraction], caps: dict[int, int] | None = None) -> dict[int, int]:
+    """`amount` split by `weights` (> 0): each its quota's floor, the rest one each by largest
+    remainder (ties: lower index), skipping any at its cap (caps sum to >= amount)."""
+    if not amount:
+        return {i: 0 for i in weights}
+    whole = sum(weights.values())
+    quota = {i: amount * w / whole for i, w in weights.items()}
+    out = {i: math.floor(q) for i, q in quota.items()}
+    if caps is not None:
+        out = {i: min(c, caps[i]) for i, c in out.items()}
+    by_remainder = sorted(weights, key=lambda i: (-(quota[i] - math.floor(quota[i])), i))
+    left = amount - sum(out.values())
+    while left > 0:  # one round unless caps bind (then again, over those still below their cap)
+        for i in by_remainder:
+            if left and (caps is None or out[i] < caps[i]):
+                out[i] += 1
+                left -= 1
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -369,23 +315,36 @@ def check_mixture(mixture: Mixture, saved: Mapping) -> None:
                          f"saved, this one has {mine['epoch_samples']}; pass the same epoch_samples")
 
 
+def delivered_epoch(mixture: Mixture, *, config: PlanConfig, world_size: int, state: PlanState) -> MixEpoch:
+    """The epoch as delivered: with the tail dropped, rounded down to a multiple of the global
+    batch of the topology the epoch started on (the state's first, else `world_size`)."""
+    if config.tail != "drop":
+        return mixture.epoch(1)
+    first = state.progress[0].world_size if state.progress else world_size
+    return mixture.epoch(int(first) * config.batch_size)
+
+
 def mix_num_steps(mixture: Mixture, *, config: PlanConfig, world_size: int, state: MixState) -> int:
     """Batches every rank delivers from the state's position to the mixture epoch's end."""
     check_mixture(mixture, state.mixture)
-    return steps_of_total(mixture.total, config=config, world_size=world_size, state=state.plan)
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    total = delivered_epoch(mixture, config=config, world_size=world_size, state=state.plan).total
+    return steps_of_total(total, config=config, world_size=world_size, state=state.plan)
 
 
 def plan_mix_worker(mixture: Mixture, *, config: PlanConfig, slot: WorkerSlot, state: MixState) -> WorkerPlan:
     """One worker's windows (MixWindow) from the state's position to the mixture epoch's end."""
     check_mixture(mixture, state.mixture)
     epoch = state.plan.epoch
+    delivered = delivered_epoch(mixture, config=config, world_size=slot.world_size, state=state.plan)
     offsets = np.concatenate([[0], np.cumsum(mixture.shard_sizes)]).astype(np.int64)
     place = np.arange(len(offsets) - 1, dtype=np.int64)  # a window's reads: sources in order, shards too
 
     orders: dict = {}
 
     def make_window(pos0: np.ndarray, is_pad: np.ndarray) -> Window:
-        source, k = mixture.locate(pos0)
+        source, k = delivered.locate(pos0)
         ids = np.empty_like(pos0)
         for s in np.unique(source).tolist():
             sel = source == s
@@ -393,4 +352,4 @@ def plan_mix_worker(mixture: Mixture, *, config: PlanConfig, slot: WorkerSlot, s
         return MixWindow(segments=segments_of(ids, offsets, place), sample_ids=ids, is_pad=is_pad,
                          source=source, draw=k)
 
-    return plan_positions(mixture.total, config=config, slot=slot, state=state.plan, make_window=make_window)
+    return plan_positions(delivered.total, config=config, slot=slot, state=state.plan, make_window=make_window)

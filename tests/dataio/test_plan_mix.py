@@ -14,13 +14,16 @@ from hypothesis import strategies as st
 
 from dataio import StateError
 from dataio.plan.mix import (
+    MIX_VERSION,
     MixSource,
+    MixEpoch,
     MixState,
     Mixture,
     MixWindow,
     mix_num_steps,
     plan_mix_worker,
 )
+from dataio.plan.interleave import Interleave
 from dataio.plan.plan import shard_offsets
 from dataio.plan.types import PlanConfig, WorkerSlot
 from tests.dataio.plan_harness import configs
@@ -112,60 +115,120 @@ def advance(state: MixState, topo: tuple[int, int], batches: int) -> MixState:
     return MixState.from_dict(json.loads(json.dumps(nxt.to_dict())))  # as a checkpoint does
 
 
-def epoch_keys(mixture: Mixture, length: int) -> list[tuple[int, int]]:
+def epoch_keys(mixture: Mixture | MixEpoch, length: int) -> list[tuple[int, int]]:
     source, k = mixture.locate(np.arange(length))
     return list(zip(source.tolist(), k.tolist()))
 
 
-def assert_complete(mixture: Mixture, config: PlanConfig, delivered: list[tuple[int, int]], last_world_size: int):
-    """Every epoch slot at most once; all of them (pad) or all but less than one global batch (drop)."""
+def as_delivered(mixture: Mixture, config: PlanConfig, world_size: int) -> MixEpoch:
+    """The epoch an epoch started at `world_size` delivers (rounded down to its global batch if dropping)."""
+    return mixture.epoch(world_size * config.batch_size if config.tail == "drop" else 1)
+
+
+def assert_complete(mixture: Mixture, config: PlanConfig, delivered: list[tuple[int, int]], last_world_size: int,
+                    first_world_size: int):
+    """Every slot of the epoch as delivered at most once; all of them (pad, or drop without a
+    resume at another world size) or all but less than one global batch (drop)."""
     assert len(delivered) == len(set(delivered))
-    everything = set(epoch_keys(mixture, mixture.total))
+    epoch = as_delivered(mixture, config, first_world_size)
+    assert epoch.total % (first_world_size * config.batch_size if config.tail == "drop" else 1) == 0
+    everything = set(epoch_keys(epoch, epoch.total))
     assert set(delivered) <= everything
-    if config.tail == "pad":
+    if config.tail == "pad" or first_world_size == last_world_size:
         assert set(delivered) == everything
     else:
         assert len(everything) - len(delivered) < last_world_size * config.batch_size
 
 
-@SETTINGS
-@given(mixture=mixtures())
-def test_counts_add_up_by_largest_remainder(mixture):
-    counts = mixture.counts.tolist()
-    assert sum(counts) == mixture.total == len(epoch_keys(mixture, mixture.total))
-    fixed = {i: round(Fraction(s.repeat) * s.num_samples) for i, s in enumerate(mixture.sources) if s.repeat is not None}
+def assert_largest_remainder(mixture: Mixture, counts: list[int], total: int) -> None:
+    """`counts` are an epoch of `total`'s shares: repeat sources round(repeat x size) (or, cut below
+    those, their share of `total`), weighted ones the floor or ceil of their weight's share of the
+    rest, none above its count in the requested epoch; they add up to `total`."""
+    assert sum(counts) == total
+    full = mixture.counts.tolist()
+    assert all(c <= f for c, f in zip(counts, full))  # cursors epoch x count never overlap
+    fixed = {i: round(Fraction(s.repeat) * s.num_samples) for i, s in enumerate(mixture.sources)
+             if s.repeat is not None and s.num_samples}
     for i in fixed:
-        assert abs(counts[i] - Fraction(mixture.sources[i].repeat) * mixture.sources[i].num_samples) <= Fraction(1, 2)
+        assert abs(full[i] - Fraction(mixture.sources[i].repeat) * mixture.sources[i].num_samples) <= Fraction(1, 2)
     weighted = [i for i, s in enumerate(mixture.sources) if s.repeat is None and s.num_samples and s.weight]
-    free = mixture.total - sum(counts[i] for i in fixed)
-    whole = sum(Fraction(mixture.sources[i].weight) for i in weighted)
+    if sum(fixed.values()) > total:  # the repeat sources alone exceed the epoch: theirs is all of it
+        assert all(counts[i] == 0 for i in weighted)
+        weighted, fixed = list(fixed), {}
+        shares = {i: Fraction(full[i]) for i in weighted}
+    else:
+        assert all(counts[i] == c for i, c in fixed.items())
+        shares = {i: Fraction(mixture.sources[i].weight) for i in weighted}
+    free = total - sum(fixed.values())
+    whole = sum(shares.values())
     for i, s in enumerate(mixture.sources):
         if i in weighted:
-            quota = free * Fraction(s.weight) / whole
+            quota = free * shares[i] / whole
             assert quota - 1 < counts[i] < quota + 1  # largest remainder: floor or ceil of the quota
         elif i not in fixed:
             assert counts[i] == 0  # empty or weight 0
-    # Each position's (source, k) is distinct and k runs over 0..count-1 per source.
-    per_source = Counter(s for s, _ in epoch_keys(mixture, mixture.total))
-    assert all(per_source[i] == c for i, c in enumerate(counts))
 
 
 @SETTINGS
-@given(mixture=mixtures(max_sources=7))
-def test_interleaving_is_smooth(mixture):
-    n, total = len(mixture.sources), mixture.total
-    source, k = mixture.locate(np.arange(total))
+@given(mixture=mixtures(), global_batch=st.one_of(st.just(1), st.integers(2, 70), st.sampled_from([64 * 8, 1000])))
+def test_counts_add_up_by_largest_remainder(mixture, global_batch):
+    assert_largest_remainder(mixture, mixture.counts.tolist(), mixture.total)
+    epoch = mixture.epoch(global_batch)  # the epoch first rounded down to a multiple of the global batch
+    assert epoch.total == mixture.total // global_batch * global_batch
+    assert_largest_remainder(mixture, epoch.counts.tolist(), epoch.total)
+    # Each position's (source, k) is distinct and k runs over 0..count-1 per source.
+    per_source = Counter(s for s, _ in epoch_keys(epoch, epoch.total))
+    assert all(per_source[i] == c for i, c in enumerate(epoch.counts.tolist()))
+
+
+def assert_smooth(order: MixEpoch | Interleave, counts: np.ndarray) -> float:
+    """Brute force over every prefix: within order.max_deviation of the shares, draws in order,
+    prefix_counts right; returns the largest deviation seen."""
+    n, total = len(counts), int(counts.sum())
+    source, k = order.locate(np.arange(total))
     cum = np.zeros((total + 1, n), dtype=np.int64)
     for s in range(n):
         cum[1:, s] = np.cumsum(source == s)
-        assert np.array_equal(k[source == s], np.arange(mixture.counts[s]))  # each source's draws in order
-    share = mixture.counts / max(total, 1)
+        assert np.array_equal(k[source == s], np.arange(counts[s]))  # each source's draws in order
+    share = counts / max(total, 1)
     deviation = np.abs(cum - np.arange(total + 1)[:, None] * share[None, :]).max(initial=0.0)
-    assert deviation <= mixture.max_deviation + 1e-9
-    if np.count_nonzero(mixture.counts) <= 4:
-        assert mixture.max_deviation < 1  # within 1 of the share over every prefix
+    assert deviation <= order.max_deviation + 1e-9
+    if np.count_nonzero(counts) <= 4:
+        assert order.max_deviation < 1  # within 1 of the share over every prefix
     for length in {0, min(1, total), total // 3, total}:
-        assert mixture.prefix_counts(length).tolist() == cum[length].tolist()
+        assert order.prefix_counts(length).tolist() == cum[length].tolist()
+    return float(deviation)
+
+
+@SETTINGS
+@given(mixture=mixtures(max_sources=7), global_batch=st.one_of(st.just(1), st.integers(2, 40)))
+def test_interleaving_is_smooth(mixture, global_batch):
+    epoch = mixture.epoch(global_batch)
+    assert_smooth(epoch, epoch.counts)
+
+
+skewed_counts = st.lists(st.one_of(st.integers(0, 3), st.integers(1, 60), st.integers(100, 3000)), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=skewed_counts)
+def test_interleaving_stays_within_its_reported_bound_for_any_number_of_sources(counts):
+    counts = np.array(counts, dtype=np.int64)
+    order = Interleave(counts)
+    assert_smooth(order, counts)
+    assert order.max_deviation < 1.5
+
+
+@pytest.mark.parametrize("counts, bound", [
+    ([10000, 1000, 100, 10, 1], 0.996),  # Huffman's tree: 1.004
+    ([10000, 1000, 100, 10, 1, 1, 1], 0.96),  # Huffman's: 0.987
+    ([100000, 1, 2, 3, 5, 8, 13, 21], 0.9999),  # Huffman's: 1.194
+    ([7, 1, 1, 1, 1, 1, 1], 0.889),  # Huffman's: 0.958
+    ([1] * 20, 0.98),  # balanced
+])
+def test_skewed_sources_get_a_tree_within_1(counts, bound):
+    order = Interleave(np.array(counts))
+    assert order.max_deviation < bound
 
 
 @SETTINGS
@@ -177,12 +240,13 @@ def test_epoch_delivers_each_source_its_count_once(mixture, config, world_size, 
     assert len({len(b) for b in per_rank}) == 1  # equal steps: DDP cannot hang on data
     batches = [b for rank in per_rank for b in rank]
     delivered = [key for b in batches for key in real_keys(b)]
-    assert_complete(mixture, config, delivered, world_size)
-    if config.tail == "drop":  # the dropped tail is the end of the interleaving: counts are its prefix's
-        kept = len(per_rank[0]) * world_size * config.batch_size
-        assert sorted(delivered) == sorted(epoch_keys(mixture, kept))
-        assert Counter(s for s, _ in delivered) == Counter(
-            {s: c for s, c in enumerate(mixture.prefix_counts(kept).tolist()) if c})
+    assert_complete(mixture, config, delivered, world_size, world_size)
+    # Each source delivers exactly its count of the epoch as delivered (dropping: rounded down to a
+    # multiple of the global batch first), and those counts are its largest-remainder share.
+    epoch_as_delivered = as_delivered(mixture, config, world_size)
+    assert Counter(s for s, _ in delivered) == Counter(
+        {s: c for s, c in enumerate(epoch_as_delivered.counts.tolist()) if c})
+    assert_largest_remainder(mixture, epoch_as_delivered.counts.tolist(), epoch_as_delivered.total)
     # Within one pass over a source, no sample comes twice.
     ids_in_pass = Counter()
     for b in batches:
@@ -210,7 +274,9 @@ def test_resume_on_any_topology_delivers_exactly_the_rest(mixture, config, first
     steps = mix_num_steps(mixture, config=config, world_size=first[0], state=state)
     stop = data.draw(st.integers(0, steps), label="stop")
     delivered, _ = check_resume(deliver(mixture, config), advance, real_keys, state, [(first, stop), (second, None)])
-    assert_complete(mixture, config, delivered, second[0])
+    # The epoch is rounded at the world size it starts on (the second when nothing came before the
+    # stop); a resume at the same world size loses nothing, at another less than one global batch.
+    assert_complete(mixture, config, delivered, second[0], first[0] if stop else second[0])
 
 
 @SETTINGS
@@ -292,3 +358,12 @@ def test_bad_mixtures_are_refused():
         Mixture(sources=())
     with pytest.raises(StateError, match="malformed mixture state"):
         MixState.from_dict({"plan": {}})
+
+
+def test_state_of_an_older_interleaving_is_refused():
+    mixture = Mixture(sources=(MixSource(name="a", shard_sizes=[20], weight=1.0, fingerprint="a"),
+                               MixSource(name="b", shard_sizes=[7], weight=1.0, fingerprint="b")))
+    saved = advance(MixState.start(mixture, 0), (2, 1), 1)
+    old = MixState(plan=saved.plan, mixture={**saved.mixture, "mix_version": 1})
+    with pytest.raises(StateError, match=f"saved by mix version 1, this shardify uses {MIX_VERSION}"):
+        mix_num_steps(mixture, config=PlanConfig(seed=0, batch_size=2), world_size=2, state=old)
