@@ -19,7 +19,7 @@ import struct
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 _HEAD_LIMIT = 1 << 20
@@ -61,6 +61,7 @@ class ProxyStats:
     """Counters of what the proxy did, for tests and the CLI."""
 
     num_requests: int = 0
+    requests: list[str] = field(default_factory=list)  # each request's line ("GET /bucket/key HTTP/1.1"), in order
     num_errors: int = 0
     num_truncated: int = 0
     num_resets: int = 0
@@ -241,6 +242,7 @@ class DelayProxy:
                 if request is None:
                     return
                 self.stats.num_requests += 1
+                self.stats.requests.append(request.head.split(b"\r\n", 1)[0].decode("latin-1"))
                 fault = self._pick_fault(request.method)
                 if self.faults.delay_s:
                     await asyncio.sleep(self.faults.delay_s)

@@ -71,7 +71,9 @@ class LoaderConfig:
     cache_limit_bytes: int | None = None
     storage: StorageOptions | None = None
     verify_index: bool = True
-    check_shards: bool = True  # one listing of the prefix at start-up (single-file manifests): missing shards fail early
+    # One listing of the prefix (single-file manifests), in the background from the first batch on:
+    # a missing shard fails within the first batches, not when it is read; False: no listing.
+    check_shards: bool = True
     pin_memory: bool = False
     multiprocessing_context: str | None = None
     prefetch_factor: int = 2  # batches in flight per worker (DataLoader's own queue)

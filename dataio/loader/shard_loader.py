@@ -30,7 +30,7 @@ from dataio.loader.mixing import (
     open_sources,
     plain_url,
 )
-from dataio.loader.startup import agree_on_dataset, fields_to_read, open_dataset
+from dataio.loader.startup import ShardCheck, agree_on_dataset, fields_to_read, open_dataset
 from dataio.loader.slabs import SlabKeeper
 from dataio.loader.state import check_state, make_state
 from dataio.loader.worker import BatchDataset, Ticket, WorkerJob
@@ -192,6 +192,8 @@ class ShardLoader:
             seed=config.seed, batch_size=config.batch_size, tail=config.tail, shuffle=config.shuffle,
             shuffle_window=window,
         )
+        datasets = list(zip(self.sources.stores, self.sources.manifests)) if self.sources else [(self.store, self.manifest)]
+        self._shard_check = ShardCheck(datasets, enabled=config.check_shards)
         self.stats = LoaderStats()
         self._sizes = self.manifest.shard_num_samples  # a tuple, or (parted) an int64 array
         self._state = PlanState(epoch=0)  # where the current (or next) iteration starts
@@ -275,12 +277,15 @@ class ShardLoader:
                         self.stats.add_hedges(hedges)
                     if self.config.decode == "dali":
                         batch.pop("__id__", None), batch.pop("epoch", None)
+                self._shard_check.poll()  # missing shards, listed beside the first batches
                 self._delivered += 1  # counted as it leaves: the state is what the caller got
                 if self._slab_keeper is not None:
                     self._slab_keeper.keep(batch)
                 yield batch
+                self._shard_check.start()  # after the first batch, never on its path
                 # The caller asks for the next batch: the one it held may be overwritten (slabs.py).
                 self._sampler.released_below = self._delivered
+            self._shard_check.finish()
             self._finished = self._delivered == steps
         finally:
             if hasattr(batches, "close"):

@@ -7,6 +7,7 @@ opens a different one) makes every rank fail at once instead of hanging.
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -63,23 +64,77 @@ def agree_on_dataset(
 
 
 def open_dataset(url: str, config: LoaderConfig) -> tuple[Store, Manifest]:
-    """The Store and its manifest, with the start-up checks; ManifestError names the URL and the fix."""
+    """The Store and its manifest, with the start-up checks; ManifestError names the URL and the fix.
+
+    One request for a single-file manifest (a few for a parted one), whatever the dataset's size:
+    the listing that finds missing shards runs later, beside the first batches (ShardCheck).
+    """
     store = Store(url, config.storage)
     manifest = read_manifest(store.first_request())  # a stuck endpoint fails within 30 s
     check_fields(manifest, config.fields)
-    # A parted manifest (past 10k shards) is not listed: every rank listing millions of objects
-    # is the thundering herd it exists to avoid; a missing shard still fails when read, naming it.
-    if config.check_shards and manifest.num_shards and manifest.parted is None:
-        present = set(store.list())
-        needed = list(manifest.shard_paths) + list(manifest.index_paths if manifest.format == "tar" else ())
-        missing = [p for p in needed if p not in present]
-        if missing:
-            raise ManifestError(
-                f"{store.url}: {len(missing)} file(s) listed in the manifest are missing, e.g. "
-                f"{[store.url_of(p) for p in missing[:3]]}; restore them or rewrite the dataset "
-                "(check_shards=False skips this listing)"
-            )
     return store, manifest
+
+
+def check_shards_present(store: Store, manifest: Manifest) -> None:
+    """ManifestError unless every shard (and tar index) the manifest names is listed below the prefix.
+
+    A parted manifest (past 10k shards) is not listed: every rank listing millions of objects is
+    the thundering herd it exists to avoid; a missing shard still fails when read, naming it.
+    """
+    if not manifest.num_shards or manifest.parted is not None:
+        return
+    present = set(store.list())
+    needed = list(manifest.shard_paths) + list(manifest.index_paths if manifest.format == "tar" else ())
+    missing = [p for p in needed if p not in present]
+    if missing:
+        raise ManifestError(
+            f"{store.url}: {len(missing)} file(s) listed in the manifest are missing, e.g. "
+            f"{[store.url_of(p) for p in missing[:3]]}; restore them or rewrite the dataset "
+            "(check_shards=False skips this listing)"
+        )
+
+
+class ShardCheck:
+    """check_shards_present for every opened dataset, in a background thread started once the
+    first batch is out: the listing grows with the dataset, so it stays off the first batch's path.
+
+    `start()` after the first batch; `poll()` at every batch raises the check's error once it has
+    one; `finish()` at the epoch's end waits for it. A check that passed is never run again.
+    """
+
+    def __init__(self, datasets: list[tuple[Store, Manifest]], *, enabled: bool) -> None:
+        self._datasets = datasets if enabled else []
+        self._thread: threading.Thread | None = None
+        self._error: list[BaseException] = []
+        self._done = not self._datasets
+
+    def _run(self) -> None:
+        try:
+            for store, manifest in self._datasets:
+                check_shards_present(store, manifest)
+        except BaseException as exc:  # noqa: BLE001 - raised in the consuming thread by poll()
+            self._error.append(exc)
+
+    def start(self) -> None:
+        if self._done or self._thread is not None:
+            return
+        self._error.clear()
+        self._thread = threading.Thread(target=self._run, name="dataio-shard-check", daemon=True)
+        self._thread.start()
+
+    def poll(self, *, wait: bool = False) -> None:
+        """Raise the check's error if it has finished with one (wait=True: wait for it first)."""
+        thread = self._thread
+        if thread is None or (thread.is_alive() and not wait):
+            return
+        thread.join()
+        self._thread = None
+        if self._error:
+            raise self._error[0]  # the check stays pending: a new iteration lists again
+        self._done = True
+
+    def finish(self) -> None:
+        self.poll(wait=True)
 
 
 def image_fields_of(manifest: Manifest) -> tuple[str, ...]:

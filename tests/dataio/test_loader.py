@@ -18,6 +18,8 @@ from dataio import (
     make_loader,
 )
 from dataio.batch import PackedBytes
+from dataio.format.manifest import read_manifest
+from dataio.loader.startup import ShardCheck
 from dataio.plan.types import Topology
 from dataio.storage.store import Store
 from tests.dataio.loader_helpers import ALL_KEYS, SIZES, TOTAL, real_keys, run_epoch
@@ -223,8 +225,21 @@ def test_missing_shard(tmp_path) -> None:
     root = str(tmp_path / "ds")
     write_tar_dataset(Store(root), [3, 4])
     os.remove(os.path.join(root, "shards", "shard-000001.tar"))
+    # The listing runs beside the first batches (never before the first): one batch may come from
+    # shard 0, then the epoch fails naming the missing one, whichever of listing or read finds it.
+    with make_loader(root, batch_size=2, decode=None, num_workers=0) as loader:
+        with pytest.raises((ManifestError, StorageError), match="shard-000001.tar"):
+            list(loader)
+    store = Store(root)
+    check = ShardCheck([(store, read_manifest(store))], enabled=True)
+    check.poll()  # not started: nothing to say yet
+    check.start()
+    with pytest.raises(ManifestError, match="1 file.*missing.*shard-000001.tar"):
+        check.finish()
+    check.start()  # a failed check lists again (the next iteration's first batch)
     with pytest.raises(ManifestError, match="shard-000001.tar"):
-        make_loader(root, batch_size=2)
+        check.finish()
+    ShardCheck([(store, read_manifest(store))], enabled=False).finish()  # check_shards=False
     with make_loader(root, batch_size=2, decode=None, num_workers=0, check_shards=False) as loader:
         with pytest.raises(StorageError, match="shard-000001.tar"):
             list(loader)

@@ -1,0 +1,52 @@
+"""Start-up against object storage: the requests before the first batch are bounded (no listing,
+no per-shard fetch that grows with the dataset) and come from the first window's shards only."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dataio import make_loader
+from dataio.storage.store import Store
+from tests.dataio.shardgen import write_tar_dataset
+from tools.delay_proxy import DelayProxy
+
+
+def _requests_before_first_batch(s3_server, num_shards: int) -> tuple[list[str], list[str], int]:
+    """(request lines before the first batch, all request lines of the epoch, batches) for a
+    dataset of `num_shards` shards of 6 samples read through a counting proxy."""
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/ds"
+    write_tar_dataset(Store(url, s3_server.options()), [6] * num_shards)
+    with DelayProxy(s3_server.endpoint_url, delay_s=0.0) as proxy:
+        options = dataclasses.replace(s3_server.options(), endpoint_url=proxy.url)
+        # One request in flight and a 1-byte prefetch budget: nothing is fetched ahead of the
+        # consumer, so the count before the first batch is exactly what that batch needs.
+        with make_loader(url, batch_size=4, num_workers=0, decode=None, shuffle=False, storage=options,
+                         max_in_flight=1, prefetch_bytes=1) as loader:
+            batches = iter(loader)
+            next(batches)
+            before = list(proxy.stats.requests)
+            rest = list(batches)
+        return before, list(proxy.stats.requests), 1 + len(rest)
+
+
+def _is_listing(line: str) -> bool:
+    return "list-type" in line or "prefix=" in line or "delimiter=" in line
+
+
+@pytest.mark.timeout(120)
+def test_requests_before_the_first_batch_do_not_grow_with_the_dataset(s3_server) -> None:
+    small, small_all, small_batches = _requests_before_first_batch(s3_server, 3)
+    large, large_all, large_batches = _requests_before_first_batch(s3_server, 40)
+    assert (small_batches, large_batches) == (3 * 6 // 4, 40 * 6 // 4)
+    # The manifest, then the first shard's size (HEAD), its index and the one ranged read of the
+    # first window (one batch: plan version 2): the same few requests whatever the shard count.
+    assert len(small) == len(large) <= 5, (small, large)
+    assert not any(_is_listing(line) for line in small + large), (small, large)
+    assert sum("manifest.json" in line for line in large) == 1
+    assert sum(".idx" in line for line in large) == 1
+    # The listing that finds missing shards (check_shards) ran after the first batch, once.
+    assert sum(_is_listing(line) for line in large_all) == 1
+    assert sum(_is_listing(line) for line in small_all) == 1
