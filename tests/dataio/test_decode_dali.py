@@ -31,7 +31,7 @@ from dataio.decode.cpu import CpuDecoder, DecodeConfig  # noqa: E402
 from dataio.decode.dali import DaliDecoder  # noqa: E402
 from dataio.rand import sample_seed  # noqa: E402
 from dataio.storage.store import Store  # noqa: E402
-from tests.dataio.shardgen import write_tar_dataset, write_tar_samples  # noqa: E402
+from tests.dataio.shardgen import write_parquet_dataset, write_tar_dataset, write_tar_samples  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -337,3 +337,41 @@ def test_loader_resume_through_dali(dataset, resume_workers) -> None:
     for batch in full:
         for key, image in zip(batch["__key__"], batch["image"]):
             assert torch.equal(resumed[key], image), key
+
+
+@pytest.fixture(scope="module")
+def mixed_sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Two tar datasets of photo-like JPEGs and a Parquet one, to mix."""
+    root = tmp_path_factory.mktemp("dali_mix")
+    urls = {}
+    for name, first, sizes in (("tar_a", 0, (6, 5)), ("tar_b", 100, (7,))):
+        store = Store(str(root / name))
+        starts = np.cumsum((first, *sizes))
+        write_tar_samples(store, [[{"__key__": f"{i:06d}", "jpg": photo(i, (120, 90)), "cls": i % 3, "json": b"{}"}
+                                   for i in range(a, a + n)] for a, n in zip(starts, sizes)])
+        urls[name] = store.raw_url
+    urls["parquet"] = str(root / "parquet")
+    write_parquet_dataset(Store(urls["parquet"]), [5, 4], real_images=True, seed=2)
+    return urls
+
+
+@pytest.mark.parametrize("second", ["tar_b", "parquet"])
+def test_dali_decodes_a_mixture_with_each_sample_source(mixed_sources, second) -> None:
+    """decode="dali" on a 2-source mixture (tar + tar, tar + Parquet): the CPU path's batches, the
+    per-sample source index included, with DALI's pixels."""
+    urls = [mixed_sources["tar_a"], mixed_sources[second]]
+    options = dict(weights=[2, 1], batch_size=4, num_workers=1, image_size=48, train=False, seed=3, tail="pad")
+    with make_loader(urls, decode="cpu", **options) as loader:
+        cpu = list(loader)
+        counts = loader.mixture.counts.tolist()
+    with make_loader(urls, decode="dali", **options) as loader:
+        dali = list(loader)
+    assert len(dali) == len(cpu) > 0
+    for d, c in zip(dali, cpu):
+        assert d.keys() == c.keys() and "source" in d  # the same contract as the CPU path
+        assert d["source"].dtype == torch.int64 and torch.equal(d["source"], c["source"])
+        assert d["__key__"] == c["__key__"] and torch.equal(d["label"], c["label"])
+        assert d["image"].shape == (4, 3, 48, 48) and d["image"].dtype == torch.uint8
+        assert mean_abs(d["image"], c["image"]) < MAX_MEAN_ABS_SCALED
+    real = [s for b in dali for s, m in zip(b["source"].tolist(), b["mask"].tolist()) if m]
+    assert [real.count(0), real.count(1)] == counts  # each source its count, through DALI
