@@ -17,6 +17,7 @@ from dataio.errors import (
     StateError,
     StorageError,
     StorageNotFoundError,
+    UnverifiedDataWarning,
 )
 
 _LAZY = {
@@ -31,7 +32,7 @@ _LAZY = {
 
 __all__ = [
     "CorruptSampleError", "ImageTooLargeError", "ManifestError", "ShardFormatError", "ShardifyError",
-    "StateError", "StorageError", "StorageNotFoundError", *_LAZY,
+    "StateError", "StorageError", "StorageNotFoundError", "UnverifiedDataWarning", *_LAZY,
 ]
 
 

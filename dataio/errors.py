@@ -49,5 +49,9 @@ class StorageNotFoundError(StorageError):
     not_found = True
 
 
+class UnverifiedDataWarning(UserWarning):
+    """verify_checksums=True on a dataset written before per-sample checksums: it is read unverified."""
+
+
 class StateError(ShardifyError):
     """A saved loader state does not fit this loader (dataset, seed, batch size, plan version)."""

@@ -307,8 +307,10 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"{store.url}: {len(problems)} problem(s) in {manifest.num_shards} shards; rewrite the dataset "
               "with `shardify write ... --overwrite` or restore the damaged shards", file=sys.stderr)
         return 1
+    finer = ("every sample's" if manifest.format == "tar" else "every row group's") if manifest.has_read_checksums else (
+        f"no per-sample checksums: manifest version {manifest.version}, written before them")
     print(f"{store.url}: OK: {manifest.num_shards} shards, {manifest.num_samples} samples, "
-          f"{manifest.num_bytes} bytes, every checksum matches and every image decodes")
+          f"{manifest.num_bytes} bytes, every checksum matches ({finer}) and every image decodes")
     return 0
 
 

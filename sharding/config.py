@@ -98,4 +98,6 @@ class ShardResult:
     index_bytes: int | None = None
     index_checksum: str | None = None
     row_groups: tuple[int, ...] | None = None
+    sums_checksum: str | None = None  # tar: its per-sample checksums sidecar's checksum
+    row_group_checksums: tuple[str, ...] | None = None  # parquet: per row group, its column chunks'
     skipped: tuple[dict[str, str], ...] = ()

@@ -4,7 +4,8 @@ without rewriting them: our manifest (counts, row groups, checksums, fields) wri
 Every `.parquet` file below the prefix is a shard, in sorted path order; all must share one schema.
 A column of structs with `bytes` (Hugging Face's Image feature, `{bytes, path}`) is an image field,
 and so is a binary column whose first value is an image; a ClassLabel's names become the
-manifest's label names. Files are read once each, in parallel, for their checksums.
+manifest's label names. Files are read once each, in parallel, for their checksums (the whole
+file's, and each column chunk's per row group: format/checksums.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataio.decode.images import read_header
+from dataio.format.checksums import SpanSums
 from dataio.format.manifest import (
     MANIFEST_NAME,
     Checksummer,
@@ -52,13 +54,23 @@ def _field(name: str, arrow_type: Any, sample: Any) -> Field:
 
 
 def _describe(store: Store, rel: str) -> dict[str, Any]:
-    """Size, checksum, row groups, schema and first values of one file (read once, in pieces)."""
+    """Size, checksum, row groups (with their column chunks' checksums), schema of one file: its
+    footer, then every byte once, in pieces."""
     size = store.size(rel)
-    summer = Checksummer()
+    md = _footer(store, rel, size)
+    summer, spans = Checksummer(), SpanSums(md)
     for start in range(0, size, CHUNK_BYTES):
-        summer.update(store.read(rel, start, min(size, start + CHUNK_BYTES)))
+        piece = store.read(rel, start, min(size, start + CHUNK_BYTES))
+        summer.update(piece)
+        spans.update(start, piece)
     if summer.num_bytes != size:
         raise SourceError(f"{store.url_of(rel)}: read {summer.num_bytes} bytes of {size}; the file changed while indexing")
+    groups = tuple(md.row_group(g).num_rows for g in range(md.num_row_groups))
+    return {"rel": rel, "size": size, "checksum": summer.hexdigest(), "groups": groups,
+            "group_checksums": spans.hexdigests(), "schema": md.schema.to_arrow_schema()}
+
+
+def _footer(store: Store, rel: str, size: int) -> Any:
     tail = store.read(rel, max(0, size - (1 << 20)), size)
     try:
         footer_len = int.from_bytes(tail[-8:-4], "little") + 8
@@ -66,12 +78,9 @@ def _describe(store: Store, rel: str) -> dict[str, Any]:
             raise ValueError("no PAR1 footer")
         if footer_len > len(tail):
             tail = store.read(rel, size - footer_len, size)
-        md = pq.read_metadata(io.BytesIO(bytes(size - len(tail)) + tail))
+        return pq.read_metadata(io.BytesIO(bytes(size - len(tail)) + tail))
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types
         raise SourceError(f"{store.url_of(rel)}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
-    groups = tuple(md.row_group(g).num_rows for g in range(md.num_row_groups))
-    return {"rel": rel, "size": size, "checksum": summer.hexdigest(), "groups": groups,
-            "schema": md.schema.to_arrow_schema()}
 
 
 def _first_values(store: Store, rel: str, schema: pa.Schema) -> dict[str, Any]:
@@ -121,6 +130,7 @@ def index_dataset(store: Store, *, overwrite: bool = False, storage: Any = None)
         shard_num_samples=tuple(sum(d["groups"]) for d in described),
         shard_num_bytes=tuple(d["size"] for d in described), shard_checksums=tuple(d["checksum"] for d in described),
         row_groups=tuple(d["groups"] for d in described), tool_version=_tool_version(),
+        row_group_checksums=tuple(d["group_checksums"] for d in described),
         created_utc=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), source=f"shardify index {store.url}",
         label_names=label_names_of(schema, "cls" if "cls" in schema.names else "label"),
     )

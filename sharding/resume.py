@@ -33,8 +33,9 @@ from sharding.sources.base import Source, SourceError
 def _result(row: dict[str, Any]) -> ShardResult:
     """A journal row (JSON) back into the ShardResult it was written from."""
     row = dict(row)
-    if row.get("row_groups") is not None:
-        row["row_groups"] = tuple(row["row_groups"])
+    for key in ("row_groups", "row_group_checksums"):
+        if row.get(key) is not None:
+            row[key] = tuple(row[key])
     row["skipped"] = tuple(dict(s) for s in row.get("skipped") or ())
     return ShardResult(**row)
 
@@ -139,9 +140,22 @@ def appended_manifest(old: Manifest, new: Manifest) -> Manifest:
         shard_num_bytes=both("shard_num_bytes"), shard_checksums=both("shard_checksums"),
         index_paths=both("index_paths") if tar else (), index_num_bytes=both("index_num_bytes") if tar else (),
         index_checksums=both("index_checksums") if tar else (), row_groups=() if tar else both("row_groups"),
+        **_both_read_checksums(old, new),
         source=f"{old.source} + {new.source}", skipped=both("skipped"),
         _fingerprint=[], parted=None,
     )
+
+
+def _both_read_checksums(old: Manifest, new: Manifest) -> dict[str, tuple]:
+    """The old and new shards' read-granularity checksums; a dataset written before them (manifest
+    version 1 or 2) gives its shards empty entries: they stay unverified, the new ones are checked."""
+    name = "sums_checksums" if old.format == "tar" else "row_group_checksums"
+    empty: Any = "" if old.format == "tar" else ()
+
+    def column(m: Manifest) -> tuple:
+        return tuple(getattr(m, name)) if m.has_read_checksums else (empty,) * m.num_shards
+
+    return {name: column(old) + column(new)}
 
 
 def open_for_append(dest: Store) -> tuple[Manifest, int]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from dataio.decode import images
 from dataio.errors import CorruptSampleError, ShardifyError
+from dataio.format.checksums import dumps_sums, file_row_group_sums, sums_path
 from dataio.format.manifest import checksum_bytes
 from dataio.format.provenance import dumps_sources, sources_path
 from dataio.storage.store import Store, redact
@@ -117,6 +118,7 @@ def write_shard(
                 writer.add(_parquet_row(sample))
                 origins.append(sample.origin or sample.where)
             row_groups = writer.close()
+            row_group_checksums = file_row_group_sums(f) if writer.num_samples else ()  # read back: one chunk at a time
     common = dict(index=index, path=rel, num_samples=writer.num_samples, num_bytes=writer.num_bytes,
                   checksum=writer.checksum.hexdigest(), skipped=tuple(skipped))
     if writer.num_samples == 0:
@@ -125,8 +127,11 @@ def write_shard(
     # Beside the shard (and its index), never inside: stock readers see only the user's samples.
     dest.write_bytes(sources_path(rel), dumps_sources(rel, common["checksum"], [redact(o) for o in origins]))
     if config.format == "parquet":
-        return ShardResult(**common, row_groups=row_groups)
+        return ShardResult(**common, row_groups=row_groups, row_group_checksums=row_group_checksums)
     index_rel = rel.rsplit(".", 1)[0] + ".idx"
     data = tar_index.dumps()
     dest.write_bytes(index_rel, data)
-    return ShardResult(**common, index_path=index_rel, index_bytes=len(data), index_checksum=checksum_bytes(data))
+    sums = dumps_sums(writer.sums)
+    dest.write_bytes(sums_path(rel), sums)
+    return ShardResult(**common, index_path=index_rel, index_bytes=len(data), index_checksum=checksum_bytes(data),
+                       sums_checksum=checksum_bytes(sums))

@@ -2,13 +2,17 @@
 
 Headers carry mtime 0, uid/gid 0 and no user names, so the same samples give the same bytes on
 any machine. Offsets are recorded while writing, so the v1.2 index (DALI's wds2idx format)
-comes for free instead of re-reading the tar.
+comes for free instead of re-reading the tar, and so do the per-sample checksums of the
+`.sums` sidecar (format/checksums.py: each sample's bytes from its first member's data to its
+last member's data end).
 """
 
 from __future__ import annotations
 
 import tarfile
 from typing import BinaryIO
+
+import xxhash
 
 from dataio.format.manifest import Checksummer
 from dataio.format.tar_index import TAR_BLOCK, IndexedSample, Member, TarIndex
@@ -65,6 +69,7 @@ class TarShardWriter:
         self._f = fileobj
         self.checksum = Checksummer()
         self._samples: list[IndexedSample] = []
+        self.sums: list[int] = []  # per sample, xxh3-64 of its data span (the .sums sidecar)
 
     @property
     def num_bytes(self) -> int:
@@ -80,15 +85,25 @@ class TarShardWriter:
 
     def add(self, key: str, members: list[tuple[str, bytes]]) -> None:
         """Write one sample: `members` are (ext, bytes), written as KEY.EXT in the given order."""
+        if not members:
+            raise ValueError(f"sample {key!r} has no members")
         written = []
-        for ext, data in members:
-            self._write(member_header(f"{key}.{ext}", len(data)))
+        span = xxhash.xxh3_64()  # from the first member's data to the last one's end: no outer header or pad
+        pad = b""
+        for i, (ext, data) in enumerate(members):
+            header = member_header(f"{key}.{ext}", len(data))
+            self._write(header)
+            if i:
+                span.update(pad)
+                span.update(header)
             written.append(Member(ext, self.num_bytes, len(data)))
             self._write(data)
-            pad = -len(data) % TAR_BLOCK
+            span.update(data)
+            pad = _ZEROS[: -len(data) % TAR_BLOCK]
             if pad:
-                self._write(_ZEROS[:pad])
+                self._write(pad)
         self._samples.append(IndexedSample(key, tuple(written)))
+        self.sums.append(span.intdigest())
 
     def close(self) -> TarIndex:
         """Write the two zero blocks that end a tar; returns the index of every sample written."""

@@ -1,4 +1,6 @@
-"""`shardify verify`: every shard and index against the manifest, every sample parsed, every image decoded.
+"""`shardify verify`: every shard and index against the manifest, every sample parsed, every image decoded,
+and (manifest version 3) every sample's or row group's bytes against their own checksums, so a
+changed shard names the samples that changed.
 
 Problems are collected, not raised, so one run lists all of them, each naming the shard URL and,
 where there is one, the sample key.
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 from dataio.decode import images
 from dataio.errors import ShardifyError
+from dataio.format.checksums import file_row_group_sums, parse_sums, sample_sums, sums_bytes, sums_path
 from dataio.format.manifest import MANIFEST_NAME, Manifest, checksum_bytes
 from dataio.format.provenance import read_sources, sources_path
 from dataio.format.tar_index import TarIndex, build_index, parse_index
@@ -79,6 +82,8 @@ def _verify_tar(store: Store, m: Manifest, i: int, max_pixels: int) -> list[Prob
             _compare_index(parse_index(idx, url=store.url_of(shard.index_path or "")), actual, url, problems)
         except ShardifyError as exc:
             problems.append(Problem(store.url_of(shard.index_path or ""), "", str(exc)))
+    if shard.sums_checksum:
+        _check_sample_sums(store, shard.path, shard.sums_checksum, data, actual, problems)
     wants_image = any(f.type == "image" for f in m.fields)
     for sample in actual.samples:
         has_image = False
@@ -93,6 +98,36 @@ def _verify_tar(store: Store, m: Manifest, i: int, max_pixels: int) -> list[Prob
             problems.append(Problem(url, sample.key, f"has no image field (members {[x.ext for x in sample.members]}); "
                                     "decoding loaders refuse it"))
     return problems
+
+
+def _check_sample_sums(store: Store, rel: str, checksum: str, data: bytes, actual: TarIndex,
+                       problems: list[Problem]) -> None:
+    """Each sample's bytes against its checksum in the shard's sidecar (itself checked against the manifest)."""
+    side = sums_path(rel)
+    raw = _check_bytes(store, side, sums_bytes(len(actual)), checksum, problems)
+    if raw is None or len(raw) != sums_bytes(len(actual)):
+        return
+    try:
+        want = parse_sums(raw, num_samples=len(actual), url=store.url_of(side))
+    except ShardifyError as exc:
+        problems.append(Problem(store.url_of(side), "", str(exc)))
+        return
+    for sample, got, expected in zip(actual.samples, sample_sums(data, actual.samples), want):
+        if got != expected:
+            problems.append(Problem(store.url_of(rel), sample.key, "its bytes do not match its checksum in "
+                                    f"{side}: changed after the shard was written"))
+
+
+def _check_row_group_sums(url: str, data: bytes, want: tuple[str, ...], problems: list[Problem]) -> None:
+    import pyarrow as pa
+
+    got = file_row_group_sums(pa.BufferReader(data))
+    for g, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            problems.append(Problem(url, "", f"row group {g}: its column chunks do not match their checksums in the "
+                                    "manifest: changed after the shard was written"))
+    if len(got) != len(want):
+        problems.append(Problem(url, "", f"{len(got)} row groups, the manifest has checksums for {len(want)}"))
 
 
 def _verify_parquet(store: Store, m: Manifest, i: int, max_pixels: int) -> list[Problem]:
@@ -112,6 +147,8 @@ def _verify_parquet(store: Store, m: Manifest, i: int, max_pixels: int) -> list[
         return [*problems, Problem(url, "", f"not a readable Parquet file ({type(exc).__name__}: {exc})")]
     if groups != shard.row_groups:
         problems.append(Problem(url, "", f"row groups {groups} != manifest's {shard.row_groups}"))
+    if shard.row_group_checksums:
+        _check_row_group_sums(url, data, shard.row_group_checksums, problems)
     image_cols = [f.name for f in m.fields if f.type == "image" and f.name in table.column_names]
     keys = table.column("__key__").to_pylist() if "__key__" in table.column_names else [""] * table.num_rows
     present = [False] * table.num_rows

@@ -157,6 +157,9 @@ def _manifest(results: list[ShardResult], source: Source, config: WriteConfig, l
         index_num_bytes=tuple(r.index_bytes for r in kept) if tar else (),  # type: ignore[misc]
         index_checksums=tuple(r.index_checksum for r in kept) if tar else (),  # type: ignore[misc]
         row_groups=() if tar else tuple(r.row_groups for r in kept),  # type: ignore[misc]
+        # "" / (): a shard a resumed write kept from a journal written before checksums existed
+        sums_checksums=tuple(r.sums_checksum or "" for r in kept) if tar else (),
+        row_group_checksums=() if tar else tuple(r.row_group_checksums or () for r in kept),
         tool_version=tool_version(), created_utc=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         source=redact(source.description), label_names=source.label_names,
         skipped=tuple(s for r in sorted(results, key=lambda r: r.index) for s in r.skipped),

@@ -3,7 +3,10 @@
 Per-shard facts are stored column-wise (one JSON list per field) so that a manifest of 100k
 shards stays a few MB and loads in a fraction of a second. Paths are relative and may not
 leave the dataset prefix; loading refuses anything else. Checksums are xxh3-64 (xxhash),
-hex, over the whole object: fast enough (GB/s) to verify every shard.
+hex, over the whole object: fast enough (GB/s) to verify every shard. Version 3 adds checksums
+at the granularity workers read (format/checksums.py): a tar shard's per-sample sidecar
+("sums_checksum"), a Parquet shard's per-row-group column-chunk checksums
+("row_group_checksums"); versions 1 and 2, written before, load without them (unverified).
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from typing import Any
 import xxhash
 
 from dataio.errors import ManifestError, StorageError
+from dataio.format.bounds import implausible_shard, max_samples_in
+
+# checksum_bytes and Checksummer are the manifest's checksum (defined beside the others), imported from here too.
+from dataio.format.checksums import Checksummer, checksum_bytes, checksum_column  # noqa: F401
 from dataio.format.manifest_parts import (
     PARTS_THRESHOLD,
     Counts,
@@ -30,8 +37,13 @@ from dataio.storage.paths import check_relative_many
 from dataio.storage.store import Store
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1  # one JSON file holding the whole shard table
-PARTED_VERSION = 2  # a JSON root plus Parquet parts (manifest_parts.py), past PARTS_THRESHOLD shards
+# 3: checksums at the granularity workers read (format/checksums.py); one JSON file holding the
+# whole shard table, or past PARTS_THRESHOLD shards a JSON root with "parts" (manifest_parts.py).
+# Written before: 1 (one JSON file) and 2 (a parted root), which load unverified.
+MANIFEST_VERSION = 3
+LEGACY_JSON_VERSION = 1
+LEGACY_PARTED_VERSION = 2
+READ_VERSIONS = (LEGACY_JSON_VERSION, LEGACY_PARTED_VERSION, MANIFEST_VERSION)
 CHECKSUM_ALGORITHM = "xxh3_64"
 FORMATS = ("tar", "parquet")
 FIELD_TYPES = ("image", "int", "float", "str", "json", "bytes", "npy")
@@ -43,26 +55,8 @@ _TOP_KEYS = {
 _ROOT_KEYS = (_TOP_KEYS - {"shards"}) | {"num_shards", "fingerprint", "parts"}
 _SHARD_COLUMNS_TAR = ("path", "num_samples", "num_bytes", "checksum", "index_path", "index_bytes", "index_checksum")
 _SHARD_COLUMNS_PARQUET = ("path", "num_samples", "num_bytes", "checksum", "row_groups")
-
-
-def checksum_bytes(data: bytes | memoryview) -> str:
-    """The manifest's checksum of a byte string (xxh3-64, 16 hex digits)."""
-    return xxhash.xxh3_64_hexdigest(data)
-
-
-class Checksummer:
-    """Incremental twin of `checksum_bytes` for data written or read in pieces."""
-
-    def __init__(self) -> None:
-        self._h = xxhash.xxh3_64()
-        self.num_bytes = 0
-
-    def update(self, data: bytes | memoryview) -> None:
-        self._h.update(data)
-        self.num_bytes += len(data)
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest()
+# The column a version-3 manifest adds per format ("" or [] for a shard written without them).
+READ_CHECKSUM_COLUMN = {"tar": "sums_checksum", "parquet": "row_group_checksums"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,6 +83,8 @@ class ShardInfo:
     index_bytes: int | None = None
     index_checksum: str | None = None
     row_groups: tuple[int, ...] | None = None  # parquet: samples per row group
+    sums_checksum: str = ""  # tar: the checksum of its per-sample checksums sidecar ("": none)
+    row_group_checksums: tuple[str, ...] = ()  # parquet: per row group, its column chunks' (format/checksums.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +101,10 @@ class Manifest:
     index_num_bytes: tuple[int, ...] = ()
     index_checksums: tuple[str, ...] = ()
     row_groups: tuple[tuple[int, ...], ...] = ()
+    # Checksums at read granularity (format/checksums.py), one entry per shard ("" / (): that shard
+    # has none); the whole column empty: a dataset written before them (manifest version 1 or 2).
+    sums_checksums: tuple[str, ...] = ()
+    row_group_checksums: tuple[tuple[str, ...], ...] = ()
     tool_version: str = ""
     created_utc: str = ""
     source: str = ""
@@ -125,6 +125,25 @@ class Manifest:
             columns += [self.row_groups]
         if any(len(c) != n for c in columns):
             raise ValueError("every shard column must have one entry per shard")
+        if len(self.read_checksums) not in (0, n):
+            raise ValueError(f"{READ_CHECKSUM_COLUMN[self.format]} needs one entry per shard, or none at all")
+
+    @property
+    def read_checksums(self) -> Sequence[Any]:
+        """The per-shard column of checksums at read granularity for this format (empty: none)."""
+        return self.sums_checksums if self.format == "tar" else self.row_group_checksums
+
+    @property
+    def has_read_checksums(self) -> bool:
+        """True for a manifest of version 3 (its shards carry per-sample / per-row-group checksums)."""
+        return len(self.read_checksums) > 0 or (self.parted is not None and self.parted.with_checksums)
+
+    @property
+    def version(self) -> int:
+        """The manifest format version this manifest is written as."""
+        if self.has_read_checksums:
+            return MANIFEST_VERSION
+        return LEGACY_JSON_VERSION if self.parted is None else LEGACY_PARTED_VERSION
 
     @property
     def num_shards(self) -> int:
@@ -156,11 +175,13 @@ class Manifest:
                 num_bytes=self.shard_num_bytes[i], checksum=self.shard_checksums[i],
                 index_path=self.index_paths[i], index_bytes=self.index_num_bytes[i],
                 index_checksum=self.index_checksums[i],
+                sums_checksum=self.sums_checksums[i] if self.sums_checksums else "",
             )
         return ShardInfo(
             path=self.shard_paths[i], num_samples=self.shard_num_samples[i],
             num_bytes=self.shard_num_bytes[i], checksum=self.shard_checksums[i],
             row_groups=self.row_groups[i],
+            row_group_checksums=tuple(self.row_group_checksums[i]) if self.row_group_checksums else (),
         )
 
     @property
@@ -206,7 +227,11 @@ class Manifest:
             }
         else:
             shards["row_groups"] = [list(r) for r in self.row_groups]
-        return {"shardify_manifest": MANIFEST_VERSION, **self._header(), "shards": shards}
+        if self.has_read_checksums:
+            column = READ_CHECKSUM_COLUMN[self.format]
+            shards[column] = [c if isinstance(c, str) else list(c) for c in self.read_checksums]
+            return {"shardify_manifest": MANIFEST_VERSION, **self._header(), "shards": shards}
+        return {"shardify_manifest": LEGACY_JSON_VERSION, **self._header(), "shards": shards}
 
     def dumps(self) -> bytes:
         return json.dumps(self.to_json(), separators=(",", ":")).encode()
@@ -221,13 +246,13 @@ class Manifest:
         if not isinstance(doc, dict) or "shardify_manifest" not in doc:
             raise bad("not a shardify manifest (no 'shardify_manifest' version key)")
         version = doc["shardify_manifest"]
-        if version == PARTED_VERSION:
-            raise bad("a parted root (version 2) loads only with its store: use read_manifest")
-        if version != MANIFEST_VERSION:
+        if version not in READ_VERSIONS or isinstance(version, bool):
             raise ManifestError(
                 f"{where}: manifest version {version!r} is not supported by this shardify "
-                f"(it reads versions {MANIFEST_VERSION} and {PARTED_VERSION}); upgrade shardify or rewrite the dataset"
+                f"(it reads versions {list(READ_VERSIONS)}); upgrade shardify or rewrite the dataset"
             )
+        if is_parted_root(doc):
+            raise bad("a parted root loads only with its store: use read_manifest")
         unknown = set(doc) - _TOP_KEYS
         if unknown:
             raise bad(f"unknown keys {sorted(unknown)}")
@@ -238,6 +263,8 @@ class Manifest:
         if fmt not in FORMATS or not isinstance(shards, dict):
             raise bad(f"format must be one of {FORMATS} and 'shards' a table")
         columns = _SHARD_COLUMNS_TAR if fmt == "tar" else _SHARD_COLUMNS_PARQUET
+        if version == MANIFEST_VERSION:
+            columns += (READ_CHECKSUM_COLUMN[fmt],)
         missing = [c for c in columns if not isinstance(shards.get(c), list)]
         if missing:
             raise bad(f"shard columns {missing} are missing")
@@ -258,6 +285,7 @@ class Manifest:
                 index_num_bytes=tuple(int(n) for n in shards.get("index_bytes", ())),
                 index_checksums=tuple(shards.get("index_checksum", ())),
                 row_groups=tuple(tuple(int(n) for n in r) for r in shards.get("row_groups", ())),
+                **checksum_column(fmt, shards.get(READ_CHECKSUM_COLUMN[fmt]) if version == MANIFEST_VERSION else None),
                 tool_version=str(doc.get("tool_version", "")),
                 created_utc=str(doc.get("created_utc", "")),
                 source=str(doc.get("source", "")),
@@ -275,43 +303,9 @@ class Manifest:
             raise bad(f"num_samples {doc.get('num_samples')} != sum over shards {manifest.num_samples}")
         if fmt == "parquet" and any(sum(r) != n for r, n in zip(manifest.row_groups, manifest.shard_num_samples)):
             raise bad("row-group sizes do not add up to shard sample counts")
+        if any(c and len(c) != len(r) for c, r in zip(manifest.row_group_checksums, manifest.row_groups)):
+            raise bad("row_group_checksums do not list one entry per row group")
         return manifest
-
-
-# A tar sample is at least one member: a 512-byte header and its data padded to 512 bytes.
-MIN_TAR_SAMPLE_BYTES = 2 * 512
-# A Parquet row takes at least one bit of some column (bit-packed booleans), and a row group at
-# least a few bytes of metadata: sample counts beyond these are forged or corrupt.
-MIN_PARQUET_ROW_BITS = 1
-MIN_ROW_GROUP_BYTES = 4
-
-
-def max_samples_in(fmt: str, num_bytes: int) -> int:
-    """The most samples `num_bytes` of a tar or Parquet shard can hold."""
-    return num_bytes // MIN_TAR_SAMPLE_BYTES if fmt == "tar" else num_bytes * 8 // MIN_PARQUET_ROW_BITS
-
-
-def implausible_shard(manifest: Manifest) -> str | None:
-    """Why some shard's sample count cannot fit in its bytes (None when all can); O(shards), no I/O.
-
-    Checked before any plan is built, so a forged count (1e12 samples) is refused instead of
-    sizing arrays by it; each shard's real byte size is checked when a reader first opens it.
-    """
-    counts, sizes = manifest.shard_num_samples, manifest.shard_num_bytes
-    limit = [max_samples_in(manifest.format, b) for b in sizes]
-    if manifest.format == "tar":
-        why = f"a tar sample takes at least {MIN_TAR_SAMPLE_BYTES} bytes"
-    else:
-        why = "a Parquet row takes at least one bit"
-        for i, groups in enumerate(manifest.row_groups):
-            if len(groups) * MIN_ROW_GROUP_BYTES > sizes[i] or any(g < 0 for g in groups):
-                return (f"shard {manifest.shard_paths[i]} lists {len(groups)} row groups (some negative, or more than "
-                        f"its {sizes[i]} bytes can hold)")
-    for i, (n, most) in enumerate(zip(counts, limit)):
-        if n > most:
-            return (f"shard {manifest.shard_paths[i]} claims {n} samples in {sizes[i]} bytes, more than "
-                    f"{most} ({why}): the manifest is forged or corrupt")
-    return None
 
 
 def read_manifest(store: Store) -> Manifest:
@@ -338,7 +332,7 @@ def read_manifest(store: Store) -> Manifest:
             f"{where} is not valid JSON ({exc}); the dataset is damaged: rewrite it with "
             "`shardify write ... --overwrite`"
         ) from None
-    if isinstance(doc, dict) and doc.get("shardify_manifest") == PARTED_VERSION:
+    if isinstance(doc, dict) and is_parted_root(doc):
         return _from_root(store, doc, where)
     return Manifest.from_json(doc, where=where)
 
@@ -348,7 +342,8 @@ def _from_root(store: Store, doc: dict[str, Any], where: str) -> Manifest:
     if doc.get("checksum_algorithm") != CHECKSUM_ALGORITHM:
         raise ManifestError(f"{where}: checksum algorithm {doc.get('checksum_algorithm')!r} is not "
                             f"{CHECKSUM_ALGORITHM!r}; rewrite the dataset with `shardify write ... --overwrite`")
-    table = open_root(store, doc, where, allowed_keys=_ROOT_KEYS | {"shardify_manifest"}, formats=FORMATS)
+    table = open_root(store, doc, where, allowed_keys=_ROOT_KEYS | {"shardify_manifest"}, formats=FORMATS,
+                      with_checksums=doc["shardify_manifest"] == MANIFEST_VERSION)
     # Per-shard bytes live in the table parts (read when used): bound the totals and the largest
     # shard here; each shard's own bound and real size are checked when a reader opens it.
     sizes, most = table.num_samples, max_samples_in(table.fmt, table.total_bytes)
@@ -367,6 +362,8 @@ def _from_root(store: Store, doc: dict[str, Any], where: str) -> Manifest:
             shard_num_bytes=col["num_bytes"], shard_checksums=col["checksum"],  # type: ignore[arg-type]
             index_paths=col.get("index_path", ()), index_num_bytes=col.get("index_bytes", ()),  # type: ignore[arg-type]
             index_checksums=col.get("index_checksum", ()), row_groups=col.get("row_groups", ()),  # type: ignore[arg-type]
+            sums_checksums=col.get("sums_checksum", ()),  # type: ignore[arg-type]
+            row_group_checksums=col.get("row_group_checksums", ()),  # type: ignore[arg-type]
             tool_version=str(doc.get("tool_version", "")), created_utc=str(doc.get("created_utc", "")),
             source=str(doc.get("source", "")),
             label_names=None if doc.get("label_names") is None else tuple(doc["label_names"]),
@@ -386,9 +383,16 @@ def write_manifest(store: Store, manifest: Manifest, *, parts_threshold: int = P
         store.write_bytes(MANIFEST_NAME, manifest.dumps())
         return
     parts = write_parts(store, manifest)
-    root = {"shardify_manifest": PARTED_VERSION, **manifest._header(), "num_shards": manifest.num_shards,
+    version = MANIFEST_VERSION if manifest.has_read_checksums else LEGACY_PARTED_VERSION
+    root = {"shardify_manifest": version, **manifest._header(), "num_shards": manifest.num_shards,
             "fingerprint": manifest.fingerprint, "parts": parts, "skipped": []}  # skipped: in their own part
     store.write_bytes(MANIFEST_NAME, json.dumps(root, separators=(",", ":")).encode())
+
+
+def is_parted_root(doc: dict[str, Any]) -> bool:
+    """A parted root (version 2, or version 3 with "parts"), not a whole JSON manifest."""
+    version = doc.get("shardify_manifest")
+    return version == LEGACY_PARTED_VERSION or (version == MANIFEST_VERSION and "parts" in doc)
 
 
 def label_histogram(labels: Sequence[int]) -> dict[int, int]:

@@ -38,14 +38,24 @@ PARTS_DIR = "manifest.parts"
 CACHED_PARTS = 16  # table parts kept decoded per process (~1.5 MB each)
 _META_KEY = b"shardify_part"
 
-# The shard table's columns besides the sample counts, per format, with their Arrow types.
+# The shard table's columns besides the sample counts, per format, with their Arrow types; the
+# last is the read-granularity checksums of manifest version 3 (absent from a version-2 table).
 TABLE_COLUMNS: dict[str, dict[str, pa.DataType]] = {
     "tar": {"path": pa.string(), "num_bytes": pa.int64(), "checksum": pa.string(),
-            "index_path": pa.string(), "index_bytes": pa.int64(), "index_checksum": pa.string()},
+            "index_path": pa.string(), "index_bytes": pa.int64(), "index_checksum": pa.string(),
+            "sums_checksum": pa.string()},
     "parquet": {"path": pa.string(), "num_bytes": pa.int64(), "checksum": pa.string(),
-                "row_groups": pa.list_(pa.int64())},
+                "row_groups": pa.list_(pa.int64()), "row_group_checksums": pa.list_(pa.string())},
 }
 _PATH_COLUMNS = ("path", "index_path")
+
+
+def table_columns(fmt: str, with_checksums: bool) -> dict[str, pa.DataType]:
+    """The table parts' columns of a version-3 root (with_checksums) or a version-2 one."""
+    columns = dict(TABLE_COLUMNS[fmt])
+    if not with_checksums:
+        columns.popitem()
+    return columns
 
 
 def _checksum(data: bytes) -> str:
@@ -66,9 +76,11 @@ def _parquet_bytes(table: pa.Table, fingerprint: str, part: str) -> bytes:
 def _columns(manifest: Any) -> dict[str, Sequence[Any]]:
     columns = {"path": manifest.shard_paths, "num_bytes": manifest.shard_num_bytes, "checksum": manifest.shard_checksums}
     if manifest.format == "tar":
-        return columns | {"index_path": manifest.index_paths, "index_bytes": manifest.index_num_bytes,
-                          "index_checksum": manifest.index_checksums}
-    return columns | {"row_groups": manifest.row_groups}
+        columns |= {"index_path": manifest.index_paths, "index_bytes": manifest.index_num_bytes,
+                    "index_checksum": manifest.index_checksums, "sums_checksum": manifest.sums_checksums}
+    else:
+        columns |= {"row_groups": manifest.row_groups, "row_group_checksums": manifest.row_group_checksums}
+    return columns
 
 
 def write_parts(store: Store, manifest: Any, *, rows_per_part: int | None = None, num_threads: int = 16) -> dict[str, Any]:
@@ -77,7 +89,7 @@ def write_parts(store: Store, manifest: Any, *, rows_per_part: int | None = None
     Call before publishing the root: the root is what makes them a dataset version.
     """
     fingerprint, num_samples, columns = manifest.fingerprint, manifest.shard_num_samples, _columns(manifest)
-    names = TABLE_COLUMNS[manifest.format]
+    names = table_columns(manifest.format, manifest.has_read_checksums)
     rows_per_part = rows_per_part or ROWS_PER_PART
     num_shards = len(num_samples)
     directory = f"{PARTS_DIR}/{fingerprint}"
@@ -115,17 +127,18 @@ class PartedTable:
     """
 
     def __init__(self, store: Store, parts: dict[str, Any], *, fmt: str, fingerprint: str,
-                 num_samples: np.ndarray, total_bytes: int) -> None:
+                 num_samples: np.ndarray, total_bytes: int, with_checksums: bool = True) -> None:
         self.store, self.parts, self.fmt, self.fingerprint = store, parts, fmt, fingerprint
-        self.num_samples, self.total_bytes = num_samples, total_bytes
-        self.column_names = tuple(TABLE_COLUMNS[fmt])
+        self.num_samples, self.total_bytes, self.with_checksums = num_samples, total_bytes, with_checksums
+        self.column_names = tuple(table_columns(fmt, with_checksums))
         self.rows_per_part = int(parts["rows_per_part"])
         self._cache: OrderedDict[int, dict[str, list[Any]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"store": self.store, "parts": self.parts, "fmt": self.fmt, "fingerprint": self.fingerprint,
-                "num_samples": self.num_samples, "total_bytes": self.total_bytes}
+                "num_samples": self.num_samples, "total_bytes": self.total_bytes,
+                "with_checksums": self.with_checksums}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state.pop("store"), state.pop("parts"), **state)  # type: ignore[misc]
@@ -153,9 +166,9 @@ class PartedTable:
         table, where = read_part(self.store, self.parts, entry, self.fingerprint)
         lo = k * self.rows_per_part
         want = min(self.rows_per_part, len(self.num_samples) - lo)
-        if table.num_rows != want or table.column_names != list(TABLE_COLUMNS[self.fmt]):
+        if table.num_rows != want or table.column_names != list(self.column_names):
             raise ManifestError(f"{where}: holds {table.num_rows} rows of columns {table.column_names}, the root "
-                                f"expects {want} of {list(TABLE_COLUMNS[self.fmt])}; {_FIX}")
+                                f"expects {want} of {list(self.column_names)}; {_FIX}")
         out = {c: table.column(c).to_pylist() for c in table.column_names}
         try:
             for c in _PATH_COLUMNS:
@@ -165,6 +178,8 @@ class PartedTable:
             raise ManifestError(f"{where}: unsafe shard path: {exc}; {_FIX}") from None
         if self.fmt == "parquet":
             out["row_groups"] = [tuple(r) for r in out["row_groups"]]
+            if "row_group_checksums" in out:
+                out["row_group_checksums"] = [tuple(r) for r in out["row_group_checksums"]]
             counts = self.num_samples[lo:lo + want].tolist()
             if any(sum(r) != n for r, n in zip(out["row_groups"], counts)):
                 raise ManifestError(f"{where}: row-group sizes do not add up to the shards' sample counts; {_FIX}")
@@ -221,7 +236,7 @@ def check_parts_entry(parts: Any, fingerprint: str) -> None:
 
 
 def open_root(store: Store, doc: dict[str, Any], where: str, *, allowed_keys: set[str],
-              formats: Sequence[str]) -> PartedTable:
+              formats: Sequence[str], with_checksums: bool) -> PartedTable:
     """Check a parted root's own fields, load its sizes part; ManifestError naming `where` or the part."""
 
     def bad(why: str) -> ManifestError:
@@ -243,7 +258,7 @@ def open_root(store: Store, doc: dict[str, Any], where: str, *, allowed_keys: se
     if int(sizes.sum()) != doc["num_samples"]:
         raise bad(f"num_samples {doc['num_samples']} != sum over shards {int(sizes.sum())}")
     return PartedTable(store, doc["parts"], fmt=fmt, fingerprint=fingerprint, num_samples=sizes,
-                       total_bytes=doc["num_bytes"])
+                       total_bytes=doc["num_bytes"], with_checksums=with_checksums)
 
 
 def load_sizes(store: Store, parts: dict[str, Any], fingerprint: str, num_shards: int) -> np.ndarray:

@@ -71,6 +71,9 @@ class LoaderConfig:
     cache_limit_bytes: int | None = None
     storage: StorageOptions | None = None
     verify_index: bool = True
+    # Check every sample (tar) or column chunk (Parquet) read against the manifest's version-3
+    # checksums: one xxh3 pass over bytes already in memory; older datasets load unverified, noted once.
+    verify_checksums: bool = True
     # One listing of the prefix (single-file manifests), in the background from the first batch on:
     # a missing shard fails within the first batches, not when it is read; False: no listing.
     check_shards: bool = True
@@ -120,6 +123,8 @@ class LoaderConfig:
             check_int("epoch_samples", self.epoch_samples, minimum=0)
         if not self.startup_timeout_s > 0:
             raise ValueError("startup_timeout_s must be positive")
+        if not isinstance(self.verify_checksums, bool):
+            raise TypeError(f"verify_checksums must be True or False, got {self.verify_checksums!r}")
         if not isinstance(self.reuse_buffers, bool):
             raise TypeError(f"reuse_buffers must be True or False, got {self.reuse_buffers!r}")
         if self.reuse_buffers and self.decode == "dali":

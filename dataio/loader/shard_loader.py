@@ -10,6 +10,7 @@ state is the same and loads into a loader of any world size and number of worker
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,8 @@ import torch
 
 from dataio.decode.cpu import DecodeConfig
 from dataio.decode.images import DEFAULT_MAX_PIXELS
-from dataio.errors import StateError
+from dataio.errors import StateError, UnverifiedDataWarning
+from dataio.format.manifest import Manifest
 from dataio.loader.collate import HEDGES_KEY, SKIPPED_KEY
 from dataio.loader.config import LoaderConfig, MiB, Source, check_int, window_samples
 from dataio.loader.mixing import (
@@ -38,7 +40,7 @@ from dataio.plan.mix import Mixture, delivered_epoch
 from dataio.plan.plan import steps_of_total
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.readers.base import sample_url_of
-from dataio.storage.store import StorageOptions
+from dataio.storage.store import StorageOptions, Store
 
 
 @dataclass
@@ -94,6 +96,7 @@ def make_loader(
     cache_limit_bytes: int | None = None,
     storage: StorageOptions | None = None,
     verify_index: bool = True,
+    verify_checksums: bool = True,
     check_shards: bool = True,
     pin_memory: bool = False,
     multiprocessing_context: str | None = None,
@@ -143,6 +146,17 @@ def job_topology(config: LoaderConfig) -> tuple[Topology, Any]:
     return topology, distributed_c10d._get_default_store()
 
 
+def note_unverified(stores: Sequence[Store], manifests: Sequence[Manifest]) -> None:
+    """One UnverifiedDataWarning per dataset written before per-sample checksums (manifest version < 3)."""
+    for store, manifest in zip(stores, manifests):
+        if manifest.num_shards and not manifest.has_read_checksums:
+            warnings.warn(UnverifiedDataWarning(
+                f"{store.url}: written before per-sample checksums (manifest version {manifest.version}), so "
+                "verify_checksums=True cannot check what is read from it: it loads unverified. Rewrite it with "
+                "this shardify (`shardify write SRC DEST`) to have every read checked; `shardify verify "
+                f"{store.url}` checks it whole meanwhile"), stacklevel=4)
+
+
 class ShardLoader:
     """Iterate once per epoch (`set_epoch(e)` first); `len()` is the steps per rank; Stateful.
 
@@ -188,6 +202,10 @@ class ShardLoader:
             self.fingerprint = self.manifest.fingerprint
             self.image_fields, self.read_fields = fields_to_read(self.manifest, config, self.store.url)
             window, self._total = window_samples(self.manifest, config), self.manifest.num_samples
+        if config.verify_checksums and topology.rank == 0:
+            stores, manifests = (self.sources.stores, self.sources.manifests) if self.sources else (
+                [self.store], [self.manifest])
+            note_unverified(stores, manifests)
         self.plan_config = PlanConfig(
             seed=config.seed, batch_size=config.batch_size, tail=config.tail, shuffle=config.shuffle,
             shuffle_window=window,
@@ -325,6 +343,7 @@ class ShardLoader:
             store=self.store, manifest=self.manifest, plan_config=self.plan_config, topology=self.topology,
             batch_size=c.batch_size,
             fields=self.read_fields, verify_index=c.verify_index, decode=c.decode, decode_config=decode_config,
+            verify_checksums=c.verify_checksums,
             image_fields=self.image_fields, transform=c.transform, collate=c.collate, on_corrupt=c.on_corrupt,
             prefetch_bytes=c.prefetch_bytes, max_in_flight=c.max_in_flight, cache_dir=c.cache_dir,
             cache_limit_bytes=c.cache_limit_bytes, slice_bytes=c.shuffle_window_bytes, mixture=self.mixture,

@@ -56,6 +56,7 @@ class WorkerJob:
     batch_size: int
     fields: tuple[str, ...] | None
     verify_index: bool
+    verify_checksums: bool
     decode: str | None  # "cpu", "dali" or None (dali decodes in the main process)
     decode_config: DecodeConfig | None
     image_fields: tuple[str, ...]  # a sample's image: the first of these it has (IMAGE_FIELD_ORDER)
@@ -193,7 +194,8 @@ class BatchDataset(torch.utils.data.Dataset):
             job = self.job
             readers = [
                 make_reader(Store(store.raw_url, store.options, store.retry), manifest, fields=fields,
-                            verify_index=job.verify_index, cache=cache, slice_bytes=job.slice_bytes)
+                            verify_index=job.verify_index, cache=cache, slice_bytes=job.slice_bytes,
+                            verify_checksums=job.verify_checksums)
                 for store, manifest, fields in (job.sources or ((job.store, job.manifest, job.fields),))
             ]
             if job.mixture is None:

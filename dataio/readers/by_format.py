@@ -23,9 +23,13 @@ def make_reader(
     verify_index: bool = True,
     cache: DiskCache | None = None,
     slice_bytes: int | None = None,
+    verify_checksums: bool = False,
 ) -> SegmentReader:
     """The reader for the manifest's format; `fields` projects samples to those fields (plus __key__);
-    Parquet row groups holding more than slice_bytes are read in slices."""
+    Parquet row groups holding more than slice_bytes are read in slices; verify_checksums checks
+    what is read against the per-sample / per-row-group checksums of a version-3 manifest."""
     if manifest.format == "tar":
-        return TarReader(store, manifest, fields=fields, verify_index=verify_index, cache=cache)
-    return ParquetReader(store, manifest, fields=fields, cache=cache, slice_bytes=slice_bytes)
+        return TarReader(store, manifest, fields=fields, verify_index=verify_index, cache=cache,
+                         verify_checksums=verify_checksums)
+    return ParquetReader(store, manifest, fields=fields, cache=cache, slice_bytes=slice_bytes,
+                         verify_checksums=verify_checksums)

@@ -4,7 +4,9 @@ The footer is read once per shard (one tail request) and kept in a per-reader LR
 is then the byte ranges of its column chunks (neighbours closer than MERGE_GAP_BYTES merged
 into one request), fetched through Store.read (retries, short-read checks) or the disk cache.
 pyarrow decodes from those ranges through a sparse in-memory file: no temporary files, and
-pyarrow never issues a request of its own.
+pyarrow never issues a request of its own. With verify_checksums, every column chunk fetched is
+checked against its checksum in the manifest (format/checksums.py; a cache entry that fails is
+dropped and read again from the store once); row groups read in slices are not checked.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataio.errors import ShardFormatError
+from dataio.format.checksums import FIX, bad_chunk
 from dataio.format.manifest import Manifest
 from dataio.readers.base import (
     LruCache,
@@ -98,8 +101,10 @@ class ParquetReader:
         fields: Sequence[str] | None = None,
         cache: DiskCache | None = None,
         slice_bytes: int | None = None,
+        verify_checksums: bool = False,
     ) -> None:
-        """slice_bytes: segments whose row groups hold more (projected bytes) are read in slices."""
+        """slice_bytes: segments whose row groups hold more (projected bytes) are read in slices;
+        verify_checksums: check the column chunks read against the manifest's (version 3) checksums."""
         if manifest.format != "parquet":
             raise ValueError(f"ParquetReader needs a parquet manifest, got format {manifest.format!r}")
         self.store = store
@@ -110,7 +115,7 @@ class ParquetReader:
         self._footers = LruCache(FOOTER_CACHE_SHARDS)
         self.slice_bytes = slice_bytes
         self._slices = SliceStreams()
-
+        self.verify_checksums = verify_checksums and manifest.has_read_checksums
 
     def metadata(self, shard: int) -> Any:
         """The shard's Parquet footer, read once (one tail request) and checked against the manifest."""
@@ -218,11 +223,48 @@ class ParquetReader:
         if self.slice_bytes is not None and sum(b - a for a, b in self._ranges(md, groups)) > self.slice_bytes:
             return self._fetch_slice(seg, md, groups)
         rel, checksum = self.manifest.shard_paths[seg.shard], self.manifest.shard_checksums[seg.shard]
-        chunks = tuple(
-            (a, cached_read(self.store, self.cache, rel, a, b, checksum=checksum))
-            for a, b in self._ranges(md, groups)
-        )
+        ranges = self._ranges(md, groups)
+        chunks = tuple((a, cached_read(self.store, self.cache, rel, a, b, checksum=checksum)) for a, b in ranges)
+        if self.verify_checksums:
+            chunks = self.verified(seg, md, groups, chunks)
         return ParquetPayload(groups, first_row, chunks, md)
+
+    def verified(self, seg: SegmentLike, md: Any, groups: tuple[int, ...], chunks: tuple[tuple[int, Any], ...]) -> Any:
+        """`chunks` if every projected column chunk of `groups` in them matches its checksum; cached copies
+        that do not are dropped and read again from the store once; ShardFormatError naming the shard,
+        the row group and its keys otherwise."""
+        expected = self.manifest.row_group_checksums[seg.shard]
+        if not expected:
+            return chunks  # a shard appended to a dataset written before checksums
+        columns = self._columns(md)
+        bad = bad_chunk(md, groups, chunks, expected, columns)
+        rel, checksum = self.manifest.shard_paths[seg.shard], self.manifest.shard_checksums[seg.shard]
+        if bad is not None and self.cache is not None:
+            dropped = [self.cache.discard(namespace=self.store.url, path=rel, start=a, end=a + len(d), checksum=checksum)
+                       for a, d in chunks]
+            if any(dropped):
+                chunks = tuple((a, cached_read(self.store, self.cache, rel, a, a + len(d), checksum=checksum))
+                               for a, d in chunks)
+                bad = bad_chunk(md, groups, chunks, expected, columns)
+        if bad is None:
+            return chunks
+        group, column = bad
+        starts = list(itertools.accumulate(self.manifest.row_groups[seg.shard], initial=0))
+        url = self.store.url_of(rel)
+        raise ShardFormatError(
+            f"{url}: row group {group} (rows {starts[group]}-{starts[group + 1] - 1}{self._keys_of(seg, md, group, chunks)}), "
+            f"column {column!r}, does not match its checksum: the shard's bytes changed after it was written "
+            f"(same size, so only the checksum shows it); {FIX}"
+        )
+
+    def _keys_of(self, seg: SegmentLike, md: Any, group: int, chunks: Any) -> str:
+        """', keys K1..K2' of a row group when its (fetched, intact) key column decodes, else ''."""
+        try:
+            source = SparseFile(self.manifest.shard_num_bytes[seg.shard], chunks)
+            keys = pq.ParquetFile(source, metadata=md).read_row_group(group, columns=["__key__"]).column(0)
+            return f", keys {keys[0].as_py()!r}..{keys[len(keys) - 1].as_py()!r}"
+        except (pa.ArrowException, OSError, KeyError, IndexError, ValueError):
+            return ""
 
     def parse(self, seg: SegmentLike, payload: ParquetPayload | ParquetSlice) -> list[Sample]:
         """Rows [start, stop) as dicts: __key__, __id__, __url__, then one entry per (projected) column."""

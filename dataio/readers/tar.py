@@ -3,7 +3,9 @@
 The index (DALI v1.2 text beside each shard) gives every member's data offset and size, so
 samples [start, stop) are exactly the bytes TarIndex.span(start, stop): one request, no tar
 header parsing, no temporary files. Indexes are checked against the manifest (size, checksum,
-sample count) and kept in a small per-reader LRU.
+sample count) and kept in a small per-reader LRU. With verify_checksums, every sample read is
+checked against its checksum in the shard's sidecar (format/checksums.py), itself checked
+against the manifest; a cache entry that fails is dropped and read again from the store once.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dataio.errors import ShardFormatError
+from dataio.errors import ShardFormatError, StorageError
+from dataio.format.checksums import FIX, first_bad_sample, parse_sums, sums_path
 from dataio.format.manifest import Manifest, checksum_bytes
 from dataio.format.tar_index import IndexedSample, TarIndex, parse_index
 from dataio.readers.base import (
@@ -57,7 +60,10 @@ class TarReader:
         fields: Sequence[str] | None = None,
         verify_index: bool = True,
         cache: DiskCache | None = None,
+        verify_checksums: bool = False,
     ) -> None:
+        """verify_checksums: check every sample read against the shard's per-sample checksums
+        (shards written without them, by a manifest before version 3, are read unchecked)."""
         if manifest.format != "tar":
             raise ValueError(f"TarReader needs a tar manifest, got format {manifest.format!r}")
         self.store = store
@@ -67,7 +73,8 @@ class TarReader:
         self.cache = cache
         self._offsets = shard_offsets(manifest)
         self._indexes = LruCache(INDEX_CACHE_SHARDS)
-
+        self.verify_checksums = verify_checksums and manifest.has_read_checksums
+        self._sums = LruCache(INDEX_CACHE_SHARDS)
 
     def index(self, shard: int) -> TarIndex:
         """The shard's index, fetched once and checked against the manifest."""
@@ -125,7 +132,53 @@ class TarReader:
             self.store, self.cache, self.manifest.shard_paths[seg.shard], begin, end,
             checksum=self.manifest.shard_checksums[seg.shard],
         )
+        if self.verify_checksums:
+            data = self.verified(seg, begin, data)
         return TarPayload(begin, data, index.samples[seg.start : seg.stop])
+
+    def sample_sums(self, shard: int) -> list[int] | None:
+        """The shard's per-sample checksums (its sidecar, checked against the manifest); None: it has none."""
+        if not self.manifest.sums_checksums or not self.manifest.sums_checksums[shard]:
+            return None
+        return self._sums.get_or_load(shard, lambda: self._load_sums(shard))
+
+    def _load_sums(self, shard: int) -> list[int]:
+        m, rel = self.manifest, sums_path(self.manifest.shard_paths[shard])
+        url = self.store.url_of(rel)
+        try:
+            data = self.store.read(rel)
+        except StorageError as exc:
+            if exc.not_found:
+                raise ShardFormatError(f"{url}: the checksum sidecar the manifest names is missing; {FIX}") from None
+            raise
+        if checksum_bytes(data) != m.sums_checksums[shard]:
+            raise ShardFormatError(f"{url}: checksum {checksum_bytes(data)} does not match the manifest's "
+                                   f"{m.sums_checksums[shard]}: the sidecar is damaged or stale; {FIX}")
+        return parse_sums(data, num_samples=m.shard_num_samples[shard], url=url)
+
+    def verified(self, seg: SegmentLike, base: int, data: Any) -> Any:
+        """`data` (shard bytes from offset `base` holding samples [start, stop)) if every sample matches
+        its checksum; a cached copy that does not is dropped and read again from the store once.
+        ShardFormatError naming the shard and the first bad sample's key otherwise."""
+        sums = self.sample_sums(seg.shard)
+        if sums is None:
+            return data
+        samples, want = self.index(seg.shard).samples[seg.start : seg.stop], sums[seg.start : seg.stop]
+        bad = first_bad_sample(data, base, samples, want)
+        rel = self.manifest.shard_paths[seg.shard]
+        if bad is not None and self.cache is not None:
+            end = base + len(data)
+            checksum = self.manifest.shard_checksums[seg.shard]
+            if self.cache.discard(namespace=self.store.url, path=rel, start=base, end=end, checksum=checksum):
+                data = cached_read(self.store, self.cache, rel, base, end, checksum=checksum)  # the store's copy
+                bad = first_bad_sample(data, base, samples, want)
+        if bad is None:
+            return data
+        raise ShardFormatError(
+            f"{self.store.url_of(rel)}: sample {samples[bad].key!r} (number {seg.start + bad} of the shard) does "
+            "not match its checksum: the shard's bytes changed after it was written (same size, so only the "
+            f"checksum shows it); {FIX}"
+        )
 
     def parse(self, seg: SegmentLike, payload: TarPayload) -> list[Sample]:
         """Samples as WebDataset dicts: __key__, __id__, __url__, then EXT -> bytes per member (projected)."""

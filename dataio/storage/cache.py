@@ -8,7 +8,9 @@ a whole file or none, with no lock shared between workers. Eviction is least rec
 gets their own 0700 directory below `directory`. An entry larger than the limit streams
 through uncached. The cache is best effort: a full or failing disk only costs hits. Each entry
 keeps the checksum of its bytes and is checked on every hit: an entry changed on disk is
-refused (dropped and read from the store again, counted in stats.refused), never served.
+refused (dropped and read from the store again, counted in stats.refused), never served. An
+entry whose bytes fail a reader's finer checksums (verify_checksums) is dropped the same way
+(`discard`).
 """
 
 from __future__ import annotations
@@ -116,6 +118,15 @@ class DiskCache:
         if len(data) == size:
             self._store(entry, data)
         return data
+
+    def discard(self, *, namespace: str, path: str, start: int, end: int, checksum: str) -> bool:
+        """Drop an entry a reader found wrong (counted in stats.refused); False if there was none."""
+        try:
+            os.unlink(self.entry_path(namespace=namespace, path=path, start=start, end=end, checksum=checksum))
+        except OSError:
+            return False
+        self.stats.refused += 1
+        return True
 
     def _load(self, entry: str, size: int) -> bytes | None:
         try:

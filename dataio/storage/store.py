@@ -264,7 +264,7 @@ class Store:
         os.makedirs(directory or ".", exist_ok=True)
         tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
-            with open(tmp, "wb") as f:
+            with open(tmp, "w+b") as f:  # readable too: a writer may read back what it wrote
                 yield f
                 f.flush()
                 os.fsync(f.fileno())

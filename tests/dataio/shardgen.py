@@ -1,8 +1,9 @@
 """Small deterministic tar and Parquet datasets for tests, written without the shardify writer.
 
-`write_tar_dataset(store, [5, 0, 3])` publishes shards/shard-000000.tar (+ .idx) ... and a
-manifest; it returns the manifest and the samples per shard as readers should yield them
-(with `__url__`, the redacted URL of their shard).
+`write_tar_dataset(store, [5, 0, 3])` publishes shards/shard-000000.tar (+ .idx, + .sums) ... and
+a manifest (version 3; checksums=False: one as written before per-sample checksums); it returns
+the manifest and the samples per shard as readers should yield them (with `__url__`, the
+redacted URL of their shard).
 Keys are the global sample id, zero-padded, so they are unique across shards.
 """
 
@@ -19,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.memory import MemoryFileSystem
 
+from dataio.format.checksums import dumps_sums, file_row_group_sums, sample_sums, sums_path
 from dataio.format.manifest import Field, Manifest, checksum_bytes, write_manifest
 from dataio.format.tar_index import build_index
 from dataio.plan.types import Segment
@@ -85,24 +87,29 @@ def as_tar_sample(sample: dict, url: str) -> dict:
 
 
 def write_tar_dataset(
-    store: Store, shard_sizes: Sequence[int], *, seed: int = 0, real_images: bool = False
+    store: Store, shard_sizes: Sequence[int], *, seed: int = 0, real_images: bool = False, checksums: bool = True,
 ) -> tuple[Manifest, list[list[dict]]]:
     """Publish tar shards, their v1.2 indexes and the manifest; return it and the tar-shaped samples."""
     shards = make_samples(shard_sizes, seed=seed, real_images=real_images)
-    manifest = write_tar_samples(store, shards)
+    manifest = write_tar_samples(store, shards, checksums=checksums)
     return manifest, [[as_tar_sample(s, store.url_of(rel)) for s in samples]
                       for samples, rel in zip(shards, manifest.shard_paths)]
 
 
-def write_tar_samples(store: Store, shards: Sequence[Sequence[dict]]) -> Manifest:
-    """Publish the given samples (one list per shard) as tar shards + v1.2 indexes + manifest."""
-    paths, sizes, sums, idx_paths, idx_sizes, idx_sums = [], [], [], [], [], []
+def write_tar_samples(store: Store, shards: Sequence[Sequence[dict]], *, checksums: bool = True) -> Manifest:
+    """Publish the given samples (one list per shard) as tar shards + v1.2 indexes (+ per-sample
+    checksum sidecars) + manifest."""
+    paths, sizes, sums, idx_paths, idx_sizes, idx_sums, sample_sum_files = [], [], [], [], [], [], []
     for i, samples in enumerate(shards):
         data = tar_bytes(samples)
-        index = build_index(io.BytesIO(data)).dumps()
+        tar_index = build_index(io.BytesIO(data))
+        index = tar_index.dumps()
         rel = f"shards/shard-{i:06d}.tar"
         store.write_bytes(rel, data)
         store.write_bytes(rel + ".idx", index)
+        sidecar = dumps_sums(sample_sums(data, tar_index.samples))
+        store.write_bytes(sums_path(rel), sidecar)
+        sample_sum_files.append(checksum_bytes(sidecar))
         for column, value in ((paths, rel), (sizes, len(data)), (sums, checksum_bytes(data)),
                               (idx_paths, rel + ".idx"), (idx_sizes, len(index)), (idx_sums, checksum_bytes(index))):
             column.append(value)
@@ -111,6 +118,7 @@ def write_tar_samples(store: Store, shards: Sequence[Sequence[dict]]) -> Manifes
         shard_num_samples=tuple(len(s) for s in shards), shard_num_bytes=tuple(sizes),
         shard_checksums=tuple(sums), index_paths=tuple(idx_paths), index_num_bytes=tuple(idx_sizes),
         index_checksums=tuple(idx_sums), source="tests.shardgen",
+        sums_checksums=tuple(sample_sum_files) if checksums else (),
     )
     write_manifest(store, manifest)
     return manifest
@@ -137,15 +145,17 @@ def as_parquet_sample(sample: dict, url: str) -> dict:
 
 
 def write_parquet_dataset(
-    store: Store, shard_sizes: Sequence[int], *, row_group_size: int = 4, seed: int = 0, real_images: bool = False
+    store: Store, shard_sizes: Sequence[int], *, row_group_size: int = 4, seed: int = 0, real_images: bool = False,
+    checksums: bool = True,
 ) -> tuple[Manifest, list[list[dict]]]:
     """Publish Parquet shards and the manifest; return it and the Parquet-shaped samples."""
     shards = make_samples(shard_sizes, seed=seed, real_images=real_images)
-    paths, sizes, sums, groups = [], [], [], []
+    paths, sizes, sums, groups, group_sums = [], [], [], [], []
     for i, samples in enumerate(shards):
         data, row_groups = parquet_bytes(samples, row_group_size=row_group_size)
         rel = f"shards/shard-{i:06d}.parquet"
         store.write_bytes(rel, data)
+        group_sums.append(file_row_group_sums(io.BytesIO(data)) if row_groups else ())
         for column, value in ((paths, rel), (sizes, len(data)), (sums, checksum_bytes(data)), (groups, row_groups)):
             column.append(value)
     manifest = Manifest(
@@ -153,6 +163,7 @@ def write_parquet_dataset(
         fields=(Field(name="jpg", type="image"), Field(name="cls", type="int"), Field(name="json", type="str")),
         shard_paths=tuple(paths), shard_num_samples=tuple(shard_sizes), shard_num_bytes=tuple(sizes),
         shard_checksums=tuple(sums), row_groups=tuple(groups), source="tests.shardgen",
+        row_group_checksums=tuple(group_sums) if checksums else (),
     )
     write_manifest(store, manifest)
     return manifest, [[as_parquet_sample(s, store.url_of(rel)) for s in samples]
@@ -174,7 +185,7 @@ class FlakyMemoryFS(MemoryFileSystem):
 
     def cat_file(self, path, start=None, end=None, **kwargs):  # noqa: ANN001, ANN201 - fsspec's signature
         data = super().cat_file(path, start, end, **kwargs)
-        if "/shards/" in path and not path.endswith(".idx"):
+        if "/shards/" in path and not path.endswith((".idx", ".sums")):
             type(self).shard_reads += 1
             if type(self).faults:
                 fault = type(self).faults.pop(0)

@@ -23,7 +23,7 @@ from dataio.storage.store import RetryPolicy, Store
 FIELDS = (Field(name="jpg", type="image"), Field(name="cls", type="int"))
 
 
-def tar_manifest(num_shards: int = 3, samples_per_shard: int = 10) -> Manifest:
+def tar_manifest(num_shards: int = 3, samples_per_shard: int = 10, *, checksums: bool = True) -> Manifest:
     return Manifest(
         format="tar",
         fields=FIELDS,
@@ -39,13 +39,15 @@ def tar_manifest(num_shards: int = 3, samples_per_shard: int = 10) -> Manifest:
         source="/data/imagenet",
         label_names=("cat", "dog"),
         skipped=({"key": "000007", "reason": "corrupt"},),
+        sums_checksums=tuple(f"{i + 99:016x}" for i in range(num_shards)) if checksums else (),
     )
 
 
-def parquet_manifest() -> Manifest:
+def parquet_manifest(*, checksums: bool = True) -> Manifest:
     return Manifest(
         format="parquet", fields=FIELDS, shard_paths=("shards/shard-000000.parquet",),
         shard_num_samples=(10,), shard_num_bytes=(5000,), shard_checksums=("ab" * 8,), row_groups=((4, 4, 2),),
+        row_group_checksums=(("12" * 16, "34" * 16, "56" * 16),) if checksums else (),
     )
 
 
@@ -58,11 +60,14 @@ def _write_doc(store: Store, doc) -> None:
     store.write_bytes(MANIFEST_NAME, json.dumps(doc).encode())
 
 
+@pytest.mark.parametrize("checksums", [True, False])
 @pytest.mark.parametrize("make", [tar_manifest, parquet_manifest])
-def test_round_trip(store, make):
-    manifest = make()
+def test_round_trip(store, make, checksums):
+    manifest = make(checksums=checksums)
     write_manifest(store, manifest)
+    assert json.loads(store.read(MANIFEST_NAME))["shardify_manifest"] == (3 if checksums else 1)
     loaded = read_manifest(store)
+    assert loaded.has_read_checksums == checksums and loaded.version == (3 if checksums else 1)
     assert loaded == manifest
     assert loaded.fingerprint == manifest.fingerprint
     assert loaded.num_samples == manifest.num_samples and loaded.num_bytes == manifest.num_bytes
@@ -89,9 +94,9 @@ def test_shard_view():
 
 
 def test_unknown_version_is_refused(store):
-    doc = tar_manifest().to_json() | {"shardify_manifest": 3}
+    doc = tar_manifest().to_json() | {"shardify_manifest": 4}
     _write_doc(store, doc)
-    with pytest.raises(ManifestError, match="version 3 is not supported.*upgrade shardify"):
+    with pytest.raises(ManifestError, match="version 4 is not supported.*upgrade shardify"):
         read_manifest(store)
 
 
@@ -129,6 +134,9 @@ def test_missing_manifest_means_no_dataset(store):
         (lambda d: d.update(checksum_algorithm="md5"), "checksum algorithm"),
         (lambda d: d.update(format="zip"), "format must be one of"),
         (lambda d: d["shards"].pop("index_path"), "missing"),
+        (lambda d: d["shards"].pop("sums_checksum"), "missing"),  # version 3 carries them
+        (lambda d: d["shards"]["sums_checksum"].__setitem__(0, "xyz"), "malformed.*16 hex"),
+        (lambda d: d["shards"]["sums_checksum"].pop(), "malformed.*one entry per shard"),
         (lambda d: d.update(num_samples=1), "num_samples"),
         (lambda d: d["shards"]["num_samples"].__setitem__(0, -10), "negative"),
         (lambda d: d["shards"]["num_samples"].pop(), "malformed"),
@@ -148,6 +156,14 @@ def test_parquet_row_groups_must_add_up(store):
     doc["shards"]["row_groups"] = [[4, 4]]
     _write_doc(store, doc)
     with pytest.raises(ManifestError, match="row-group"):
+        read_manifest(store)
+
+
+def test_parquet_row_group_checksums_follow_the_row_groups(store):
+    doc = parquet_manifest().to_json()
+    doc["shards"]["row_group_checksums"] = [["12" * 16]]  # three row groups, one entry
+    _write_doc(store, doc)
+    with pytest.raises(ManifestError, match="one entry per row group"):
         read_manifest(store)
 
 

@@ -10,7 +10,14 @@ import pytest
 from dataio import make_loader
 from dataio.errors import ManifestError
 from dataio.format import manifest_parts
-from dataio.format.manifest import MANIFEST_NAME, PARTED_VERSION, read_manifest, write_manifest
+from dataio.format.manifest import (
+    LEGACY_JSON_VERSION,
+    LEGACY_PARTED_VERSION,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    read_manifest,
+    write_manifest,
+)
 from dataio.storage.store import RetryPolicy, Store
 from tests.dataio.shardgen import write_parquet_dataset, write_tar_dataset
 from tests.dataio.test_manifest import parquet_manifest, tar_manifest
@@ -38,12 +45,14 @@ def _write(store: Store, manifest, threshold: int = 2) -> dict:
     return json.loads(store.read(MANIFEST_NAME))
 
 
-@pytest.mark.parametrize("make", [lambda: tar_manifest(num_shards=11), parquet_manifest])
-def test_round_trip_through_the_one_api(tmp_path, small_parts, make):
-    manifest = make()
+@pytest.mark.parametrize("checksums", [True, False])
+@pytest.mark.parametrize("make", [lambda **kw: tar_manifest(num_shards=11, **kw), parquet_manifest])
+def test_round_trip_through_the_one_api(tmp_path, small_parts, make, checksums):
+    manifest = make(checksums=checksums)
     store = Store(str(tmp_path))
     root = _write(store, manifest, threshold=0)
-    assert root["shardify_manifest"] == PARTED_VERSION and "shards" not in root
+    version = MANIFEST_VERSION if checksums else LEGACY_PARTED_VERSION  # 2: a root written before checksums
+    assert root["shardify_manifest"] == version and "shards" not in root
     assert root["fingerprint"] == manifest.fingerprint  # the same as the single-file form's
     assert root["skipped"] == [] and ("skipped" in root["parts"]) == bool(manifest.skipped)  # in a part of their own
     loaded = read_manifest(store)
@@ -60,7 +69,9 @@ def test_round_trip_through_the_one_api(tmp_path, small_parts, make):
 def test_small_manifests_stay_one_file(tmp_path):
     store = Store(str(tmp_path))
     root = _write(store, tar_manifest(num_shards=3), threshold=3)
-    assert root["shardify_manifest"] == 1 and store.list() == [MANIFEST_NAME]
+    assert root["shardify_manifest"] == MANIFEST_VERSION and store.list() == [MANIFEST_NAME]
+    root = _write(store, tar_manifest(num_shards=3, checksums=False), threshold=3)
+    assert root["shardify_manifest"] == LEGACY_JSON_VERSION
 
 
 def test_loading_reads_the_root_and_counts_then_only_the_parts_in_use(tmp_path, small_parts):

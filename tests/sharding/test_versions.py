@@ -156,10 +156,12 @@ def test_gc_says_what_it_removed_and_keeps_young_retirements(image_folder: Path,
     out = capsys.readouterr().out
     assert "removed 0 object(s)" in out and (ds / "shards" / "shard-000000.tar").exists()
     assert run("gc", ds, "--grace", "0", "--dry-run") == 0
-    assert "would remove 8 object(s)" in capsys.readouterr().out and (ds / "shards" / "shard-000000.tar").exists()
+    # 2 old shards x (tar, idx, sums, sources.json) + the old journal's head and batch
+    assert "would remove 10 object(s)" in capsys.readouterr().out and (ds / "shards" / "shard-000000.tar").exists()
     assert run("gc", ds, "--grace", "0") == 0
     out = capsys.readouterr().out
     assert "removed shards/shard-000000.tar" in out and "removed shards/shard-000001.idx" in out
+    assert "removed shards/shard-000001.sums" in out
     assert not (ds / "shards" / "shard-000000.tar").exists() and run("verify", ds, "--quiet") == 0
 
 
