@@ -8,7 +8,7 @@ epochs through 503s, resets, truncated bodies and 2-second stalls (every sample 
 throughput against no fault, with and without hedged reads); `shardify write` through failing
 PUTs (a complete dataset or a clean failure, never a false success); kill -9 of `shardify write`
 mid-write (locally and on S3: no manifest over a partial dataset, and a rerun completes);
-corrupted shards, indexes and cache entries; a truncated newest checkpoint under
+corrupted shards (one byte of one sample, same size), indexes and cache entries; a truncated newest checkpoint under
 `--resume auto`; kill -9 and SIGSTOP of a trainer rank under `torchrun --max-restarts`
 (committed steps exactly once; time to detect). Pass/fail judges correctness only; throughput ratios are reported, never
 asserted.
@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dataio.format.checksums import dumps_sums, sample_sums, sums_path
 from dataio.format.manifest import Field, Manifest, checksum_bytes, read_manifest, write_manifest
 from dataio.format.tar_index import build_index
 from dataio.storage.store import RetryPolicy, StorageOptions, Store
@@ -70,9 +71,10 @@ class Row:
 
 
 def write_raw_dataset(store: Store, size: Size, *, seed: int = 0) -> int:
-    """Tar shards of random-bytes samples (`bin` + `cls`) with their indexes and manifest; returns the sample count."""
+    """Tar shards of random-bytes samples (`bin` + `cls`) with their indexes, per-sample checksums and
+    manifest; returns the sample count."""
     rng = random.Random(seed)
-    cols: dict[str, list[Any]] = {k: [] for k in ("path", "n", "bytes", "sum", "ipath", "ibytes", "isum")}
+    cols: dict[str, list[Any]] = {k: [] for k in ("path", "n", "bytes", "sum", "ipath", "ibytes", "isum", "ssum")}
     for s in range(size.num_shards):
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
@@ -83,18 +85,20 @@ def write_raw_dataset(store: Store, size: Size, *, seed: int = 0) -> int:
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
         data = buf.getvalue()
-        index = build_index(io.BytesIO(data)).dumps()
+        tar_index = build_index(io.BytesIO(data))
+        index, sums = tar_index.dumps(), dumps_sums(sample_sums(data, tar_index.samples))
         rel = f"shards/shard-{s:06d}.tar"
         store.write_bytes(rel, data)
         store.write_bytes(rel + ".idx", index)
+        store.write_bytes(sums_path(rel), sums)
         for k, v in zip(cols, (rel, size.samples_per_shard, len(data), checksum_bytes(data), rel + ".idx",
-                               len(index), checksum_bytes(index))):
+                               len(index), checksum_bytes(index), checksum_bytes(sums))):
             cols[k].append(v)
     write_manifest(store, Manifest(
         format="tar", fields=(Field(name="bin", type="bytes"), Field(name="cls", type="int")),
         shard_paths=tuple(cols["path"]), shard_num_samples=tuple(cols["n"]), shard_num_bytes=tuple(cols["bytes"]),
         shard_checksums=tuple(cols["sum"]), index_paths=tuple(cols["ipath"]), index_num_bytes=tuple(cols["ibytes"]),
-        index_checksums=tuple(cols["isum"]), source="tools.faults",
+        index_checksums=tuple(cols["isum"]), sums_checksums=tuple(cols["ssum"]), source="tools.faults",
     ))
     return size.num_shards * size.samples_per_shard
 
@@ -345,16 +349,49 @@ def corruption_scenarios(workdir: Path, size: Size, seed: int) -> list[Row]:
     rows.append(Row(group="corrupt", scenario=f"{len(entries)} changed cache entries",
                     figure="refused and re-read" if served == truth else "SERVED changed bytes",
                     passed=served == truth and set(served) == set(good)))
-    # A shard: the whole-shard checksum is in the manifest; `shardify verify` checks it.
+    rows.append(_resealed_cache_entries(root, cache_dir, truth))
+    # A shard, one byte of one sample, same size: the per-sample checksums (loader) and the
+    # whole-shard one (`shardify verify`) both see it.
     shard = root / manifest.shard_paths[0]
+    sample = build_index(io.BytesIO(shard.read_bytes())).samples[1]
     data = bytearray(shard.read_bytes())
-    data[1024 + 100] ^= 0xFF  # inside the first sample's data
+    data[sample.members[0].offset + 100] ^= 0xFF  # inside the second sample's data
     shard.write_bytes(bytes(data))
+    try:
+        epoch_ids(str(root), StorageOptions(), epoch=0)
+        rows.append(Row(group="corrupt", scenario="a flipped byte in a shard, same size (loader)",
+                        figure="SERVED changed bytes", passed=False))
+    except ShardifyError as exc:
+        named = manifest.shard_paths[0] in str(exc) and repr(sample.key) in str(exc)
+        rows.append(Row(group="corrupt", scenario="a flipped byte in a shard, same size (loader)",
+                        figure=f"refused: {type(exc).__name__} naming shard and key", passed=named,
+                        note="per-sample checksums (verify_checksums=True, the default)"))
     verify = _shardify(["verify", str(root), "--quiet"])
     rows.append(Row(group="corrupt", scenario="a flipped byte in a shard (shardify verify)",
-                    figure=f"verify exit {verify.returncode}", passed=verify.returncode != 0,
-                    note="the loader itself checks sizes, not per-sample checksums (not yet in the index)"))
+                    figure=f"verify exit {verify.returncode}",
+                    passed=verify.returncode != 0 and sample.key in verify.stdout))
     return rows
+
+
+def _resealed_cache_entries(root: Path, cache_dir: Path, truth: dict[int, bytes]) -> Row:
+    """Cache entries changed and re-sealed (their own digest recomputed, so the cache's check
+    passes): the per-sample checksums catch them; the store's bytes are served instead."""
+    import xxhash
+
+    from dataio import make_loader
+    from dataio.storage.cache import DIGEST_BYTES
+
+    entries = [p for p in cache_dir.rglob("*") if p.is_file() and "tmp" not in p.relative_to(cache_dir).parts]
+    for p in entries:
+        data = bytearray(p.read_bytes()[:-DIGEST_BYTES])
+        data[10] ^= 0xFF  # inside a sample's data: an entry starts at a segment's first data byte
+        p.write_bytes(bytes(data) + xxhash.xxh3_64_digest(bytes(data)))
+    loader = make_loader(str(root), batch_size=8, num_workers=0, decode=None, tail="pad",
+                         cache_dir=str(cache_dir), cache_limit_bytes=1 << 30, shuffle=False)
+    served = _contents(loader)
+    return Row(group="corrupt", scenario=f"{len(entries)} changed and re-sealed cache entries",
+               figure="refused and re-read" if served == truth else "SERVED changed bytes", passed=served == truth,
+               note="per-sample checksums (verify_checksums=True)")
 
 
 # --- checkpoints -------------------------------------------------------------------------------------

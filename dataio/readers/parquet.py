@@ -240,8 +240,8 @@ class ParquetReader:
         bad = bad_chunk(md, groups, chunks, expected, columns)
         rel, checksum = self.manifest.shard_paths[seg.shard], self.manifest.shard_checksums[seg.shard]
         if bad is not None and self.cache is not None:
-            dropped = [self.cache.discard(namespace=self.store.url, path=rel, start=a, end=a + len(d), checksum=checksum)
-                       for a, d in chunks]
+            dropped = [self.cache.discard(namespace=self.store.url, path=rel, start=a, end=a + len(d),
+                                          checksum=checksum) for a, d in chunks]
             if any(dropped):
                 chunks = tuple((a, cached_read(self.store, self.cache, rel, a, a + len(d), checksum=checksum))
                                for a, d in chunks)
@@ -250,9 +250,9 @@ class ParquetReader:
             return chunks
         group, column = bad
         starts = list(itertools.accumulate(self.manifest.row_groups[seg.shard], initial=0))
-        url = self.store.url_of(rel)
+        url, keys = self.store.url_of(rel), self._keys_of(seg, md, group, chunks)
         raise ShardFormatError(
-            f"{url}: row group {group} (rows {starts[group]}-{starts[group + 1] - 1}{self._keys_of(seg, md, group, chunks)}), "
+            f"{url}: row group {group} (rows {starts[group]}-{starts[group + 1] - 1}{keys}), "
             f"column {column!r}, does not match its checksum: the shard's bytes changed after it was written "
             f"(same size, so only the checksum shows it); {FIX}"
         )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dataio.errors import ShardFormatError, StorageError
-from dataio.format.checksums import FIX, first_bad_sample, parse_sums, sums_path
+from dataio.format.checksums import FIX, first_bad_sample, parse_sums, sums_bytes, sums_path
 from dataio.format.manifest import Manifest, checksum_bytes
 from dataio.format.tar_index import IndexedSample, TarIndex, parse_index
 from dataio.readers.base import (
@@ -146,7 +146,7 @@ class TarReader:
         m, rel = self.manifest, sums_path(self.manifest.shard_paths[shard])
         url = self.store.url_of(rel)
         try:
-            data = self.store.read(rel)
+            data = self.store.read(rel, expect_size=sums_bytes(m.shard_num_samples[shard]))  # short reads retried
         except StorageError as exc:
             if exc.not_found:
                 raise ShardFormatError(f"{url}: the checksum sidecar the manifest names is missing; {FIX}") from None
