@@ -8,6 +8,8 @@ payload into the batch's shared-memory tensor and nowhere else.
 from __future__ import annotations
 
 import bisect
+import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -26,8 +28,9 @@ from dataio.loader.fields import (
     label_field,
     parse_value,
 )
-from dataio.loader.slabs import active_ring
+from dataio.loader.slabs import active_ring, recycled_uint8
 from dataio.rand import sample_seed
+from dataio.storage.hedge import HedgeStats, process_stats
 
 SKIPPED_KEY = "__skipped__"  # worker -> main only: URL#key of corrupt samples replaced; popped in main
 HEDGES_KEY = "__hedges__"  # worker -> main only: the worker's hedged-read counters since its last batch
@@ -68,7 +71,8 @@ def pack_bytes(values: Sequence[bytes | bytearray | memoryview]) -> PackedBytes:
 
 def _new_uint8(n: int) -> torch.Tensor:
     """An uninitialised uint8 tensor of n bytes, in shared memory inside a DataLoader worker; on a
-    reused slab while a SlabRing serves the batch (reuse_buffers=True, see slabs.py)."""
+    reused slab while a SlabRing serves the batch (reuse_buffers=True); else from the process's
+    StoragePool, a storage the caller no longer holds (see slabs.py)."""
     ring = active_ring()
     if ring is not None and n > 0:
         return ring.allocate(n)
@@ -77,7 +81,8 @@ def _new_uint8(n: int) -> torch.Tensor:
             return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(n))
         except (AttributeError, RuntimeError):  # private API (torch's collate uses it): fall back to a copy
             pass
-    return torch.empty(n, dtype=torch.uint8)
+        return torch.empty(n, dtype=torch.uint8)
+    return recycled_uint8(n) if n > 0 else torch.empty(0, dtype=torch.uint8)
 
 
 def as_bytes(sample: dict[str, Any]) -> dict[str, Any]:
@@ -304,3 +309,21 @@ def substitute(
         j = good[bisect.bisect_right(good, i) % len(good)]  # deterministic: the next good one, cyclically
         decoded[i], samples[i], mask[i] = decoded[j], samples[j], False
     return samples, mask, skipped
+
+
+_LAST_HEDGES: tuple[int, HedgeStats] = (os.getpid(), HedgeStats())
+_HEDGES_LOCK = threading.Lock()
+
+
+def hedges_since_last_batch() -> dict[str, int]:
+    """This process's hedged-read counters since the previous call (what its last batch did not report)."""
+    global _LAST_HEDGES
+    with _HEDGES_LOCK:  # reader threads of one process report in turn
+        pid, last = _LAST_HEDGES
+        if pid != os.getpid():  # a forked worker: its counters start at zero (hedge.process_stats)
+            last = HedgeStats()
+        now = process_stats()
+        _LAST_HEDGES = (os.getpid(), now)
+    return {k: v - getattr(last, k) for k, v in now.as_dict().items()}
+
+

@@ -17,6 +17,7 @@ DECODES = ("cpu", "dali", None)
 TAILS = ("drop", "pad")
 ON_CORRUPT = ("raise", "skip")
 START_METHODS = (None, "fork", "spawn", "forkserver")
+WORKER_MODES = ("auto", "threads", "processes")
 MiB = 1 << 20
 
 
@@ -86,6 +87,10 @@ class LoaderConfig:
     # RAW bytes packed into reused slabs (dataio/loader/slabs.py): a batch's PackedBytes stay valid
     # until the caller asks for the next batch; False: fresh tensors the caller may keep.
     reuse_buffers: bool = False
+    # Who runs the num_workers plan workers: "threads" (reader threads in this process, RAW only),
+    # "processes" (DataLoader workers), "auto": threads for decode=None on tar shards without a
+    # transform/collate hook or mixture (dataio/loader/threads.py), processes otherwise.
+    worker_mode: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "image_size", "shuffle_window", "prefetch_bytes", "max_in_flight",
@@ -104,6 +109,10 @@ class LoaderConfig:
         check_choice("tail", self.tail, TAILS)
         check_choice("on_corrupt", self.on_corrupt, ON_CORRUPT)
         check_choice("multiprocessing_context", self.multiprocessing_context, START_METHODS)
+        check_choice("worker_mode", self.worker_mode, WORKER_MODES)
+        if self.worker_mode == "threads" and self.decode is not None:
+            raise ValueError(f"worker_mode='threads' is for raw bytes (decode=None); decode={self.decode!r} "
+                             "needs worker processes (worker_mode='processes' or 'auto')")
         if isinstance(self.fields, str):
             raise TypeError(f"fields must be a sequence of names, not the string {self.fields!r}")
         if self.fields is not None:

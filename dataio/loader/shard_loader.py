@@ -32,9 +32,11 @@ from dataio.loader.mixing import (
     open_sources,
     plain_url,
 )
-from dataio.loader.startup import ShardCheck, agree_on_dataset, fields_to_read, open_dataset
+from dataio.loader.raw import raw_fast_path
 from dataio.loader.slabs import SlabKeeper
+from dataio.loader.startup import ShardCheck, agree_on_dataset, fields_to_read, open_dataset
 from dataio.loader.state import check_state, make_state
+from dataio.loader.threads import ReaderThreads
 from dataio.loader.worker import BatchDataset, Ticket, WorkerJob
 from dataio.plan.mix import Mixture, delivered_epoch
 from dataio.plan.plan import steps_of_total
@@ -104,6 +106,7 @@ def make_loader(
     startup_timeout_s: float = 300.0,
     dali_threads: int = 2,
     reuse_buffers: bool = False,
+    worker_mode: str = "auto",
 ) -> ShardLoader:
     """Open the dataset at `url` and return a ShardLoader; batch_size is per rank (see LoaderConfig).
 
@@ -220,9 +223,13 @@ class ShardLoader:
         self._active_steps: int | None = None
         self._token = 0  # the iteration in progress (or last started): older generators stop
         self._sampler = _TicketSampler()
-        self._slab_keeper = (SlabKeeper(max_storages=4 * max(1, config.num_workers) * (config.prefetch_factor + 2))
-                             if config.reuse_buffers else None)
         self._dataloader: torch.utils.data.DataLoader | None = None
+        self._threads: ReaderThreads | None = None
+        self.uses_threads = config.num_workers > 0 and (
+            config.worker_mode == "threads" or (config.worker_mode == "auto" and raw_fast_path(self._worker_job())))
+        # Worker processes' slabs stay mapped in this process while it holds them (slabs.py).
+        self._slab_keeper = (SlabKeeper(max_storages=4 * max(1, config.num_workers) * (config.prefetch_factor + 2))
+                             if config.reuse_buffers and not self.uses_threads else None)
         self._dali: Any = None
 
     # --- topology, epochs and length ---------------------------------------------------------
@@ -274,6 +281,14 @@ class ShardLoader:
         self._token += 1
         self._sampler.start(self._token, start, steps)
         self._active_steps = steps
+        if self.uses_threads:
+            if self._threads is None:
+                c = self.config
+                self._threads = ReaderThreads(self._worker_job(), num_workers=c.num_workers,
+                                              prefetch_factor=c.prefetch_factor, pin_memory=c.pin_memory)
+            sampler = self._sampler
+            batches = self._threads.iterate(self._token, start, steps, lambda: sampler.released_below)
+            return self._deliver(batches, self._token, steps)
         return self._deliver(self._get_dataloader(), self._token, steps)
 
     def _deliver(self, dataloader: Any, token: int, steps: int) -> Iterator[dict[str, Any]]:
@@ -383,7 +398,11 @@ class ShardLoader:
         self._state, self._delivered, self._finished = state, 0, False
 
     def close(self) -> None:
-        """Stop the worker processes now (they also stop when the loader is garbage collected)."""
+        """Stop the worker processes or reader threads now (processes also stop when the loader is
+        garbage collected)."""
+        if self._threads is not None:
+            self._threads.close()
+            self._threads = None
         if self._dataloader is not None:
             self._dataloader.dataset.close()
             iterator = getattr(self._dataloader, "_iterator", None)

@@ -20,9 +20,10 @@ import torch
 
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.format.manifest import Manifest
-from dataio.loader.collate import HEDGES_KEY, assemble
-from dataio.plan.mix import MixState, Mixture, plan_mix_worker
+from dataio.loader.collate import HEDGES_KEY, assemble, hedges_since_last_batch
+from dataio.loader.raw import RawIo, RawStream, process_io, raw_fast_path
 from dataio.loader.slabs import SlabRing
+from dataio.plan.mix import MixState, Mixture, plan_mix_worker
 from dataio.plan.plan import plan_worker
 from dataio.plan.types import PlanConfig, PlanState, Segment, Topology
 from dataio.readers.base import split_segment
@@ -30,7 +31,6 @@ from dataio.readers.by_format import make_reader
 from dataio.readers.mixed import MixedReader
 from dataio.readers.tar import zero_copy
 from dataio.storage.cache import DiskCache
-from dataio.storage.hedge import HedgeStats, process_stats
 from dataio.storage.prefetch import Prefetcher
 from dataio.storage.store import Store
 
@@ -103,13 +103,16 @@ def return_freed_buffers() -> None:
 class BatchDataset(torch.utils.data.Dataset):
     """A map-style dataset over tickets: `ds[ticket]` is one whole batch (a dict per the contract)."""
 
-    def __init__(self, job: WorkerJob) -> None:
+    def __init__(self, job: WorkerJob, io: RawIo | None = None) -> None:
         self.job = job
+        # RAW streams' I/O threads and window buffers: shared by the reader threads of a process
+        # (given), else this process's own (made when first needed).
+        self._io, self._own_io = io, io is None
         self._reader: Any = None
         self._decoder: Any = None
         self._token = -1
-        self._streams: dict[int, WorkerStream] = {}
-        self._spare: tuple[PlanState, int, WorkerStream] | None = None  # (plan state, slot, stream)
+        self._streams: dict[int, WorkerStream | RawStream] = {}
+        self._spare: tuple[PlanState, int, WorkerStream | RawStream] | None = None  # (plan state, slot, stream)
         self._slabs: SlabRing | None = None
         self._pid = os.getpid()
 
@@ -138,7 +141,7 @@ class BatchDataset(torch.utils.data.Dataset):
         worker_id = self.job.topology.worker_of(ticket.batch_index)
         stream = self._streams.get(worker_id)
         if stream is None:
-            stream = WorkerStream(self, worker_id, ticket.plan_state)
+            stream = self._stream(worker_id, ticket.plan_state)
             self._streams[worker_id] = stream
         if self.job.reuse_buffers:
             if self._slabs is None:
@@ -161,7 +164,7 @@ class BatchDataset(torch.utils.data.Dataset):
         if self._spare is not None or torch.utils.data.get_worker_info() is None:
             return
         state = PlanState(epoch=finished.epoch + 1)
-        stream = WorkerStream(self, worker_id, state)
+        stream = self._stream(worker_id, state)
         stream.warm_up()
         self._spare = (state, worker_id, stream)
 
@@ -175,6 +178,13 @@ class BatchDataset(torch.utils.data.Dataset):
         else:
             stream.close()
 
+    def _stream(self, worker_id: int, state: PlanState) -> WorkerStream | RawStream:
+        if raw_fast_path(self.job):
+            if self._io is None:
+                self._io = process_io(self.job, num_streams=1)
+            return RawStream(self, worker_id, state, self._io)
+        return WorkerStream(self, worker_id, state)
+
     def _close_streams(self) -> None:
         for stream in self._streams.values():
             stream.close()
@@ -183,6 +193,8 @@ class BatchDataset(torch.utils.data.Dataset):
     def close(self) -> None:
         self._close_streams()
         self._adopt_spare(None)  # drops the spare
+        if self._own_io and self._io is not None:
+            self._io.close()  # its I/O threads; the buffers stay for the next iteration
 
     # --- per-process lazies -------------------------------------------------------------
     @property
@@ -344,19 +356,3 @@ class WorkerStream:
         if isinstance(batch, dict):
             batch[HEDGES_KEY] = hedges_since_last_batch()
         return batch
-
-
-_LAST_HEDGES: tuple[int, HedgeStats] = (os.getpid(), HedgeStats())
-
-
-def hedges_since_last_batch() -> dict[str, int]:
-    """This process's hedged-read counters since the previous call (what its last batch did not report)."""
-    global _LAST_HEDGES
-    pid, last = _LAST_HEDGES
-    if pid != os.getpid():  # a forked worker: its counters start at zero (hedge.process_stats)
-        last = HedgeStats()
-    now = process_stats()
-    _LAST_HEDGES = (os.getpid(), now)
-    return {k: v - getattr(last, k) for k, v in now.as_dict().items()}
-
-

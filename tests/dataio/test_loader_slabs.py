@@ -41,9 +41,13 @@ def digests(url: str, epochs: int = 2, **options) -> list[list[tuple[str, str]]]
     return out
 
 
-@pytest.mark.parametrize("num_workers,context", [(0, None), (2, "fork"), (2, "spawn")])
+@pytest.mark.parametrize("num_workers,context", [(0, None), (2, "fork"), (2, "spawn"), (2, "threads")])
 def test_reused_slabs_deliver_the_same_bytes(dataset, num_workers, context):
-    options = {"num_workers": num_workers, "multiprocessing_context": context} if num_workers else {"num_workers": 0}
+    options: dict = {"num_workers": num_workers}
+    if context == "threads":
+        options["worker_mode"] = "threads"
+    elif context is not None:
+        options |= {"multiprocessing_context": context, "worker_mode": "processes"}
     fresh = digests(dataset, **options)
     reused = digests(dataset, reuse_buffers=True, **options)
     assert reused == fresh
@@ -104,3 +108,23 @@ def test_the_main_process_keeps_only_slab_storages_and_a_bounded_number():
         keeper.keep({"jpg": PackedBytes.pack([b"abc", b"de"]), "image": torch.zeros(2, 3, 4, 4, dtype=torch.uint8),
                      "label": torch.zeros(2, dtype=torch.int64)})
     assert len(keeper._storages) == 3  # images and labels are never held; old slabs age out
+
+
+def test_the_storage_pool_never_hands_out_what_someone_still_holds():
+    import numpy as np
+
+    from dataio.loader.slabs import StoragePool
+
+    pool = StoragePool(max_storages=4)
+    held = pool.allocate(1000)
+    view, array = held[10:20], held.numpy()
+    ptr = held.data_ptr()
+    del held
+    assert pool.allocate(1000).data_ptr() != ptr  # a view and a numpy array still hold it
+    del view
+    assert pool.allocate(1000).data_ptr() != ptr
+    del array
+    again = pool.allocate(900)  # nobody holds it now: reused, its pages already there
+    assert again.data_ptr() == ptr
+    kept = [pool.allocate(100) for _ in range(6)]  # past the cap: fresh tensors, none shared
+    assert len({t.data_ptr() for t in [again, *kept]}) == 7 and np.all([t.numel() == 100 for t in kept])

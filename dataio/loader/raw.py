@@ -1,0 +1,293 @@
+"""RAW batches without per-sample objects: windows read into reused buffers, batches gathered by index.
+
+For decode=None on tar shards (no transform/collate hook, one dataset) a slot's stream does not
+parse samples into dicts. Each shuffle window's pieces are read with few large reads (os.preadv
+for local files, ranged GETs for object storage) straight into a window buffer taken from the
+process's RawIo; the tar index, as numpy columns (readers/tar_raw.py), says where every member
+lies in that buffer; each batch's PackedBytes are gathered from it by slices into one output
+tensor (offsets: a cumsum). Keys come from the index, labels from the .cls bytes; a batch whose
+text/JSON/number field does not parse goes through the general path (collate.assemble), which
+raises or substitutes exactly as for any other batch.
+
+Buffers: RawIo hands out one window buffer per stream for the window it serves, plus `spares`
+shared by the whole process for reading the next window ahead (the prefetch budget, shared by the
+reader threads of a process, not per stream). Buffers are reused, so their pages fault once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dataio.loader.raw_batch import BatchBuilder, CarryArena, Part
+from dataio.plan.plan import plan_worker
+from dataio.plan.types import PlanState
+from dataio.readers.base import LruCache, shard_offsets, split_segment
+from dataio.readers.tar import INDEX_CACHE_SHARDS
+from dataio.readers.tar_raw import TarColumns, columns_of, read_span_into
+
+IO_THREAD_PREFIX = "dataio-raw-io"
+GROWTH = 1.125  # a new window buffer has room for windows this much larger than the one that asked
+
+
+def raw_fast_path(job: Any) -> bool:
+    """Whether a WorkerJob's batches come from RawStream (else WorkerStream's sample dicts)."""
+    return (job.decode is None and job.transform is None and job.collate is None and job.mixture is None
+            and job.manifest.format == "tar")
+
+
+def spare_windows(job: Any, num_streams: int) -> int:
+    """Window buffers for reading ahead, shared by a process's streams: prefetch_bytes worth of the
+    plan's windows (at the dataset's mean sample size), at least one, at most one per stream."""
+    m = job.manifest
+    mean = m.num_bytes / max(1, m.num_samples)
+    window_bytes = max(1.0, job.plan_config.shuffle_window * mean)
+    return max(1, min(num_streams, int(job.prefetch_bytes // window_bytes)))
+
+
+class RawIo:
+    """What the RAW streams of one process share: I/O threads, window buffers, index columns.
+
+    A stream holds one buffer for the window it serves (never waits for it) and at most one more
+    for the next window, taken only while fewer than `spares` are out: memory is
+    (streams + spares) windows, and no stream can starve another.
+    """
+
+    def __init__(self, *, max_in_flight: int, spares: int) -> None:
+        self.max_in_flight, self.spares = max_in_flight, spares
+        self._lock = threading.Lock()
+        self._free: list[np.ndarray] = []
+        self._ahead = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self.columns = LruCache(INDEX_CACHE_SHARDS)
+
+    def submit(self, fn: Any, *args: Any) -> Future:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix=IO_THREAD_PREFIX)
+            return self._pool.submit(fn, *args)
+
+    def take(self, num_bytes: int, *, ahead: bool) -> np.ndarray | None:
+        """A buffer of at least num_bytes (contents undefined); None when reading ahead is over budget."""
+        with self._lock:
+            if ahead:
+                if self._ahead >= self.spares:
+                    return None
+                self._ahead += 1
+            fits = [i for i, b in enumerate(self._free) if b.nbytes >= num_bytes]
+            if fits:  # the smallest that fits (a list of arrays: by position, never by ==)
+                return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
+            if self._free:  # all too small: drop the largest, a bigger one takes its place
+                self._free.pop(max(range(len(self._free)), key=lambda i: self._free[i].nbytes))
+        return np.empty(int(num_bytes * GROWTH), dtype=np.uint8)
+
+    def promote(self) -> None:
+        """A buffer read ahead becomes its stream's current one (no longer counts as a spare)."""
+        with self._lock:
+            self._ahead -= 1
+
+    def give(self, buf: np.ndarray, *, ahead: bool = False) -> None:
+        with self._lock:
+            if ahead:
+                self._ahead -= 1
+            self._free.append(buf)
+
+    def close(self) -> None:
+        """Stop the I/O threads (started again on the next read); buffers stay for reuse."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass
+class _Window:
+    """One window being read or served: its buffer, its pieces' reads and where every member lies."""
+
+    window: Any
+    buf: np.ndarray
+    ahead: bool  # the buffer was taken as a spare (not yet promoted)
+    reads: list[Future]
+    ids: np.ndarray  # int64 [rows] global id of each row (rows: the window's samples in read order)
+    order: np.ndarray  # int64 [rows] argsort of ids
+    shard: np.ndarray  # int64 [rows]
+    keys: np.ndarray  # object [rows]
+    exts: tuple[str, ...]
+    offsets: np.ndarray  # int64 [F, rows] member offsets in buf, -1 absent
+    sizes: np.ndarray  # int64 [F, rows]
+    ranks: np.ndarray  # int64 [F, rows]
+    read_s: float = 0.0
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        return self.order[np.searchsorted(self.ids, ids, sorter=self.order)]
+
+
+class RawStream:
+    """The RAW batches of one WorkerSlot for one iteration (WorkerStream's interface), no dicts."""
+
+    def __init__(self, owner: Any, worker_id: int, state: PlanState, io: RawIo) -> None:
+        job = owner.job
+        self.owner, self.io, self.job = owner, io, job
+        self.epoch = state.epoch
+        self.numbers_before = sum(p.batches for p in state.progress)
+        self.plan = plan_worker(job.manifest.shard_num_samples, config=job.plan_config,
+                                slot=job.topology.slot(worker_id), state=state)
+        self._numbers = self.plan.batch_numbers.tolist()
+        self._last = self._numbers[-1] if self._numbers else -1
+        self._offsets = shard_offsets(job.manifest)
+        reader = owner.reader
+        self._builder = BatchBuilder(owner, epoch=state.epoch,
+                                     url_of_shard=lambda shard: reader.store.url_of(job.manifest.shard_paths[shard]))
+        self._next_window = 0  # the next window to read
+        self._cur: _Window | None = None
+        self._ahead: _Window | None = None
+        self._pos = 0  # the next sample of the current window to deliver
+        self._produced = 0
+        self._carry = CarryArena()
+        self.finished = False
+
+    # --- reading windows ----------------------------------------------------------------
+    def _columns(self, shard: int) -> TarColumns:
+        reader = self.owner.reader
+        return self.io.columns.get_or_load(shard, lambda: columns_of(reader.index(shard), reader.fields))
+
+    def _start(self, *, ahead: bool) -> _Window | None:
+        """Lay out the next window and submit its reads into a buffer (None: no spare buffer now)."""
+        window = self.plan.windows[self._next_window]
+        reader, manifest = self.owner.reader, self.job.manifest
+        pieces = [p for seg in window.segments for p in split_segment(seg, manifest)]
+        spans, total = [], 0
+        for p in pieces:
+            begin, end = reader.index(p.shard).span(p.start, p.stop) if p.stop > p.start else (0, 0)
+            spans.append((begin, end, total))
+            total += end - begin
+        buf = self.io.take(total, ahead=ahead)
+        if buf is None:
+            return None
+        self._next_window += 1
+        try:
+            w = self._layout(window, pieces, spans, buf, ahead)
+        except BaseException:
+            self.io.give(buf, ahead=ahead)
+            raise
+        view = memoryview(buf)
+        for p, (begin, end, at) in zip(pieces, spans):
+            w.reads.append(self.io.submit(self._read, p.shard, begin, end, view[at: at + end - begin]))
+        return w
+
+    def _read(self, shard: int, begin: int, end: int, dest: memoryview) -> float:
+        start = time.perf_counter()
+        m, reader = self.job.manifest, self.owner.reader
+        read_span_into(reader.store, reader.cache, m.shard_paths[shard], begin, end, dest,
+                       checksum=m.shard_checksums[shard])
+        return time.perf_counter() - start
+
+    def _layout(self, window: Any, pieces: list, spans: list, buf: np.ndarray, ahead: bool) -> _Window:
+        cols = [self._columns(p.shard) for p in pieces]
+        exts = tuple(dict.fromkeys(e for c in cols for e in c.exts))
+        n = sum(p.stop - p.start for p in pieces)
+        offsets = np.full((len(exts), n), -1, dtype=np.int64)
+        sizes, ranks = offsets.copy(), offsets.copy()
+        ids, shard, keys = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, dtype=object)
+        row = 0
+        for p, c, (begin, _, at) in zip(pieces, cols, spans):
+            k = p.stop - p.start
+            rows = slice(row, row + k)
+            ids[rows] = self._offsets[p.shard] + np.arange(p.start, p.stop)
+            shard[rows], keys[rows] = p.shard, c.keys[p.start: p.stop]
+            for f, ext in enumerate(c.exts):
+                g = exts.index(ext)
+                off = c.offsets[f, p.start: p.stop]
+                offsets[g, rows] = np.where(off >= 0, off - begin + at, -1)
+                sizes[g, rows], ranks[g, rows] = c.sizes[f, p.start: p.stop], c.ranks[f, p.start: p.stop]
+            row += k
+        return _Window(window=window, buf=buf, ahead=ahead, reads=[], ids=ids, order=np.argsort(ids, kind="stable"),
+                       shard=shard, keys=keys, exts=exts, offsets=offsets, sizes=sizes, ranks=ranks)
+
+    def _advance(self) -> _Window:
+        """The next window, read completely, as the current one (the old buffer given back)."""
+        old, self._cur = self._cur, None
+        if old is not None:
+            self.io.give(old.buf, ahead=old.ahead)
+        w, self._ahead = self._ahead, None
+        if w is None:
+            w = self._start(ahead=False)
+        elif w.ahead:
+            self.io.promote()
+            w.ahead = False
+        assert w is not None
+        w.read_s = sum(f.result() for f in w.reads)  # a read's error is raised here, at its window
+        self._cur, self._pos = w, 0
+        return w
+
+    def _read_ahead(self) -> None:
+        if self._ahead is None and self._next_window < len(self.plan.windows):
+            self._ahead = self._start(ahead=True)
+
+    def warm_up(self) -> None:
+        """Start reading the first window (in the I/O threads); batches wait for their tickets."""
+        if self._cur is None and self._ahead is None and self.plan.windows:
+            self._ahead = self._start(ahead=False)
+
+    # --- batches ------------------------------------------------------------------------
+    def batch(self, batch_index: int) -> dict[str, Any]:
+        """The batch numbered `batch_index`; earlier ones of this slot not asked for are skipped."""
+        while self._produced < len(self._numbers):
+            number = self._numbers[self._produced]
+            if number > batch_index:
+                break
+            parts = self._take(self.job.batch_size)
+            self._produced += 1
+            if number < batch_index:
+                continue
+            self._read_ahead()
+            batch = self._builder.build(parts, self.numbers_before + number)
+            if batch_index == self._last:
+                self.close()  # the slot is done: give its buffers back now
+                self.finished = True
+            return batch
+        raise RuntimeError(f"internal: worker plan has no batch {batch_index} (it holds "
+                           f"{self._numbers[:8]}...); please report this")
+
+    def _take(self, num_samples: int) -> list[Part]:
+        """The next num_samples of the plan as parts; a batch may straddle windows."""
+        parts: list[Part] = []
+        self._carry.reset()
+        while num_samples:
+            w = self._cur
+            if w is None or self._pos >= len(w.window.sample_ids):
+                parts = [self._carry.carry(p) for p in parts]  # the old window's buffer is given back now
+                w = self._advance()
+            lo = self._pos
+            hi = min(lo + num_samples, len(w.window.sample_ids))
+            ids = w.window.sample_ids[lo:hi]
+            rows = w.rows_of(ids)
+            parts.append(Part(buf=w.buf, exts=w.exts, offsets=w.offsets[:, rows], sizes=w.sizes[:, rows],
+                              ranks=w.ranks[:, rows], keys=w.keys[rows], ids=ids, mask=~w.window.is_pad[lo:hi],
+                              shards=w.shard[rows], read_s=w.read_s * (hi - lo) / max(1, len(w.ids))))
+            self._pos, num_samples = hi, num_samples - (hi - lo)
+        return parts
+
+    def close(self) -> None:
+        """Cancel reads not started, wait for running ones (they write into our buffers), give buffers back."""
+        for w in (self._ahead, self._cur):
+            if w is None:
+                continue
+            for f in w.reads:
+                if not f.cancel():
+                    with contextlib.suppress(Exception):  # the stream is being dropped
+                        f.result()
+            self.io.give(w.buf, ahead=w.ahead)
+        self._ahead = self._cur = None
+
+
+def process_io(job: Any, num_streams: int) -> RawIo:
+    """A RawIo for one process serving `num_streams` streams of this job."""
+    return RawIo(max_in_flight=job.max_in_flight, spares=spare_windows(job, num_streams))
+

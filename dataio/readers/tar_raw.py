@@ -1,0 +1,101 @@
+"""Tar shards for the RAW fast path: the index as numpy columns, byte spans read into a caller's buffer.
+
+The loader's RAW path (dataio/loader/raw.py) never builds a dict per sample: it reads a window's
+spans with few large reads straight into a reused buffer, and finds every member by index
+arithmetic on these columns. A local file is read with os.preadv into the buffer (no `bytes`
+object, no page faults once the buffer was used); object storage goes through Store.read (ranged
+GETs, retried and hedged as everywhere) and one copy into the buffer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dataio.format.tar_index import TarIndex
+from dataio.readers.base import cached_read
+from dataio.storage.retry import ShortReadError
+from dataio.storage.store import Store
+
+if TYPE_CHECKING:
+    from dataio.storage.cache import DiskCache
+
+
+@dataclass(frozen=True, slots=True)
+class TarColumns:
+    """One shard's index as columns: for field f (exts[f]) and sample i, where its bytes are.
+
+    offsets[f, i] is the member's data offset in the shard and sizes[f, i] its size, both -1 where
+    sample i has no such member; ranks[f, i] is the member's position within its sample (for the
+    batch's field order, as a sample dict would list them). keys[i] is the sample's key.
+    """
+
+    keys: np.ndarray  # object [n] of str
+    exts: tuple[str, ...]
+    offsets: np.ndarray  # int64 [F, n]
+    sizes: np.ndarray  # int64 [F, n]
+    ranks: np.ndarray  # int64 [F, n]
+
+
+def columns_of(index: TarIndex, fields: tuple[str, ...] | None) -> TarColumns:
+    """The index's members as columns, projected to `fields` (None: every field).
+
+    A field twice in one sample keeps the last member's bytes at the first one's position, as
+    TarReader.parse's dict does.
+    """
+    samples = index.samples
+    n = len(samples)
+    exts: dict[str, int] = {}
+    for sample in samples:
+        for member in sample.members:
+            if member.ext not in exts and (fields is None or member.ext in fields):
+                exts[member.ext] = len(exts)
+    offsets = np.full((len(exts), n), -1, dtype=np.int64)
+    sizes = np.full((len(exts), n), -1, dtype=np.int64)
+    ranks = np.full((len(exts), n), -1, dtype=np.int64)
+    keys = np.empty(n, dtype=object)
+    for i, sample in enumerate(samples):
+        keys[i] = sample.key
+        rank = 0
+        for member in sample.members:
+            f = exts.get(member.ext)
+            if f is None:
+                continue
+            if ranks[f, i] < 0:
+                ranks[f, i] = rank
+                rank += 1
+            offsets[f, i], sizes[f, i] = member.offset, member.size
+    return TarColumns(keys=keys, exts=tuple(exts), offsets=offsets, sizes=sizes, ranks=ranks)
+
+
+def read_span_into(store: Store, cache: DiskCache | None, rel: str, start: int, end: int, dest: memoryview,
+                   *, checksum: str) -> None:
+    """Bytes [start, end) of `rel` written into dest[: end - start]; a short read is retried, then fails
+    with the Store's error naming the URL (as Store.read)."""
+    want = end - start
+    if want <= 0:
+        return
+    if cache is None and store.is_local and hasattr(os, "preadv"):
+        path = store.path(rel)
+
+        def once() -> None:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                got = 0
+                while got < want:
+                    n = os.preadv(fd, [dest[got:want]], start + got)
+                    if n <= 0:
+                        break
+                    got += n
+            finally:
+                os.close(fd)
+            if got != want:
+                raise ShortReadError(f"got {got} bytes, expected {want}")
+
+        store._retry(once, f"reading {store.url_of(rel)} bytes {start}-{end}")
+        return
+    data = cached_read(store, cache, rel, start, end, checksum=checksum)
+    dest[:want] = memoryview(data).cast("B")[:want]
