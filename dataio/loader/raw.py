@@ -178,14 +178,19 @@ class RawStream:
             raise
         view = memoryview(buf)
         for p, (begin, end, at) in zip(pieces, spans):
-            w.reads.append(self.io.submit(self._read, p.shard, begin, end, view[at: at + end - begin]))
+            w.reads.append(self.io.submit(self._read, p, begin, end, view[at: at + end - begin]))
         return w
 
-    def _read(self, shard: int, begin: int, end: int, dest: memoryview) -> float:
+    def _read(self, piece: Any, begin: int, end: int, dest: memoryview) -> float:
+        """Read the piece's span into its place in the window buffer (and check it, as TarReader.fetch)."""
         start = time.perf_counter()
         m, reader = self.job.manifest, self.owner.reader
-        read_span_into(reader.store, reader.cache, m.shard_paths[shard], begin, end, dest,
-                       checksum=m.shard_checksums[shard])
+        read_span_into(reader.store, reader.cache, m.shard_paths[piece.shard], begin, end, dest,
+                       checksum=m.shard_checksums[piece.shard])
+        if getattr(reader, "verify_checksums", False) and end > begin:
+            checked = reader.verified(piece, begin, dest)
+            if checked is not dest:  # a damaged cached copy was read again from the store
+                dest[: end - begin] = memoryview(checked).cast("B")
         return time.perf_counter() - start
 
     def _layout(self, window: Any, pieces: list, spans: list, buf: np.ndarray, ahead: bool) -> _Window:
