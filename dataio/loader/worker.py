@@ -299,9 +299,12 @@ class WorkerStream:
         reader = self.owner.reader
         job = self.owner.job
         pieces = [self.owner.split(seg) for w in self.plan.windows for seg in w.segments]
+        # The first window's reads first, alone: reading ahead ramps up from there (prefetch.py).
+        first = sum(reader.payload_bytes(p) for seg in pieces[:len(self.plan.windows[0].segments)] for p in seg) \
+            if self.plan.windows else 0
         self._prefetcher = Prefetcher(
             reader.fetch, size_of=reader.payload_bytes, budget_bytes=job.prefetch_bytes,
-            max_in_flight=job.max_in_flight,
+            max_in_flight=job.max_in_flight, first_budget_bytes=max(1, first),
         )
         results = iter(self._prefetcher.run(piece for segment in pieces for piece in segment))
         pieces_of_window = iter(pieces)

@@ -6,6 +6,11 @@ consumer comes back for the next result (so the one it holds counts too); a requ
 than the whole budget still runs, alone. Threads live only while a `run` is being iterated:
 closing the generator (explicitly, by `close()`, or by garbage collection) cancels what has
 not started and joins the rest.
+
+`first_budget_bytes` starts the budget lower (what the consumer needs first, e.g. its first
+shuffle window) and doubles it with every result the consumer takes, up to `budget_bytes`: the
+first result does not share the store's bandwidth (and the CPU) with a whole budget of reads
+ahead, and the budget is back to full after a few results.
 """
 
 from __future__ import annotations
@@ -33,11 +38,15 @@ class Prefetcher(Generic[T, R]):
         size_of: Callable[[T], int],
         budget_bytes: int,
         max_in_flight: int = 8,
+        first_budget_bytes: int | None = None,
     ) -> None:
         if budget_bytes < 1:
             raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        if first_budget_bytes is not None and first_budget_bytes < 1:
+            raise ValueError(f"first_budget_bytes must be positive, got {first_budget_bytes}")
+        self.first_budget_bytes = min(budget_bytes, first_budget_bytes or budget_bytes)
         self.fetch = fetch
         self.size_of = size_of
         self.budget_bytes = budget_bytes
@@ -59,6 +68,7 @@ class Prefetcher(Generic[T, R]):
         pending: deque[tuple[T, Future[tuple[R, float]], int]] = deque()
         pool = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix=THREAD_NAME_PREFIX)
         in_flight_bytes = 0
+        budget = self.first_budget_bytes  # doubles with each result taken, up to budget_bytes
         waiting: list[tuple[T, int]] = []  # the next request, sized but not yet admitted
         exhausted = False
         try:
@@ -72,7 +82,7 @@ class Prefetcher(Generic[T, R]):
                             break
                         waiting.append((request, max(0, int(self.size_of(request)))))
                     request, size = waiting[0]
-                    if pending and in_flight_bytes + size > self.budget_bytes:
+                    if pending and in_flight_bytes + size > budget:
                         break  # wait for the consumer to release bytes; alone it may exceed
                     waiting.pop()
                     pending.append((request, pool.submit(self._timed, request), size))
@@ -85,6 +95,7 @@ class Prefetcher(Generic[T, R]):
                 yield request, result, seconds
                 del result
                 in_flight_bytes -= size
+                budget = min(self.budget_bytes, 2 * budget)
         finally:
             for _, future, _ in pending:
                 future.cancel()

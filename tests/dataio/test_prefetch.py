@@ -65,6 +65,24 @@ def test_budget_bounds_bytes_alive_at_once():
     assert max(len(s) for s in ledger.overlaps) > 1  # it did run ahead
 
 
+def test_first_budget_reads_the_first_requests_alone_then_doubles():
+    sizes = {i: 10 for i in range(40)}
+    ledger = Ledger(sizes, delay_s=0.002)
+    pf = Prefetcher(ledger.fetch, size_of=sizes.__getitem__, budget_bytes=160, max_in_flight=16,
+                    first_budget_bytes=20)
+    started_before: list[int] = []  # requests started (ever) when each result is taken
+    for request, _, _ in pf.run(range(40)):
+        with ledger.lock:
+            started_before.append(len(ledger.overlaps))
+        ledger.done(request)
+    # The first two (the first window's 20 bytes) run alone; then 40, 80 and 160 bytes at most.
+    assert started_before[0] <= 2
+    assert started_before[1] <= 1 + 4 and started_before[2] <= 2 + 8
+    assert ledger.max_alive_bytes <= 160 and max(len(s) for s in ledger.overlaps) > 4  # back to full
+    with pytest.raises(ValueError):
+        Prefetcher(ledger.fetch, size_of=sizes.__getitem__, budget_bytes=10, first_budget_bytes=0)
+
+
 def test_request_larger_than_budget_goes_alone():
     sizes = {0: 10, 1: 10, 2: 1000, 3: 10, 4: 10}
     ledger = Ledger(sizes, delay_s=0.01)
