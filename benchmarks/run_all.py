@@ -1,6 +1,6 @@
 """Run every benchmark in turn, then gather their result files into benchmarks/README.md.
 
-    python -m benchmarks.run_all [--only loader,write,decode,plan,dali] [--quick]
+    python -m benchmarks.run_all [--only loader,first,s3,write,decode,plan,dali] [--quick]
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("plan", "decode", "write", "loader", "mix", "scale")
+ORDER = ("plan", "decode", "write", "loader", "first", "s3", "mix", "scale")
 # Names whose command is not benchmarks.bench_NAME.
 COMMANDS = {"mix": ["benchmarks.bench_loader", "--mix"]}
 QUICK = {"loader": ["--num-images", "2000", "--repeats", "1", "--epochs", "2"],
+         "first": ["--num-images", "2000", "--repeats", "1"], "s3": ["--num-images", "2000", "--repeats", "1"],
          "mix": ["--num-images", "2000", "--repeats", "1", "--epochs", "2"]}
 
 

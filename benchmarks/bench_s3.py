@@ -1,0 +1,168 @@
+"""Object storage in one interleaved run: the local SeaweedFS server's own ceiling, shardify RAW and
+WebDataset reading the same tar shards over S3 with 2 workers, and each one's time to first batch,
+at 64 MB and 256 MB shards.
+
+    python -m benchmarks.bench_s3 [--num-images 10000] [--repeats 3] [--epochs 2]
+
+The ceiling is parallel whole-object GETs (a thread pool, boto3, bodies streamed and dropped):
+what the server delivers to one client process on this machine. The loaders run in fresh child
+processes (benchmarks.bench_loader's runner: batch 256, persistent workers, PSS sampled); the
+rows of a round run one after another, rounds interleaved, medians reported. The start-up
+requests (what reaches the server before shardify's first batch) are counted through
+tools.delay_proxy in a separate, untimed run. Results go to benchmarks/results_s3.md. Not part
+of the tests or CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARD_SIZES = ("64MB", "256MB")
+
+
+def prepare(work: Path, num_images: int) -> dict[str, Path]:
+    """The synthetic image folder and its tar shards at each shard size (cached in `work`)."""
+    folder = work / f"images-{num_images}"
+    if not (folder / ".done").exists():
+        subprocess.run([sys.executable, "-m", "tools.make_synthetic", str(folder), "--num-images", str(num_images),
+                        "--num-classes", str(min(1000, num_images)), "--seed", "0"], check=True)
+        (folder / ".done").touch()
+    out = {}
+    for size in SHARD_SIZES:
+        dest = work / f"shards-{num_images}-{size}"
+        if not (dest / "manifest.json").exists():
+            cmd = [str(Path(sys.executable).parent / "shardify"), "write", str(folder), str(dest), "--format", "tar",
+                   "--shard-size", size, "--shuffle", "--seed", "0", "--overwrite", "--quiet"]
+            subprocess.run(cmd, check=True)
+        out[size] = dest
+    return out
+
+
+def upload(client: Any, bucket: str, local: Path, prefix: str) -> None:
+    """Every file of a local dataset to s3://bucket/prefix/ (the same bytes, the same layout)."""
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local).as_posix()}")
+
+
+def ceiling(client: Any, bucket: str, keys: list[str], *, threads: int, passes: int) -> dict[str, float]:
+    """Bytes/s of parallel whole-object GETs of `keys` (each `passes` times), bodies streamed and dropped."""
+
+    def get(key: str) -> int:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        return sum(len(chunk) for chunk in body.iter_chunks(1 << 20))
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(get, keys[:threads]))  # connections opened, not timed
+        start = time.perf_counter()
+        total = sum(pool.map(get, keys * passes))
+        seconds = time.perf_counter() - start
+    return {"bytes_per_s": total / seconds, "seconds": seconds, "bytes": total}
+
+
+def count_startup_requests(url: str, endpoint: str, env: dict[str, str]) -> dict[str, Any]:
+    """Requests that reach the server before shardify's first batch (2 workers), through a counting proxy."""
+    code = (
+        "import json, os, sys, dataclasses\n"
+        "from tools.delay_proxy import DelayProxy\n"
+        "from dataio import make_loader\n"
+        "from dataio.storage.store import StorageOptions\n"
+        "with DelayProxy(sys.argv[2], delay_s=0.0) as proxy:\n"
+        "    opts = dataclasses.replace(StorageOptions.resolve(env=os.environ), endpoint_url=proxy.url)\n"
+        "    with make_loader(sys.argv[1], batch_size=256, num_workers=2, decode=None, tail='pad', storage=opts) as ld:\n"
+        "        it = iter(ld); next(it); before = list(proxy.stats.requests)\n"
+        "        for _ in it: pass\n"
+        "    print(json.dumps({'before': before, 'epoch': len(proxy.stats.requests)}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, url, endpoint], check=True, capture_output=True, text=True,
+                         env={**os.environ, **env}, cwd=ROOT, timeout=600).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    lines = got["before"]
+    kinds = {"manifest": sum("manifest.json" in x for x in lines), "index": sum(".idx" in x for x in lines),
+             "listing": sum("list-type" in x for x in lines), "head": sum(x.startswith("HEAD") for x in lines)}
+    kinds["shard reads"] = len(lines) - sum(kinds.values())
+    return {"before_first_batch": len(lines), "kinds": kinds, "epoch": got["epoch"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-images", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--ceiling-threads", type=int, default=8)
+    parser.add_argument("--work", default="out/bench")
+    parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results_s3.md"))
+    args = parser.parse_args(argv)
+
+    from benchmarks.bench_loader import TORCH, run_config, tar_urls
+    from tools.s3_server import S3Server
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    local = prepare(work, args.num_images)
+    load_start = os.getloadavg()
+    runs: dict[str, list[dict[str, Any]]] = {}
+    counts: dict[str, Any] = {}
+    with S3Server(data_dir=str(work / "seaweed-s3")) as server:
+        client, bucket = server.client(), server.new_bucket()
+        env = {"AWS_ENDPOINT_URL": server.endpoint_url, "AWS_ACCESS_KEY_ID": server.key,
+               "AWS_SECRET_ACCESS_KEY": server.secret}
+        os.environ.update(env)  # tar_urls reads the manifests here; children get env explicitly
+        specs, keys, info = {}, {}, {}
+        for size, path in local.items():
+            upload(client, bucket, path, size)
+            url = f"s3://{bucket}/{size}"
+            tars = tar_urls(url)
+            keys[size] = [t.split(f"s3://{bucket}/", 1)[1] for t in tars]
+            info[size] = _dataset_info(path, len(tars))
+            base = {"epochs": args.epochs, "batch_size": args.batch_size, "num_workers": args.num_workers,
+                    "url": url, "tars": tars, "task": "raw", "source": f"s3, {size} shards"}
+            specs[f"shardify/{size}"] = {**base, "loader": "shardify"}
+            specs[f"webdataset/{size}"] = {**base, "loader": "webdataset"}
+            counts[size] = count_startup_requests(url, server.endpoint_url, env)
+        for round_ in range(args.repeats):
+            for size in local:
+                for name in (f"ceiling/{size}", f"shardify/{size}", f"webdataset/{size}"):
+                    if name.startswith("ceiling"):
+                        load = os.getloadavg()[0]
+                        r = ceiling(client, bucket, keys[size], threads=args.ceiling_threads, passes=args.epochs)
+                        r["load"] = (load + os.getloadavg()[0]) / 2
+                        r["samples_per_s"] = r["bytes_per_s"] / info[size]["bytes_per_sample"]
+                        print(f"  ceiling      {size:>6}: {r['bytes_per_s'] / 1e6:7.0f} MB/s "
+                              f"({r['samples_per_s']:6.0f} samples/s)  load {r['load']:.1f}", flush=True)
+                    else:
+                        r = run_config(specs[name], env)
+                    runs.setdefault(name, []).append(r)
+    from benchmarks.s3_report import write_results
+
+    write_results(Path(args.results), runs, counts, info, args, load_start, TORCH)
+    return 0
+
+
+def _dataset_info(path: Path, num_shards: int) -> dict[str, float]:
+    """Samples, tar bytes and shards of a local dataset, from its manifest."""
+    from dataio.format.manifest import read_manifest
+    from dataio.storage.store import Store
+
+    m = read_manifest(Store(str(path)))
+    return {"num_samples": m.num_samples, "num_bytes": m.num_bytes, "num_shards": num_shards,
+            "bytes_per_sample": m.num_bytes / max(1, m.num_samples)}
+
+
+def medians(rs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in rs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
