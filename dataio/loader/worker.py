@@ -298,26 +298,26 @@ class WorkerStream:
         """(window, samples by global id, seconds spent reading and parsing it), in plan order."""
         reader = self.owner.reader
         job = self.owner.job
-        pieces = [self.owner.split(seg) for w in self.plan.windows for seg in w.segments]
+        # (window number, piece): a window is shuffled only once all its pieces are in, so its
+        # pieces are taken as they arrive and one straggling read does not hold the rest.
+        pieces = [[(w, p) for seg in window.segments for p in self.owner.split(seg)]
+                  for w, window in enumerate(self.plan.windows)]
         # The first window's reads first, alone: reading ahead ramps up from there (prefetch.py).
-        first = sum(reader.payload_bytes(p) for seg in pieces[:len(self.plan.windows[0].segments)] for p in seg) \
-            if self.plan.windows else 0
+        first = sum(reader.payload_bytes(p) for _, p in pieces[0]) if pieces else 0
         self._prefetcher = Prefetcher(
-            reader.fetch, size_of=reader.payload_bytes, budget_bytes=job.prefetch_bytes,
-            max_in_flight=job.max_in_flight, first_budget_bytes=max(1, first),
+            lambda r: reader.fetch(r[1]), size_of=lambda r: reader.payload_bytes(r[1]),
+            budget_bytes=job.prefetch_bytes, max_in_flight=job.max_in_flight, first_budget_bytes=max(1, first),
         )
-        results = iter(self._prefetcher.run(piece for segment in pieces for piece in segment))
-        pieces_of_window = iter(pieces)
-        for window in self.plan.windows:
+        results = iter(self._prefetcher.run((r for w in pieces for r in w), group=lambda r: r[0]))
+        for window, window_pieces in zip(self.plan.windows, pieces):
             by_id: dict[int, dict[str, Any]] = {}
             read_s = 0.0
-            for _ in window.segments:
-                for piece in next(pieces_of_window):
-                    _, payload, fetch_s = next(results)
-                    start = time.perf_counter()
-                    for sample in reader.parse(piece, zero_copy(payload)):
-                        by_id[int(sample["__id__"])] = sample
-                    read_s += fetch_s + time.perf_counter() - start
+            for _ in window_pieces:
+                (_, piece), payload, fetch_s = next(results)
+                start = time.perf_counter()
+                for sample in reader.parse(piece, zero_copy(payload)):
+                    by_id[int(sample["__id__"])] = sample
+                read_s += fetch_s + time.perf_counter() - start
             yield window, by_id, read_s
 
     def _all_windows(self) -> Iterator[tuple[Any, dict[int, dict[str, Any]], float]]:

@@ -35,7 +35,11 @@ class HedgePolicy:
     floor_ms: float = 200.0
     budget_fraction: float = 0.1
     burst: int = 2
-    min_history: int = 8  # latencies of a size class needed before its reads are hedged
+    min_history: int = 8  # latencies needed before their median sets a size class's threshold
+    # Before that, a read is hedged after cold_ms (None: never): a prior, since a read slower
+    # than a second is a straggler on any store fast enough to feed training, and a worker's
+    # first reads (indexes, first windows) are the ones everything else waits for.
+    cold_ms: float | None = 1000.0
 
     def __post_init__(self) -> None:
         if not self.k >= 1.0:
@@ -44,6 +48,8 @@ class HedgePolicy:
             raise ValueError(f"floor_ms must be >= 0, got {self.floor_ms}")
         if not 0.0 <= self.budget_fraction <= 1.0:
             raise ValueError(f"budget_fraction must be in [0, 1], got {self.budget_fraction}")
+        if self.cold_ms is not None and not self.cold_ms >= 0:
+            raise ValueError(f"cold_ms must be >= 0 or None, got {self.cold_ms}")
         if self.burst < 0 or self.min_history < 1:
             raise ValueError("burst must be >= 0 and min_history >= 1")
 
@@ -90,22 +96,49 @@ class Hedger:
         self._history: dict[int, deque[float]] = {}
         self._all: deque[float] = deque(maxlen=HISTORY)
         self._lock = threading.Lock()
+        # When the first read of this process finished. Reads started before it share the
+        # client's start-up (session, credentials, connections): their time says nothing about
+        # the store, so they are not recorded, and a cold read's clock starts here.
+        self._ready_at: float | None = None
+        # A straggler is slow while the store answers others: a read is hedged only once a read
+        # that started after it has finished (or when it is alone), never when every read is slow
+        # together (a busy store or machine), where a second request only adds load.
+        self._started = 0  # reads started so far (each read's number is its place in this count)
+        self._newest_done = -1  # the highest number of a finished read
+        self._in_flight = 0
 
     def threshold_s(self, size: int) -> float | None:
-        """Seconds after which a read of `size` bytes is hedged; None while its size class has too little history."""
+        """Seconds after which a read of `size` bytes is hedged: from its size class's recent median,
+        else cold_ms while there is too little history (None: not hedged)."""
+        p = self.policy
+        cold_s = None if p.cold_ms is None else max(p.cold_ms, p.floor_ms) / 1000
         with self._lock:
             recent = self._history.get(max(0, size).bit_length())
-            if recent is None or len(recent) < self.policy.min_history:
-                recent = self._all  # a size class seen too rarely: the median over every size
-            if len(recent) < self.policy.min_history:
-                return None
-            median = statistics.median(recent)
-        return max(self.policy.k * median, self.policy.floor_ms / 1000)
+            if recent is not None and len(recent) >= p.min_history:
+                return max(p.k * statistics.median(recent), p.floor_ms / 1000)
+            if cold_s is None or len(self._all) < p.min_history:
+                return cold_s
+            # A size class seen too rarely: other sizes' median says how slow the store is now,
+            # not how long this size takes (a 2 MB read is not a HEAD), so never below cold_ms.
+            return max(p.k * statistics.median(self._all), cold_s)
 
-    def _record(self, size: int, seconds: float) -> None:
+    def _record(self, size: int, seconds: float, started: float | None = None) -> None:
         with self._lock:
+            if started is not None and (self._ready_at is None or started < self._ready_at):
+                self._ready_at = self._ready_at or time.perf_counter()
+                return
+            self._ready_at = self._ready_at or time.perf_counter()
             self._history.setdefault(max(0, size).bit_length(), deque(maxlen=HISTORY)).append(seconds)
             self._all.append(seconds)
+
+    def _hedge_at(self, size: int, started: float) -> float | None:
+        """perf_counter time at which a read started at `started` gets its hedge; inf: never; None: not
+        known yet (nothing has finished: the client is still starting)."""
+        threshold = self.threshold_s(size)
+        if threshold is None:
+            return float("inf")
+        ready = self._ready_at
+        return None if ready is None else max(started, ready) + threshold
 
     def _may_hedge(self) -> bool:
         p = self.policy
@@ -124,21 +157,31 @@ class Hedger:
     def call(self, fn: Callable[[], T], size: int) -> T:
         """fn(), with a second fn() started if the first is slow; the first result (or the last error) wins."""
         self._count(requests=1)
-        threshold = self.threshold_s(size)
+        with self._lock:
+            number = self._started
+            self._started += 1
+            self._in_flight += 1
+        try:
+            return self._call(fn, size, number)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._newest_done = max(self._newest_done, number)
+
+    def _call(self, fn: Callable[[], T], size: int, number: int) -> T:
         start = time.perf_counter()
-        if threshold is None:
+        if self._hedge_at(size, start) == float("inf"):
             result = fn()
-            self._record(size, time.perf_counter() - start)
+            self._record(size, time.perf_counter() - start, start)
             return result
         pool = ThreadPoolExecutor(2, thread_name_prefix=THREAD_NAME_PREFIX)
         try:
             first = pool.submit(fn)
-            done, _ = wait([first], timeout=threshold)
-            if done or not self._may_hedge():
-                if not done:
+            if not self._slow(first, size, start, number) or not self._may_hedge():
+                if not first.done():
                     self._count(over_budget=1)
                 result = first.result()
-                self._record(size, time.perf_counter() - start)
+                self._record(size, time.perf_counter() - start, start)
                 return result
             self._count(hedged=1)
             hedge_start = time.perf_counter()
@@ -146,12 +189,32 @@ class Hedger:
             winner = _first_success([first, second])
             if winner is second:
                 self._count(won=1)
-                self._record(size, time.perf_counter() - hedge_start)
+                self._record(size, time.perf_counter() - hedge_start, hedge_start)
             else:
-                self._record(size, time.perf_counter() - start)
+                self._record(size, time.perf_counter() - start, start)
             return winner.result()
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # the loser runs out on its own
+
+    def _slow(self, first: Future[T], size: int, start: float, number: int) -> bool:
+        """Wait for read `number` (`first`) until it is a straggler (past its hedge time and overtaken
+        by a younger read, or alone); True if it is one, False once it has finished."""
+        while True:
+            at = self._hedge_at(size, start)
+            now = time.perf_counter()
+            # Until some read has finished, or once past the hedge time but not overtaken yet,
+            # look again every 50 ms.
+            timeout = 0.05 if at is None or now >= at else at - now
+            done, _ = wait([first], timeout=timeout)
+            if done:
+                if self._ready_at is None:
+                    with self._lock:
+                        self._ready_at = self._ready_at or time.perf_counter()
+                return False
+            if at is not None and time.perf_counter() >= at:
+                with self._lock:
+                    if self._newest_done > number or self._in_flight == 1:
+                        return True
 
 
 def _first_success(futures: list[Future[T]]) -> Future[T]:

@@ -1,7 +1,10 @@
 """Fetch requests ahead of use in background threads, within a byte budget, in request order.
 
 Object-storage latency is hidden by keeping up to `max_in_flight` fetches running while the
-consumer parses and decodes. Bytes count against the budget from submission until the
+consumer parses and decodes. Where the consumer does not care about order inside a group of
+consecutive requests (a shuffle window is used only once all its pieces are in), `group` lets
+a group's results come as they finish: one straggling request then holds one slot, not the
+whole pipeline behind it. Bytes count against the budget from submission until the
 consumer comes back for the next result (so the one it holds counts too); a request bigger
 than the whole budget still runs, alone. Threads live only while a `run` is being iterated:
 closing the generator (explicitly, by `close()`, or by garbage collection) cancels what has
@@ -18,8 +21,8 @@ from __future__ import annotations
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Generator, Hashable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -58,13 +61,18 @@ class Prefetcher(Generic[T, R]):
         result = self.fetch(request)
         return result, time.perf_counter() - start
 
-    def run(self, requests: Iterable[T]) -> Iterator[tuple[T, R, float]]:
-        """(request, result, fetch_seconds) in request order; a fetch's exception is raised at its place."""
-        gen = self._run(iter(requests))
+    def run(
+        self, requests: Iterable[T], *, group: Callable[[T], Hashable] | None = None
+    ) -> Iterator[tuple[T, R, float]]:
+        """(request, result, fetch_seconds) in request order; a fetch's exception is raised at its place.
+        With `group`, consecutive requests of one group come in the order they finish (groups in order)."""
+        gen = self._run(iter(requests), group)
         self._runs.add(gen)
         return gen
 
-    def _run(self, requests: Iterator[T]) -> Generator[tuple[T, R, float], None, None]:
+    def _run(
+        self, requests: Iterator[T], group: Callable[[T], Hashable] | None
+    ) -> Generator[tuple[T, R, float], None, None]:
         pending: deque[tuple[T, Future[tuple[R, float]], int]] = deque()
         pool = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix=THREAD_NAME_PREFIX)
         in_flight_bytes = 0
@@ -89,7 +97,7 @@ class Prefetcher(Generic[T, R]):
                     in_flight_bytes += size
                 if not pending:
                     return
-                request, future, size = pending.popleft()
+                request, future, size = _next_done(pending, group)
                 result, seconds = future.result()
                 del future
                 yield request, result, seconds
@@ -106,3 +114,20 @@ class Prefetcher(Generic[T, R]):
         """Stop every run of this prefetcher (from the consuming thread): pending fetches cancelled, threads joined."""
         for gen in list(self._runs):
             gen.close()
+
+
+def _next_done(pending: deque[tuple[T, Future[R], int]], group: Callable[[T], Hashable] | None) -> tuple[T, Future[R], int]:
+    """Take the head of `pending`; with `group`, the first finished entry of the head's group (waiting for one)."""
+    if group is None or len(pending) == 1:
+        return pending.popleft()
+    head = group(pending[0][0])
+    same = 1  # the head's group is a run at the front of the queue
+    while same < len(pending) and group(pending[same][0]) == head:
+        same += 1
+    while True:
+        for i in range(same):
+            if pending[i][1].done():
+                entry = pending[i]
+                del pending[i]
+                return entry
+        wait([pending[i][1] for i in range(same)], return_when=FIRST_COMPLETED)

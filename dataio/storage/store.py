@@ -168,8 +168,14 @@ class Store:
         return self._hedger
 
     def size(self, rel: str) -> int:
+        """The object's size in bytes (a HEAD on object stores: hedged like a small read)."""
         path = self.path(rel)
-        return int(self._retry(lambda: self.fs.size(path), f"size of {self.url_of(rel)}"))
+
+        def once() -> int:
+            return int(self._retry(lambda: self.fs.size(path), f"size of {self.url_of(rel)}"))
+
+        hedger = self.hedger
+        return once() if hedger is None else hedger.call(once, 0)
 
     def exists(self, rel: str) -> bool:
         path = self.path(rel)

@@ -66,3 +66,52 @@ def test_policy_is_validated():
         HedgePolicy(k=0.5)
     with pytest.raises(ValueError):
         HedgePolicy(budget_fraction=2)
+
+
+def test_reads_of_the_starting_client_are_not_history_and_a_cold_read_is_hedged_after_cold_ms():
+    hedger = Hedger(HedgePolicy(k=3, floor_ms=10, min_history=2, cold_ms=200))
+    release = threading.Event()
+    calls = [0]
+    lock = threading.Lock()
+
+    def fn() -> int:
+        with lock:
+            n = calls[0]
+            calls[0] += 1
+        if n == 0:
+            release.wait(5)  # the client is starting: nothing finishes for a while
+        elif n == 1:
+            time.sleep(3.0)  # a straggler among the first reads
+        return n
+
+    results: dict[str, int] = {}
+    first = threading.Thread(target=lambda: results.setdefault("a", hedger.call(fn, 100)))
+    first.start()
+    time.sleep(0.05)
+    second = threading.Thread(target=lambda: results.setdefault("b", hedger.call(fn, 100)))
+    second.start()
+    time.sleep(0.4)  # past cold_ms, but nothing has finished: no hedge yet
+    assert hedger.stats.hedged == 0
+    release.set()  # read 0 finishes: from now on read 1 is timed (200 ms), and then it is alone
+    first.join(5)
+    start = time.perf_counter()
+    second.join(5)
+    assert results == {"a": 0, "b": 2} and hedger.stats.hedged == 1 and hedger.stats.won == 1
+    assert time.perf_counter() - start < 2.5  # did not wait out the 3 s straggler (a behaviour bound)
+    assert hedger.threshold_s(100) == 0.2  # neither start-up read became history: still cold
+
+
+def test_reads_slow_together_are_not_hedged_until_a_younger_one_finishes():
+    hedger = Hedger(HedgePolicy(k=2, floor_ms=10, min_history=2, cold_ms=None))
+    for _ in range(2):
+        hedger._record(100, 0.01)  # threshold 20 ms
+    delays = {0: 0.3, 1: 0.3, 2: 0.3, 3: 0.3, 4: 2.0, 5: 0.05}
+    fn, calls = _reads(delays)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        together = [pool.submit(hedger.call, fn, 100) for _ in range(4)]  # all 15x the median, together
+        assert sorted(f.result() for f in together) == [0, 1, 2, 3]
+        assert hedger.stats.hedged == 0  # a busy store: nobody overtaken, no second requests
+        straggler = pool.submit(hedger.call, fn, 100)  # call 4: 2 s, the only read in flight
+    assert straggler.result() == 5 and hedger.stats.hedged == 1  # hedged alone; the hedge won

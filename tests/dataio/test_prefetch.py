@@ -183,3 +183,25 @@ def test_prefetch_hides_s3_latency_from_the_delay_proxy(s3_server):
         assert proxy.stats.num_requests - before == len(segments)
     assert got == [samples[s.shard][s.start : s.stop] for s in segments]
     assert elapsed < 0.6 * len(segments) * delay_s  # loose: the machine is shared
+
+
+def test_a_group_comes_in_finishing_order_so_a_straggler_holds_one_slot():
+    slow = threading.Event()
+
+    def fetch(req: tuple[int, int]) -> int:
+        if req == (0, 1):
+            slow.wait(5)  # a straggler in group 0
+        else:
+            time.sleep(0.01)
+        return req[1]
+
+    pf = Prefetcher(fetch, size_of=lambda r: 1, budget_bytes=100, max_in_flight=3)
+    requests = [(0, i) for i in range(6)] + [(1, i) for i in range(6, 9)]
+    out = []
+    for request, _, _ in pf.run(requests, group=lambda r: r[0]):
+        out.append(request)
+        if len(out) == 5:
+            slow.set()  # the other five of group 0 came past the straggler on 3 threads
+    assert sorted(out[:6]) == [(0, i) for i in range(6)] and out[:5] == [(0, i) for i in (0, 2, 3, 4, 5)]
+    assert sorted(out[6:]) == [(1, 6), (1, 7), (1, 8)]  # groups in order
+    assert prefetch_threads() == []
