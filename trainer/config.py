@@ -203,7 +203,8 @@ _HELP = {
     "keep_checkpoints": "newest checkpoints kept",
     "resume": "auto: newest complete checkpoint in --checkpoint-dir; none; or one checkpoint path/URL",
     "record_keys": "write OUT/keys-rankR.jsonl: the sample keys of every committed step (audits exactly-once)",
-    "dist_timeout_s": "torch.distributed timeout: a rank that breaks stops the others within this",
+    "dist_timeout_s": "torch.distributed timeout: a rank that breaks stops the others, and a rank that stops "
+                      "responding is named, within this",
     "device": "auto (cuda:LOCAL_RANK when CUDA is present, else cpu), cpu or cuda",
     "trace_steps": "steps per rank kept for trace.json and steps.png",
     "live": "redraw the table in place on a terminal (rank 0)",

@@ -75,36 +75,58 @@ def start(*, device: str, timeout_s: float, env: Mapping[str, str] | None = None
     rank, world_size, local_rank = topology(env)
     dev = pick_device(device, local_rank)
     distributed = "MASTER_ADDR" in env and "WORLD_SIZE" in env
+    watch = Watch.for_timeout(timeout_s)
     if distributed:
         backend = "nccl" if dev.type == "cuda" else "gloo"
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store, _, _ = next(rendezvous("env://", rank, world_size, timeout=timeout))
+        store, _, _ = next(rendezvous("env://", rank, world_size, timeout=datetime.timedelta(seconds=timeout_s)))
         # After torchrun restarts the group, the store can still hold the dead attempt's addresses;
         # a prefix per attempt keeps the new ranks from connecting to them.
         attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
         kv = dist.PrefixStore(f"trainer/attempt-{attempt}", store)
-        dist.init_process_group(backend, store=kv, rank=rank, world_size=world_size, timeout=timeout,
+        dist.init_process_group(backend, store=kv, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=watch.collective_s),
                                 device_id=dev if dev.type == "cuda" else None)
     node_rank = int(env.get("GROUP_RANK", "0") or 0)
-    heartbeat = Heartbeat(kv, rank=rank, world_size=world_size).start() if distributed else None
+    heartbeat = Heartbeat(kv, rank=rank, world_size=world_size, watch=watch).start() if distributed else None
     return Runtime(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, distributed=distributed,
                    node_rank=node_rank, heartbeat=heartbeat)
 
 
-class Heartbeat:
-    """Every rank bumps a counter of its own in the job's key-value store each second.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Watch:
+    """How --dist-timeout-s is spent when a rank stops: collectives give up after `collective_s`,
+    then the heartbeats are watched for `watch_s`, so the rank is named within the user's timeout
+    (`slack_s` is left for the failure to reach Python and the message to be written)."""
 
-    When a collective times out (--dist-timeout-s) the counters tell which ranks stopped: a rank
-    that is stopped (SIGSTOP), hung in native code or gone leaves its counter still, while a
-    rank merely waiting in the same collective keeps beating. Under torchrun the store is the
-    agent's, so it still answers when a rank does not.
+    timeout_s: float  # --dist-timeout-s, the user's promise
+    collective_s: float
+    watch_s: float
+    slack_s: float
+
+    @property
+    def every_s(self) -> float:
+        """Seconds between a rank's heartbeats: four fall in one watch."""
+        return max(0.05, self.watch_s / 4)
+
+    @classmethod
+    def for_timeout(cls, timeout_s: float) -> Watch:
+        watch_s = min(2.0, timeout_s / 8)
+        slack_s = min(2.0, timeout_s / 8)
+        return cls(timeout_s=timeout_s, collective_s=timeout_s - watch_s - slack_s, watch_s=watch_s, slack_s=slack_s)
+
+
+class Heartbeat:
+    """Every rank bumps a counter of its own in the job's key-value store a few times a second.
+
+    When a collective times out the counters tell which ranks stopped: a rank that is stopped
+    (SIGSTOP), hung in native code or gone leaves its counter still, while a rank merely waiting
+    in the same collective keeps beating. Under torchrun the store is the agent's, so it still
+    answers when a rank does not. Collectives time out `Watch.watch_s + Watch.slack_s` before
+    --dist-timeout-s, so the check ends, and the rank is named, within it.
     """
 
-    EVERY_S = 1.0
-    WATCH_S = 3.0
-
-    def __init__(self, kv: Any, *, rank: int, world_size: int) -> None:
-        self.kv, self.rank, self.world_size = kv, rank, world_size
+    def __init__(self, kv: Any, *, rank: int, world_size: int, watch: Watch) -> None:
+        self.kv, self.rank, self.world_size, self.watch = kv, rank, world_size, watch
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -119,7 +141,7 @@ class Heartbeat:
                 self.kv.add(f"heartbeat/{self.rank}", 1)
             except Exception:  # noqa: BLE001 - the store is gone: the job is ending anyway
                 return
-            self._stop.wait(self.EVERY_S)
+            self._stop.wait(self.watch.every_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -127,19 +149,19 @@ class Heartbeat:
             self._thread.join(timeout=5)
 
     def silent_ranks(self) -> list[int] | None:
-        """Ranks whose counter did not move during WATCH_S; None if the store itself did not answer."""
+        """Ranks whose counter did not move during watch_s; None if the store itself did not answer."""
         result: list[list[int]] = []
 
         def read() -> None:
             keys = [f"heartbeat/{r}" for r in range(self.world_size)]
             before = [int(self.kv.add(k, 0)) for k in keys]
-            time.sleep(self.WATCH_S)
+            time.sleep(self.watch.watch_s)
             after = [int(self.kv.add(k, 0)) for k in keys]
             result.append([r for r in range(self.world_size) if after[r] == before[r]])
 
         reader = threading.Thread(target=read, name="trainer-heartbeat-check", daemon=True)
         reader.start()
-        reader.join(timeout=self.WATCH_S + 10)
+        reader.join(timeout=self.watch.watch_s + self.watch.slack_s)
         return result[0] if result else None
 
 
@@ -157,8 +179,10 @@ def name_unresponsive(rt: Runtime, exc: BaseException) -> str | None:
     if not silent:
         return None
     ranks = ", ".join(str(r) for r in silent)
-    return (f"rank {ranks} stopped responding (no heartbeat for {Heartbeat.WATCH_S:.0f} s); the collective "
-            f"waiting for it gave up after --dist-timeout-s ({first})")
+    w = rt.heartbeat.watch
+    return (f"rank {ranks} stopped responding (no heartbeat for {w.watch_s:g} s); the collective waiting for "
+            f"it gave up {w.watch_s + w.slack_s:g} s before --dist-timeout-s ({w.timeout_s:g} s) to name it "
+            f"within it ({first})")
 
 
 def stop(rt: Runtime | None) -> None:
