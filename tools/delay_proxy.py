@@ -4,7 +4,8 @@ Requests pass through byte for byte (the Host header included, so SigV4 signatur
 the proxy's address still verify upstream). Each request waits `delay_s`; a seeded fraction
 can be answered 503 SlowDown, have its response body cut short, its connection reset, or never
 be answered (hang) — what a loader's retry logic must survive — and, on its own seeded stream,
-be stalled for stall_s and then served (a straggler, what hedged reads must absorb). `methods`
+be stalled for stall_s and then served (a straggler, what hedged reads must absorb), or have one
+byte of its body flipped on the way up (what a write's checksum must catch). `methods`
 picks which requests the faults hit (e.g. only PUT, to fail writes). Stdlib asyncio only, one background thread.
 """
 
@@ -39,6 +40,7 @@ class Faults:
     truncate_rate: float = 0.0  # response body cut in half, then the connection closed
     reset_rate: float = 0.0  # connection reset (RST) instead of an answer
     hang_rate: float = 0.0  # request read, never forwarded, never answered (a stuck endpoint)
+    corrupt_rate: float = 0.0  # one byte of the request body flipped on its way up (bad memory, a bad NIC)
     stall_rate: float = 0.0  # request held stall_s, then served normally (a straggler), apart from the rest
     stall_s: float = 2.0
     methods: tuple[str, ...] = ("GET",)  # which methods the three faults apply to
@@ -49,7 +51,7 @@ class Faults:
             raise ValueError("delay_s must be >= 0")
         if self.stall_s < 0:
             raise ValueError("stall_s must be >= 0")
-        for name in ("error_rate", "truncate_rate", "reset_rate", "hang_rate", "stall_rate"):
+        for name in ("error_rate", "truncate_rate", "reset_rate", "hang_rate", "stall_rate", "corrupt_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1]")
         if self.error_rate + self.truncate_rate + self.reset_rate + self.hang_rate > 1.0:
@@ -67,6 +69,7 @@ class ProxyStats:
     num_resets: int = 0
     num_hangs: int = 0
     num_stalls: int = 0
+    num_corrupted: int = 0
 
 
 class _Request:
@@ -137,6 +140,7 @@ class DelayProxy:
         hang_rate: float = 0.0,
         stall_rate: float = 0.0,
         stall_s: float = 2.0,
+        corrupt_rate: float = 0.0,
         methods: tuple[str, ...] = ("GET",),
         seed: int = 0,
         port: int = 0,
@@ -147,11 +151,12 @@ class DelayProxy:
         self.upstream = (parts.hostname, parts.port or 80)
         self.faults = Faults(delay_s=delay_s, error_rate=error_rate, truncate_rate=truncate_rate,
                              reset_rate=reset_rate, hang_rate=hang_rate, stall_rate=stall_rate, stall_s=stall_s,
-                             methods=tuple(m.upper() for m in methods),
+                             corrupt_rate=corrupt_rate, methods=tuple(m.upper() for m in methods),
                              seed=seed)
         self.stats = ProxyStats()
         self._rng = random.Random(seed)
         self._stall_rng = random.Random(seed + 1)  # its own stream: stalls do not shift the other faults
+        self._corrupt_rng = random.Random(seed + 2)  # and corruption its own
         self._port = port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -219,6 +224,11 @@ class DelayProxy:
         f = self.faults
         return bool(f.stall_rate) and method in f.methods and self._stall_rng.random() < f.stall_rate
 
+    def _pick_corrupt(self, request: _Request) -> bool:
+        f = self.faults
+        return (bool(f.corrupt_rate) and request.method in f.methods and len(request.body) > 0
+                and self._corrupt_rng.random() < f.corrupt_rate)
+
     def _pick_fault(self, method: str) -> str:
         f = self.faults
         if method not in f.methods or not (f.error_rate or f.truncate_rate or f.reset_rate or f.hang_rate):
@@ -265,6 +275,9 @@ class DelayProxy:
                     continue
                 if up is None:
                     up = await asyncio.open_connection(*self.upstream, limit=_HEAD_LIMIT)
+                if self._pick_corrupt(request):
+                    self.stats.num_corrupted += 1
+                    request.body = _flip_middle_byte(request.body)
                 up[1].write(request.head + request.body)
                 await up[1].drain()
                 keep = await self._relay_response(request, up[0], writer, truncate=fault == "truncate")
@@ -319,6 +332,12 @@ class DelayProxy:
         return not close
 
 
+def _flip_middle_byte(body: bytes) -> bytes:
+    """The body with its middle byte inverted (same length: only a checksum can tell)."""
+    i = len(body) // 2
+    return body[:i] + bytes([body[i] ^ 0xFF]) + body[i + 1:]
+
+
 def _reset(writer: asyncio.StreamWriter) -> None:
     """Close with RST rather than FIN: what a dropped connection looks like to the client."""
     sock = writer.get_extra_info("socket")
@@ -341,12 +360,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-rate", type=float, default=0.0,
                         help="fraction of requests held --stall-ms, then served (stragglers)")
     parser.add_argument("--stall-ms", type=float, default=2000.0, help="how long a stalled request waits")
+    parser.add_argument("--corrupt-rate", type=float, default=0.0,
+                        help="fraction of request bodies (of --methods) with one byte flipped on the way up")
     parser.add_argument("--methods", default="GET", help="comma-separated methods the faults apply to, e.g. PUT")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     proxy = DelayProxy(args.upstream, args.delay_ms / 1000, error_rate=args.error_rate,
                        truncate_rate=args.truncate_rate, reset_rate=args.reset_rate, hang_rate=args.hang_rate,
-                       stall_rate=args.stall_rate, stall_s=args.stall_ms / 1000,
+                       stall_rate=args.stall_rate, stall_s=args.stall_ms / 1000, corrupt_rate=args.corrupt_rate,
                        methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), seed=args.seed,
                        port=args.port)
     with proxy:

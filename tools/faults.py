@@ -129,8 +129,9 @@ LOADER_FAULTS: list[tuple[str, dict[str, Any], bool]] = [
 
 
 def loader_scenarios(server: Any, size: Size, seed: int) -> list[Row]:
-    """Epochs through each fault, the faults interleaved round by round (so a busy spell of the
-    machine hits every one alike): exactly once, and the median samples/s against no fault."""
+    """Epochs through each fault, the faults interleaved round by round in a turning order (so a
+    busy spell of the machine hits every one alike): exactly once, and the median samples/s
+    against no fault."""
     import statistics
 
     bucket = server.new_bucket()
@@ -141,7 +142,10 @@ def loader_scenarios(server: Any, size: Size, seed: int) -> list[Row]:
     hedges = {name: [0, 0] for name in rates}
     seen: dict[str, list[int]] = {name: [0] * 6 for name in rates}
     for epoch in range(size.epochs):
-        for name, faults, hedge in LOADER_FAULTS:
+        # The order turns each round: no scenario always runs first (after the machine was idle)
+        # or right after the same neighbour.
+        turn = epoch % len(LOADER_FAULTS)
+        for name, faults, hedge in LOADER_FAULTS[turn:] + LOADER_FAULTS[:turn]:
             with DelayProxy(server.endpoint_url, delay_s=0.0, seed=seed + epoch, **faults) as proxy:
                 options = replace(server.options(), endpoint_url=proxy.url,
                                   hedge=StorageOptions().hedge if hedge else None)

@@ -67,6 +67,10 @@ _TRANSIENT_WORDS = (
     "requesttimeout", "throttl", "reduce your request rate", "connection reset", "timed out",
     "timeout", "server disconnected", "broken pipe", "connection aborted", "payload",
     "internal error", "connection was closed",
+    # The store's own check of a body damaged on the way (Content-MD5, x-amz-content-sha256 or
+    # a flexible checksum): the bytes we hold are right, so sending them again is the fix.
+    "baddigest", "did not match what we received", "sha256mismatch", "xamzcontentsha256mismatch",
+    "checksum you specified did not match",
 )
 # s3fs turns HTTP 503/SlowDown into OSError(EBUSY) and 500/InternalError into OSError(EREMOTEIO).
 _TRANSIENT_ERRNOS = (

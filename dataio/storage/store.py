@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
 import tempfile
 import time
 import uuid
@@ -38,8 +37,11 @@ T = TypeVar("T")
 
 # Objects up to this size stay in memory while written; above it they spool to a temporary file.
 _SPOOL_BYTES = 64 << 20
-# Below this an upload is one PUT (its ETag is the MD5 of the bytes); above, a multipart upload.
+# Below this an upload is one PUT (its ETag is the MD5 of the bytes); above, a multipart upload
+# of _PART_BYTES parts (its ETag is the MD5 of the parts' MD5s, then "-" and the number of parts).
 _SINGLE_PUT_BYTES = 100 << 20
+_PART_BYTES = 64 << 20
+_MAX_PARTS = 10_000  # S3's limit: larger objects get larger parts
 
 
 class Store:
@@ -252,8 +254,10 @@ class Store:
         Local disk: a hidden temporary name in the same directory, fsync, rename, fsync of the
         directory. Object stores: the bytes are collected in a spooled temporary file (memory up
         to 64 MiB, then disk); each upload attempt sends all of them afresh (a single PUT, or a
-        multipart upload that appears only when complete), then a HEAD must show the expected
-        size (and the MD5 ETag of a single PUT). Anything else raises StorageError naming the URL.
+        multipart upload that appears only when complete, each part's ETag checked against the
+        MD5 of its bytes), then a HEAD must show the expected size and, where the store gives an
+        ETag of the usual form, the one computed from the bytes sent (MD5 for one PUT, MD5 of the
+        parts' MD5s and "-N" for N parts). Anything else raises StorageError naming the URL.
         """
         if self.is_local:
             with self._open_local_atomic(rel) as f:
@@ -288,27 +292,46 @@ class Store:
 
         def once() -> None:
             spool.seek(0)
-            single = size < _SINGLE_PUT_BYTES or self.protocol not in ("s3", "s3a")
-            if single:
+            if size < _SINGLE_PUT_BYTES or self.protocol not in ("s3", "s3a"):
                 self.fs.pipe_file(path, spool.read())
+                self._confirm(path, rel, size, md5)
             else:
-                # A fresh file object per try: fsspec marks a file closed even when its upload
-                # raised, so closing the same one again would "succeed" without uploading.
-                out = self.fs.open(path, "wb")
-                try:
-                    shutil.copyfileobj(spool, out, 8 << 20)
-                    out.close()
-                except BaseException:
-                    with contextlib.suppress(Exception):
-                        out.discard()  # aborts the multipart upload: no object appears
-                    out.closed = True  # or fsspec's __del__ would flush the discarded buffer
-                    raise
-            self._confirm(path, rel, size, md5 if single else None)
+                self._confirm(path, rel, size, self._upload_parts(path, spool, size))
 
         self._retry(once, f"uploading {self.url_of(rel)} ({size} bytes)")
 
-    def _confirm(self, path: str, rel: str, size: int, md5: str | None) -> None:
-        """HEAD the object just written: the expected size, and the MD5 ETag where the store gives one."""
+    def _upload_parts(self, path: str, spool: Any, size: int) -> str:
+        """A multipart upload of the spool, each part's ETag checked against the MD5 of the bytes sent;
+        returns the ETag the whole object must then have. Aborted (nothing appears) on any failure."""
+        bucket, key, _ = self.fs.split_path(path)
+        part_bytes = max(_PART_BYTES, -(-size // _MAX_PARTS))
+        upload_id = self.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
+        digests: list[bytes] = []
+        parts: list[dict[str, Any]] = []
+        try:
+            while piece := spool.read(part_bytes):
+                number = len(parts) + 1
+                digest = hashlib.md5(piece, usedforsecurity=False)
+                out = self.fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=upload_id,
+                                      PartNumber=number, Body=piece)
+                etag = str(out.get("ETag") or "").strip('"').lower()
+                if _is_md5(etag) and etag != digest.hexdigest():
+                    raise UnconfirmedWriteError(f"the store's ETag {etag} of part {number} is not the MD5 "
+                                                f"{digest.hexdigest()} of the bytes sent")
+                digests.append(digest.digest())
+                parts.append({"PartNumber": number, "ETag": out["ETag"]})
+            self.fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
+                            MultipartUpload={"Parts": parts})
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+            raise
+        return f"{hashlib.md5(b''.join(digests), usedforsecurity=False).hexdigest()}-{len(parts)}"
+
+    def _confirm(self, path: str, rel: str, size: int, etag_sent: str) -> None:
+        """HEAD the object just written: the expected size, and the ETag where the store gives one of
+        the usual form (MD5 of the bytes for one PUT, MD5 of the part MD5s and "-N" for a multipart
+        upload); a store that gives another form (or none) is checked on size only."""
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(path)
         try:
@@ -319,8 +342,24 @@ class Store:
         etag = str(info.get("ETag") or info.get("etag") or "").strip('"').lower()
         if got != size:
             raise UnconfirmedWriteError(f"the store holds {got} bytes, {size} were written")
-        if md5 is not None and etag and "-" not in etag and len(etag) == 32 and etag != md5:
-            raise UnconfirmedWriteError(f"the store's ETag {etag} is not the MD5 {md5} of the bytes written")
+        if _same_form(etag, etag_sent) and etag != etag_sent:
+            # Other bytes than ours were stored (changed after they were checksummed): readers must
+            # not find them, whatever the next try does.
+            with contextlib.suppress(Exception):
+                self.fs.rm_file(path)
+            raise UnconfirmedWriteError(f"the store's ETag {etag} is not {etag_sent}, that of the bytes written")
+
+
+def _is_md5(etag: str) -> bool:
+    return len(etag) == 32 and all(c in "0123456789abcdef" for c in etag)
+
+
+def _same_form(etag: str, expected: str) -> bool:
+    """True when the store's ETag is of the form computed locally (plain MD5, or MD5-N of a multipart upload)."""
+    if "-" in expected:
+        head, _, count = etag.partition("-")
+        return _is_md5(head) and count == expected.partition("-")[2]
+    return _is_md5(etag)
 
 
 def _mtime_s(info: Mapping[str, Any]) -> float:
