@@ -18,6 +18,7 @@ from dataio.format.versions import (
     GcPlan,
     StoredObject,
     VersionFacts,
+    generation_of,
     journal_versions,
     named_paths,
     plan_gc,
@@ -51,8 +52,12 @@ def collect(store: Store, *, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = F
     names = [rel for rel, _, _ in listing]
     versions: dict[str, VersionFacts] = {}
     for version in journal_versions(names):
+        # Rows only where the layout does not tell: a later version's objects all sit in its own
+        # shards/vN/ directory, so only the first's (directly in shards/) need its journal's rows.
+        # (A journal's rows repeat its manifest's: reading them for every version on every run
+        # grew with all the shards ever kept.)
         try:
-            head, rows = read_journal(store, version, names)
+            head, rows = read_journal(store, version, names if generation_of(version) == 1 else [])
         except ManifestError:
             continue  # an unreadable journal protects nothing; its files go once old
         versions[version] = VersionFacts(head=head, paths=frozenset(named_paths(rows)))

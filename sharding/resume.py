@@ -47,7 +47,7 @@ def resume_point(
     write to resume; SourceError when there is none or its source or options differ."""
     listing = dest.list()
     versions = journal_versions(listing)
-    heads = {v: read_journal(dest, v, listing) for v in versions}
+    heads = {v: read_journal(dest, v, []) for v in versions}  # heads only: rows of the one resumed below
     unpublished = [v for v in versions if heads[v][0].state != "published"]
     if not unpublished:
         raise SourceError(f"{dest.url}: no interrupted write to resume (no journal in state writing or failed); "
@@ -57,7 +57,7 @@ def resume_point(
     if newer:
         raise SourceError(f"{dest.url}: the interrupted write {version} was superseded by the published {newer[-1]}; "
                           "nothing to resume")
-    head, rows = heads[version]
+    head, rows = read_journal(dest, version, listing)
     generation = generation_of(version)
     mine = expected(generation)
     if mine.fingerprint != head.fingerprint:

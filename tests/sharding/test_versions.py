@@ -278,3 +278,22 @@ def test_kill_9_mid_rewrite_on_s3_leaves_the_old_or_the_new_dataset(s3_server, t
     assert run("gc", url, "--grace", "0", *flags[:-1]) == 0
     assert read_manifest(Store(url, s3_server.options())).num_samples == 60
     assert run("verify", url, *flags) == 0
+
+
+def test_gc_reads_journal_rows_only_of_the_first_version(image_folder: Path, tmp_path: Path, monkeypatch) -> None:
+    """A journal's rows repeat its manifest's; gc read every version's on every run (growing with all
+    the shards kept). Later versions sit in their own shards/vN/: their heads are enough."""
+    from sharding.gc import collect
+
+    ds = tmp_path / "ds"
+    for per_shard in (12, 8, 6):
+        assert run("write", image_folder, ds, "--max-samples-per-shard", per_shard, "--overwrite", "--quiet") == 0
+    read = []
+    plain = Store.read
+    monkeypatch.setattr(Store, "read", lambda self, rel, *a, **kw: read.append(rel) or plain(self, rel, *a, **kw))
+    report = collect(Store(str(ds)))  # default grace: v2, retired just now, stays whole
+    batches = sorted(r for r in read if "/shards-" in r)
+    assert batches and all(r.startswith("versions/v000001/") for r in batches)
+    assert report.removed == ()
+    v2 = sorted((ds / "shards" / "v000002").glob("*.tar"))
+    assert v2 and all(p.exists() for p in v2)
