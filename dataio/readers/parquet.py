@@ -6,13 +6,14 @@ into one request), fetched through Store.read (retries, short-read checks) or th
 pyarrow decodes from those ranges through a sparse in-memory file: no temporary files, and
 pyarrow never issues a request of its own. With verify_checksums, every column chunk fetched is
 checked against its checksum in the manifest (format/checksums.py; a cache entry that fails is
-dropped and read again from the store once); row groups read in slices are not checked.
+dropped and read again from the store once); row groups read in slices are checked as they
+stream (see parquet_slices).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataio.errors import ShardFormatError
-from dataio.format.checksums import FIX, bad_chunk
+from dataio.format.checksums import FIX, HEX_DIGITS, bad_chunk, chunk_span
 from dataio.format.manifest import Manifest
 from dataio.readers.base import (
     LruCache,
@@ -36,7 +37,7 @@ from dataio.readers.base import (
     proportional_bytes,
     shard_offsets,
 )
-from dataio.readers.parquet_slices import SliceStreams
+from dataio.readers.parquet_slices import ChunkCheck, SliceStreams
 from dataio.storage.store import Store
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ class ParquetReader:
             try:
                 tables.append(self._slices.read(
                     self.store, rel, self.manifest.shard_num_bytes[seg.shard], md, shard=seg.shard, group=g,
-                    start=a, stop=b, columns=self._columns(md)))
+                    start=a, stop=b, columns=self._columns(md), check=self._slice_check(seg, md, g)))
             except (pa.ArrowException, OSError) as exc:
                 raise ShardFormatError(f"{self.store.url_of(rel)}: cannot decode row group {g} ({exc}); "
                                        "rewrite the dataset") from None
@@ -212,6 +213,30 @@ class ParquetReader:
             raise ShardFormatError(f"{self.store.url_of(rel)}: row groups {list(groups)} hold fewer rows than the "
                                    "manifest says; rewrite the dataset")
         return ParquetSlice(table)
+
+    def _slice_check(self, seg: SegmentLike, md: Any, group: int) -> Callable[[], ChunkCheck] | None:
+        """What checks a sliced row group's projected column chunks as they stream (None: unchecked)."""
+        expected = self.manifest.row_group_checksums[seg.shard] if self.verify_checksums else ()
+        if not expected:
+            return None
+        rg, columns, want = md.row_group(group), self._columns(md), expected[group]
+        if len(want) != HEX_DIGITS * rg.num_columns:
+            return None  # reported by bad_chunk on the unsliced path; here: unchecked
+        chunks = []
+        for i in range(rg.num_columns):
+            cc = rg.column(i)
+            if columns is None or cc.path_in_schema.split(".")[0] in columns:
+                chunks.append((*chunk_span(cc), want[i * HEX_DIGITS : (i + 1) * HEX_DIGITS], cc.path_in_schema))
+        starts = list(itertools.accumulate(self.manifest.row_groups[seg.shard], initial=0))
+
+        def mismatch(column: str) -> None:
+            raise ShardFormatError(
+                f"{self.store.url_of(self.manifest.shard_paths[seg.shard])}: row group {group} (rows "
+                f"{starts[group]}-{starts[group + 1] - 1}, read in slices), column {column!r}, does not match its "
+                "checksum: the shard's bytes changed after it was written (same size, so only the checksum shows "
+                f"it); rows of it read before this point were not checked; {FIX}")
+
+        return lambda: ChunkCheck(chunks, mismatch)
 
     def fetch(self, seg: SegmentLike) -> ParquetPayload | ParquetSlice:
         """The column-chunk bytes of the row groups overlapping the segment (few ranged reads)."""

@@ -7,19 +7,23 @@ checks apply), keeping only rows [start, stop). The next slice of the same group
 where this one stopped (a worker reads its shards front to back), so the open stream is kept and
 continued instead of re-reading the group from its start. Memory per slice: its own rows, one
 page and one read-ahead buffer. Which rows a slice holds never depends on this: the plan's
-guarantees are the plan's.
+guarantees are the plan's. With checksums (`ChunkCheck`), each column chunk is hashed as the
+stream reads it, front to back, and checked when its last byte is read: a changed chunk fails
+then, so rows of it that earlier slices delivered were not checked; a slice that stops before
+the group's end checks nothing of that group.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import xxhash
 
 from dataio.readers.base import SizedRawFile
 from dataio.storage.store import Store
@@ -30,12 +34,42 @@ BATCH_ROWS = 16
 MAX_OPEN_STREAMS = 4  # per reader: each holds a page and a read-ahead buffer
 
 
+class ChunkCheck:
+    """Hashes column chunks [(begin, end, expected xxh3-64 hex, name)] as their bytes are read front to
+    back (`feed`), and calls `mismatch(name)` (which raises) when a finished chunk differs; a chunk
+    read out of order (a gap) is left unchecked."""
+
+    def __init__(self, chunks: Sequence[tuple[int, int, str, str]], mismatch: Callable[[str], None]) -> None:
+        self.chunks, self.mismatch = sorted(chunks), mismatch
+        self._state: list[tuple[Any, int] | None] = [(xxhash.xxh3_64(), a) for a, _, _, _ in self.chunks]
+
+    def feed(self, pos: int, data: memoryview) -> None:
+        end = pos + len(data)
+        for k, (a, b, want, name) in enumerate(self.chunks):
+            state = self._state[k]
+            if state is None or b <= pos or a >= end:
+                continue
+            hasher, next_pos = state
+            lo, hi = max(pos, next_pos), min(end, b)
+            if lo > next_pos:  # bytes skipped: this chunk cannot be checked from this stream
+                self._state[k] = None
+                continue
+            if hi > lo:
+                hasher.update(data[lo - pos : hi - pos])
+                next_pos = hi
+            self._state[k] = (hasher, next_pos)
+            if next_pos == b:
+                self._state[k] = None
+                if hasher.hexdigest() != want:
+                    self.mismatch(name)
+
+
 class RangeFile(SizedRawFile):
     """A read-only file of `size` bytes fetched in ranged reads of at least READ_AHEAD_BYTES."""
 
-    def __init__(self, store: Store, rel: str, size: int) -> None:
+    def __init__(self, store: Store, rel: str, size: int, check: ChunkCheck | None = None) -> None:
         super().__init__()
-        self._store, self._rel, self._size = store, rel, size
+        self._store, self._rel, self._size, self._check = store, rel, size, check
         self._pos, self._buf_start, self._buf = 0, 0, b""
 
     def readinto(self, buffer: Any) -> int:
@@ -47,6 +81,8 @@ class RangeFile(SizedRawFile):
             self._buf, self._buf_start = self._store.read(self._rel, self._pos, end), self._pos
         a = self._pos - self._buf_start
         memoryview(buffer)[:n] = self._buf[a : a + n]
+        if self._check is not None:
+            self._check.feed(self._pos, memoryview(self._buf)[a : a + n])
         self._pos += n
         return n
 
@@ -75,14 +111,15 @@ class SliceStreams:
 
     def read(
         self, store: Store, rel: str, size: int, metadata: Any, *, shard: int, group: int, start: int, stop: int,
-        columns: list[str] | None,
+        columns: list[str] | None, check: Callable[[], ChunkCheck] | None = None,
     ) -> pa.Table:
-        """Rows [start, stop) of row group `group` (row numbers within the group) as a table."""
+        """Rows [start, stop) of row group `group` (row numbers within the group) as a table; `check`
+        makes the ChunkCheck of a new stream (None: unchecked)."""
         with self._lock:
             stream = self._open.pop((shard, group), None)
         if stream is None or stream.next_row > start:
-            pf = pq.ParquetFile(RangeFile(store, rel, size), metadata=metadata, buffer_size=PAGE_BUFFER_BYTES,
-                                pre_buffer=False)
+            source = RangeFile(store, rel, size, None if check is None else check())
+            pf = pq.ParquetFile(source, metadata=metadata, buffer_size=PAGE_BUFFER_BYTES, pre_buffer=False)
             stream = _Stream(pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns,
                                              use_threads=False), 0)
         pieces = []
