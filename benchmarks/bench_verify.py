@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.machine import machine_markdown
-from dataio.format.checksums import dumps_sums, first_bad_sample, sums_path
+from dataio.format.checksums import dumps_sums, sums_path
 from dataio.format.manifest import Field, Manifest, checksum_bytes, write_manifest
 from dataio.storage.store import Store
 from sharding.tar_writer import TarShardWriter
@@ -66,7 +66,7 @@ def hash_rate(root: str) -> tuple[float, float]:
         index, sums = reader.index(shard), reader.sample_sums(shard)
         data = (Path(root) / reader.manifest.shard_paths[shard]).read_bytes()
         start = time.perf_counter()
-        assert first_bad_sample(data, 0, index.samples, sums) is None
+        assert sums is not None and sums.first_bad(data, 0, 0, len(index)) is None
         seconds += time.perf_counter() - start
         total_bytes += sum(max(m.offset + m.size for m in s.members) - s.members[0].offset for s in index.samples)
         total_samples += len(index)

@@ -22,6 +22,7 @@ column order: the manifest's "row_group_checksums", a list per shard beside "row
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -92,17 +93,37 @@ def parse_sums(data: bytes, *, num_samples: int, url: str) -> list[int]:
     return np.frombuffer(data, dtype="<u8", offset=SUMS_HEADER_BYTES).tolist()
 
 
+@dataclass(frozen=True, slots=True)
+class SampleSums:
+    """A tar shard's per-sample checksums and each sample's data span [starts[i], ends[i]) in the
+    shard: (n,) uint64 and int64 arrays, so a check costs one hash per sample and nothing else."""
+
+    sums: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+    @classmethod
+    def of(cls, sums: Sequence[int], samples: Sequence[IndexedSample]) -> SampleSums:
+        starts = np.fromiter((s.members[0].offset for s in samples), dtype=np.int64, count=len(samples))
+        ends = np.fromiter((max(m.offset + m.size for m in s.members) for s in samples), dtype=np.int64,
+                           count=len(samples))
+        return cls(np.asarray(sums, dtype=np.uint64), starts, ends)
+
+    def first_bad(self, data: Any, base: int, first: int, stop: int) -> int | None:
+        """The first sample of [first, stop) whose bytes (in `data`, from shard offset `base`) do not
+        match its checksum, counted from `first`; None when all match."""
+        view, digest = memoryview(data).cast("B"), xxhash.xxh3_64_intdigest
+        starts, ends = (self.starts[first:stop] - base).tolist(), (self.ends[first:stop] - base).tolist()
+        for i, (a, b, want) in enumerate(zip(starts, ends, self.sums[first:stop].tolist())):
+            if digest(view[a:b]) != want:
+                return i
+        return None
+
+
 def first_bad_sample(data: Any, base: int, samples: Sequence[IndexedSample], sums: Sequence[int]) -> int | None:
     """The position in `samples` of the first whose bytes (in `data`, from shard offset `base`)
     do not match its checksum in `sums` (same order); None when all match."""
-    view = memoryview(data).cast("B")
-    digest = xxhash.xxh3_64_intdigest
-    for i, (s, want) in enumerate(zip(samples, sums)):
-        a = s.members[0].offset - base
-        b = max(m.offset + m.size for m in s.members) - base
-        if digest(view[a:b]) != want:
-            return i
-    return None
+    return SampleSums.of(sums, samples).first_bad(data, base, 0, len(samples))
 
 
 def checksum_column(fmt: str, column: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dataio.errors import ShardFormatError, StorageError
-from dataio.format.checksums import FIX, first_bad_sample, parse_sums, sums_bytes, sums_path
+from dataio.format.checksums import FIX, SampleSums, parse_sums, sums_bytes, sums_path
 from dataio.format.manifest import Manifest, checksum_bytes
 from dataio.format.tar_index import IndexedSample, TarIndex, parse_index
 from dataio.readers.base import (
@@ -136,13 +136,14 @@ class TarReader:
             data = self.verified(seg, begin, data)
         return TarPayload(begin, data, index.samples[seg.start : seg.stop])
 
-    def sample_sums(self, shard: int) -> list[int] | None:
-        """The shard's per-sample checksums (its sidecar, checked against the manifest); None: it has none."""
+    def sample_sums(self, shard: int) -> SampleSums | None:
+        """The shard's per-sample checksums (its sidecar, checked against the manifest) and sample
+        spans; None: it has none."""
         if not self.manifest.sums_checksums or not self.manifest.sums_checksums[shard]:
             return None
         return self._sums.get_or_load(shard, lambda: self._load_sums(shard))
 
-    def _load_sums(self, shard: int) -> list[int]:
+    def _load_sums(self, shard: int) -> SampleSums:
         m, rel = self.manifest, sums_path(self.manifest.shard_paths[shard])
         url = self.store.url_of(rel)
         try:
@@ -154,7 +155,8 @@ class TarReader:
         if checksum_bytes(data) != m.sums_checksums[shard]:
             raise ShardFormatError(f"{url}: checksum {checksum_bytes(data)} does not match the manifest's "
                                    f"{m.sums_checksums[shard]}: the sidecar is damaged or stale; {FIX}")
-        return parse_sums(data, num_samples=m.shard_num_samples[shard], url=url)
+        sums = parse_sums(data, num_samples=m.shard_num_samples[shard], url=url)
+        return SampleSums.of(sums, self.index(shard).samples)
 
     def verified(self, seg: SegmentLike, base: int, data: Any) -> Any:
         """`data` (shard bytes from offset `base` holding samples [start, stop)) if every sample matches
@@ -163,19 +165,19 @@ class TarReader:
         sums = self.sample_sums(seg.shard)
         if sums is None:
             return data
-        samples, want = self.index(seg.shard).samples[seg.start : seg.stop], sums[seg.start : seg.stop]
-        bad = first_bad_sample(data, base, samples, want)
+        bad = sums.first_bad(data, base, seg.start, seg.stop)
         rel = self.manifest.shard_paths[seg.shard]
         if bad is not None and self.cache is not None:
             end = base + len(data)
             checksum = self.manifest.shard_checksums[seg.shard]
             if self.cache.discard(namespace=self.store.url, path=rel, start=base, end=end, checksum=checksum):
                 data = cached_read(self.store, self.cache, rel, base, end, checksum=checksum)  # the store's copy
-                bad = first_bad_sample(data, base, samples, want)
+                bad = sums.first_bad(data, base, seg.start, seg.stop)
         if bad is None:
             return data
         raise ShardFormatError(
-            f"{self.store.url_of(rel)}: sample {samples[bad].key!r} (number {seg.start + bad} of the shard) does "
+            f"{self.store.url_of(rel)}: sample {self.index(seg.shard).samples[seg.start + bad].key!r} (number "
+            f"{seg.start + bad} of the shard) does "
             "not match its checksum: the shard's bytes changed after it was written (same size, so only the "
             f"checksum shows it); {FIX}"
         )
