@@ -195,14 +195,15 @@ def assemble(
                                 kinds=kinds, label=label)
     if isinstance(batch, dict):
         ids = [int(s["__id__"]) for s in samples]
-        if job.mixture is not None:  # each sample's source index (substitutes included)
-            batch.setdefault("source", torch.tensor([int(s["__source__"]) for s in samples], dtype=torch.int64))
+        if job.mixture is not None:  # each sample's source index (substitutes included), from its id
+            source, source_shard, position = job.mixture.sources_of(ids)
+            batch.setdefault("source", torch.from_numpy(source))
         if job.decode == "dali":  # DALI seeds each sample's crop like the CPU path: (seed, epoch, id)
             batch["__id__"] = torch.tensor(ids, dtype=torch.int64)
             batch["epoch"] = epoch
         if job.collate is None:
-            batch["__shard__"], batch["__position__"] = (
-                shard_positions(job.manifest, ids) if job.mixture is None else source_positions(job, samples))
+            batch["__shard__"], batch["__position__"] = (shard_positions(job.manifest, ids) if job.mixture is None
+                                                          else (torch.from_numpy(source_shard), torch.from_numpy(position)))
         batch.setdefault("mask", torch.tensor(mask, dtype=torch.bool))
         batch.setdefault("read_s", read_s)
         batch.setdefault("decode_s", decode_s)
@@ -227,18 +228,6 @@ def shard_positions(manifest: Any, ids: Sequence[int]) -> tuple[torch.Tensor, to
     arr = np.asarray(ids, dtype=np.int64)
     shards = np.searchsorted(offsets, arr, side="right") - 1
     return torch.from_numpy(shards), torch.from_numpy(arr - offsets[shards])
-
-
-def source_positions(job: Any, samples: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A mixture's (shard, position) of each sample within its own source (batch["source"] says which)."""
-    source = np.array([int(s["__source__"]) for s in samples], dtype=np.int64)
-    local = np.array([int(s["__id__"]) for s in samples], dtype=np.int64) - job.mixture.id_base[source]
-    shards, positions = np.zeros_like(local), np.zeros_like(local)
-    for s in np.unique(source).tolist():
-        sel = source == s
-        a, b = shard_positions(job.sources[s][1], local[sel].tolist())
-        shards[sel], positions[sel] = a.numpy(), b.numpy()
-    return torch.from_numpy(shards), torch.from_numpy(positions)
 
 
 def decode_images(

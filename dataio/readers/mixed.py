@@ -3,7 +3,7 @@
 A mixture numbers shards and samples globally, the sources' concatenated: source s's shard j is
 shard_base[s] + j and its sample i is id_base[s] + i. MixedReader splits a global Segment into
 pieces of the source that owns it, fetches and parses them with that source's own reader (tar
-or Parquet, local or s3://), and gives each sample its global __id__ and its __source__ index.
+or Parquet, local or s3://), and gives each sample its global __id__ (its source follows from it).
 The sources' label fields may be named differently (tar `cls`, Hugging Face `label`): each is
 renamed to the first source's, so batch["label"] comes from every source (image fields need no
 renaming: a sample's image is whichever image field it has).
@@ -19,8 +19,6 @@ from typing import Any
 from dataio.format.manifest import Manifest
 from dataio.plan.types import Segment
 from dataio.readers.base import Sample, SegmentReader, split_segment
-
-SOURCE_KEY = "__source__"  # a sample's index in the mixture's sources
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +58,16 @@ class MixedReader:
         return self.readers[piece.source].fetch(piece.seg)
 
     def parse(self, piece: SourcePiece, payload: Any) -> list[Sample]:
-        """The piece's samples with global __id__ and __source__ (and the first source's label field)."""
+        """The piece's samples with global __id__ (and the first source's label field). A sample's
+        source follows from its id (Mixture.sources_of), so nothing else is added per sample."""
         samples = self.readers[piece.source].parse(piece.seg, payload)
         base, rename = self.id_base[piece.source], self.renames[piece.source]
-        for sample in samples:
-            sample["__id__"] = int(sample["__id__"]) + base
-            sample[SOURCE_KEY] = piece.source
-            if rename is not None and rename[0] in sample:
-                sample[rename[1]] = sample.pop(rename[0])
+        if base:
+            for sample in samples:
+                sample["__id__"] += base
+        if rename is not None:
+            old, new = rename
+            for sample in samples:
+                if old in sample:
+                    sample[new] = sample.pop(old)
         return samples

@@ -45,9 +45,13 @@ def test_tar_and_parquet_blend_by_weight_with_a_source_index(sources) -> None:
                      shuffle_window=8) as loader:
         assert loader.mixture.counts.tolist() == [32, 32] and len(loader) == 16
         batches = list(loader)
+    first_of_shard = {0: [0, 13, 13, 20, 21, 43], 1: [0, 10]}  # keys number each source's samples in order
     for b in batches:
         assert b["source"].dtype == torch.int64 and b["source"].shape == (4,)
         assert b["label"].tolist() == [int(k) % 10 for k in b["__key__"]]  # each source's own labels
+        for s, key, shard, position in zip(b["source"].tolist(), b["__key__"], b["__shard__"].tolist(),
+                                           b["__position__"].tolist()):
+            assert first_of_shard[s][shard] + position == int(key)  # where the sample lies in its own source
     seen = Counter(delivered(batches))
     assert Counter(s for s, _ in seen.elements()) == {0: 32, 1: 32}
     assert all(n == 1 for (s, _), n in seen.items() if s == 0)  # 32 distinct of the tar's 48

@@ -367,3 +367,12 @@ def test_state_of_an_older_interleaving_is_refused():
     old = MixState(plan=saved.plan, mixture={**saved.mixture, "mix_version": 1})
     with pytest.raises(StateError, match=f"saved by mix version 1, this shardify uses {MIX_VERSION}"):
         mix_num_steps(mixture, config=PlanConfig(seed=0, batch_size=2), world_size=2, state=old)
+
+
+def test_sources_of_maps_global_ids_to_source_shard_and_position():
+    mixture = Mixture(sources=(MixSource(name="a", shard_sizes=[3, 0, 2], weight=1.0),
+                               MixSource(name="empty", shard_sizes=[], weight=0.0),
+                               MixSource(name="b", shard_sizes=[0, 4], weight=1.0)))
+    expected = [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 2, 0), (0, 2, 1), (2, 1, 0), (2, 1, 1), (2, 1, 2), (2, 1, 3)]
+    source, shard, position = mixture.sources_of(np.arange(9))
+    assert list(zip(source.tolist(), shard.tolist(), position.tolist())) == expected
