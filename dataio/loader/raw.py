@@ -1,6 +1,7 @@
 """RAW batches without per-sample objects: windows read into reused buffers, batches gathered by index.
 
-For decode=None on tar shards (no transform/collate hook, one dataset) a slot's stream does not
+For decode=None on tar shards (no transform/collate hook; one dataset or a mixture of tar sources,
+plan/mix.py: global shard numbers, each piece read by its source's reader) a slot's stream does not
 parse samples into dicts. Each shuffle window's pieces are read with few large reads (os.preadv
 for local files, ranged GETs for object storage) straight into a window buffer taken from the
 process's RawIo; the tar index, as numpy columns (readers/tar_raw.py), says where every member
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from dataio.loader.raw_batch import BatchBuilder, CarryArena, Part
+from dataio.plan.mix import MixState, plan_mix_worker
 from dataio.plan.plan import plan_worker
 from dataio.plan.types import PlanState
 from dataio.readers.base import LruCache, shard_offsets, split_segment
@@ -37,16 +39,20 @@ GROWTH = 1.125  # a new window buffer has room for windows this much larger than
 
 
 def raw_fast_path(job: Any) -> bool:
-    """Whether a WorkerJob's batches come from RawStream (else WorkerStream's sample dicts)."""
-    return (job.decode is None and job.transform is None and job.collate is None and job.mixture is None
-            and job.manifest.format == "tar")
+    """Whether a WorkerJob's batches come from RawStream (else WorkerStream's sample dicts): RAW tar,
+    one dataset or a mixture of tar sources whose labels need no renaming."""
+    if job.decode is not None or job.transform is not None or job.collate is not None:
+        return False
+    if job.mixture is None:
+        return job.manifest.format == "tar"
+    return all(m.format == "tar" for _, m, _ in job.sources) and len(set(job.label_fields)) <= 1
 
 
 def spare_windows(job: Any, num_streams: int) -> int:
     """Window buffers for reading ahead, shared by a process's streams: prefetch_bytes worth of the
     plan's windows (at the dataset's mean sample size), at least one, at most one per stream."""
-    m = job.manifest
-    mean = m.num_bytes / max(1, m.num_samples)
+    manifests = [m for _, m, _ in job.sources] if job.mixture is not None else [job.manifest]
+    mean = sum(m.num_bytes for m in manifests) / max(1, sum(m.num_samples for m in manifests))
     window_bytes = max(1.0, job.plan_config.shuffle_window * mean)
     return max(1, min(num_streams, int(job.prefetch_bytes // window_bytes)))
 
@@ -106,6 +112,18 @@ class RawIo:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """A piece of a window's segment in its source: that source's reader and manifest, the piece in
+    the source's own shard numbers, and its global shard (the sources' concatenated; one dataset:
+    the same)."""
+
+    reader: Any
+    manifest: Any
+    seg: Any
+    shard: int
+
+
 @dataclass
 class _Window:
     """One window being read or served: its buffer, its pieces' reads and where every member lies."""
@@ -136,14 +154,16 @@ class RawStream:
         self.owner, self.io, self.job = owner, io, job
         self.epoch = state.epoch
         self.numbers_before = sum(p.batches for p in state.progress)
-        self.plan = plan_worker(job.manifest.shard_num_samples, config=job.plan_config,
-                                slot=job.topology.slot(worker_id), state=state)
+        slot = job.topology.slot(worker_id)
+        if job.mixture is None:
+            self.plan = plan_worker(job.manifest.shard_num_samples, config=job.plan_config, slot=slot, state=state)
+        else:
+            self.plan = plan_mix_worker(job.mixture, config=job.plan_config, slot=slot,
+                                        state=MixState(plan=state, mixture=job.mixture.describe()))
         self._numbers = self.plan.batch_numbers.tolist()
         self._last = self._numbers[-1] if self._numbers else -1
-        self._offsets = shard_offsets(job.manifest)
-        reader = owner.reader
-        self._builder = BatchBuilder(owner, epoch=state.epoch,
-                                     url_of_shard=lambda shard: reader.store.url_of(job.manifest.shard_paths[shard]))
+        self._offsets = shard_offsets(job.manifest) if job.mixture is None else job.mixture.shard_starts
+        self._builder = BatchBuilder(owner, epoch=state.epoch, url_of_shard=self._url_of_shard)
         self._next_window = 0  # the next window to read
         self._cur: _Window | None = None
         self._ahead: _Window | None = None
@@ -153,18 +173,33 @@ class RawStream:
         self.finished = False
 
     # --- reading windows ----------------------------------------------------------------
-    def _columns(self, shard: int) -> TarColumns:
+    def _pieces(self, seg: Any) -> list[_Piece]:
+        """A window's segment as pieces its sources' readers read (readers.base.split_segment)."""
         reader = self.owner.reader
-        return self.io.columns.get_or_load(shard, lambda: columns_of(reader.index(shard), reader.fields))
+        if self.job.mixture is None:
+            return [_Piece(reader, self.job.manifest, p, p.shard) for p in split_segment(seg, self.job.manifest)]
+        return [_Piece(reader.readers[p.source], reader.manifests[p.source], p.seg,
+                       reader.shard_base[p.source] + p.seg.shard) for p in reader.split_segment(seg)]
+
+    def _url_of_shard(self, shard: int) -> str:
+        """The redacted URL of a global shard."""
+        reader, job = self.owner.reader, self.job
+        if job.mixture is None:
+            return reader.store.url_of(job.manifest.shard_paths[shard])
+        s = int(np.searchsorted(job.mixture.shard_base, shard, side="right")) - 1
+        return reader.readers[s].store.url_of(reader.manifests[s].shard_paths[shard - reader.shard_base[s]])
+
+    def _columns(self, p: _Piece) -> TarColumns:
+        return self.io.columns.get_or_load(p.shard, lambda: columns_of(p.reader.index(p.seg.shard), p.reader.fields))
 
     def _start(self, *, ahead: bool) -> _Window | None:
         """Lay out the next window and submit its reads into a buffer (None: no spare buffer now)."""
         window = self.plan.windows[self._next_window]
-        reader, manifest = self.owner.reader, self.job.manifest
-        pieces = [p for seg in window.segments for p in split_segment(seg, manifest)]
+        pieces = [p for seg in window.segments for p in self._pieces(seg)]
         spans, total = [], 0
         for p in pieces:
-            begin, end = reader.index(p.shard).span(p.start, p.stop) if p.stop > p.start else (0, 0)
+            seg = p.seg
+            begin, end = p.reader.index(seg.shard).span(seg.start, seg.stop) if seg.stop > seg.start else (0, 0)
             spans.append((begin, end, total))
             total += end - begin
         buf = self.io.take(total, ahead=ahead)
@@ -181,10 +216,10 @@ class RawStream:
             w.reads.append(self.io.submit(self._read, p, begin, end, view[at: at + end - begin]))
         return w
 
-    def _read(self, piece: Any, begin: int, end: int, dest: memoryview) -> float:
+    def _read(self, p: _Piece, begin: int, end: int, dest: memoryview) -> float:
         """Read the piece's span into its place in the window buffer (and check it, as TarReader.fetch)."""
         start = time.perf_counter()
-        m, reader = self.job.manifest, self.owner.reader
+        m, reader, piece = p.manifest, p.reader, p.seg
         read_span_into(reader.store, reader.cache, m.shard_paths[piece.shard], begin, end, dest,
                        checksum=m.shard_checksums[piece.shard])
         if getattr(reader, "verify_checksums", False) and end > begin:
@@ -194,24 +229,24 @@ class RawStream:
         return time.perf_counter() - start
 
     def _layout(self, window: Any, pieces: list, spans: list, buf: np.ndarray, ahead: bool) -> _Window:
-        cols = [self._columns(p.shard) for p in pieces]
+        cols = [self._columns(p) for p in pieces]
         exts = tuple(dict.fromkeys(e for c in cols for e in c.exts))
-        n = sum(p.stop - p.start for p in pieces)
+        n = sum(p.seg.stop - p.seg.start for p in pieces)
         offsets = np.full((len(exts), n), -1, dtype=np.int64)
         sizes, ranks = offsets.copy(), offsets.copy()
         ids, shard, keys = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, dtype=object)
         row = 0
         for p, c, (begin, _, at) in zip(pieces, cols, spans):
-            k = p.stop - p.start
-            rows = slice(row, row + k)
-            ids[rows] = self._offsets[p.shard] + np.arange(p.start, p.stop)
-            shard[rows], keys[rows] = p.shard, c.keys[p.start: p.stop]
+            a, b = p.seg.start, p.seg.stop
+            rows = slice(row, row + b - a)
+            ids[rows] = self._offsets[p.shard] + np.arange(a, b)
+            shard[rows], keys[rows] = p.shard, c.keys[a:b]
             for f, ext in enumerate(c.exts):
                 g = exts.index(ext)
-                off = c.offsets[f, p.start: p.stop]
+                off = c.offsets[f, a:b]
                 offsets[g, rows] = np.where(off >= 0, off - begin + at, -1)
-                sizes[g, rows], ranks[g, rows] = c.sizes[f, p.start: p.stop], c.ranks[f, p.start: p.stop]
-            row += k
+                sizes[g, rows], ranks[g, rows] = c.sizes[f, a:b], c.ranks[f, a:b]
+            row += b - a
         return _Window(window=window, buf=buf, ahead=ahead, reads=[], ids=ids, order=np.argsort(ids, kind="stable"),
                        shard=shard, keys=keys, exts=exts, offsets=offsets, sizes=sizes, ranks=ranks)
 

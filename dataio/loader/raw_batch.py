@@ -127,7 +127,13 @@ class BatchBuilder:
             except FieldError:  # raise or substitute, as the general path does
                 return self._general(items, exts, offsets, sizes, ranks, ids, mask, number, read_s)
             batch[name] = collate_values(kind, values, pack_bytes)
-        batch["__shard__"], batch["__position__"] = shard_positions(self.manifest, ids)
+        mixture = self.owner.job.mixture
+        if mixture is None:
+            batch["__shard__"], batch["__position__"] = shard_positions(self.manifest, ids)
+        else:  # each sample's source, and where it lies in that source, from its global id
+            source, shard, position = mixture.sources_of(ids)
+            batch["source"], batch["__shard__"], batch["__position__"] = (
+                torch.from_numpy(source), torch.from_numpy(shard), torch.from_numpy(position))
         batch["mask"] = torch.from_numpy(mask.copy())
         batch["read_s"], batch["decode_s"], batch["batch_number"] = read_s, 0.0, number
         batch[HEDGES_KEY] = hedges_since_last_batch()

@@ -111,7 +111,7 @@ def _searched(atoms: list[object], counts: Sequence[int]) -> object:
     for mask in range(1, 1 << n):
         low = (mask & -mask).bit_length() - 1
         size[mask] = size[mask & (mask - 1)] + x[low]
-    masks = sorted(range(1, 1 << n), key=lambda m: (bin(m).count("1"), m))
+    masks = sorted(range(1, 1 << n), key=lambda m: (m.bit_count(), m))
 
     def probe(c: float) -> list[int] | None:
         """Each subset's best split (its left part's mask) when c is reachable, else None."""

@@ -111,6 +111,7 @@ class Mixture:
     total: int = field(init=False)  # N, the requested epoch's length
     id_base: np.ndarray = field(init=False)  # (n+1,) int64 first global id of each source
     shard_base: np.ndarray = field(init=False)  # (n+1,) int64 first global shard of each source
+    shard_starts: np.ndarray = field(init=False)  # (S+1,) int64 first global id of each global shard
 
     def __post_init__(self) -> None:
         sources = tuple(self.sources)
@@ -125,13 +126,13 @@ class Mixture:
         shards = [len(s.shard_sizes) for s in sources]
         object.__setattr__(self, "shard_base", np.concatenate([[0], np.cumsum(shards)]).astype(np.int64))
         object.__setattr__(self, "_epochs", {})  # global batch -> MixEpoch
-        object.__setattr__(self, "_offsets", np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64))
+        object.__setattr__(self, "shard_starts", np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64))
 
     def sources_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(source, shard within that source, position within that shard) of global sample ids,
         int64 [N] each: a batch's "source", "__shard__" and "__position__", by two binary searches."""
         ids = np.asarray(ids, dtype=np.int64)
-        offsets = self._offsets  # type: ignore[attr-defined]
+        offsets = self.shard_starts
         shard = np.searchsorted(offsets, ids, side="right") - 1  # global shard (skips empty ones)
         source = np.searchsorted(self.shard_base, shard, side="right") - 1  # skips shardless sources
         return source, shard - self.shard_base[source], ids - offsets[shard]

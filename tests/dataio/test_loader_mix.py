@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
 from dataio import ManifestError, Source, StateError, make_loader
 from dataio.format.manifest import Field, read_manifest, write_manifest
+from dataio.loader.raw import raw_fast_path
 from dataio.storage.store import Store
-from tests.dataio.loader_helpers import take
+from tests.dataio.loader_helpers import batch_summary, take
 from tests.dataio.resume_harness import (
     check_resume,
     check_save_load_state,
@@ -226,3 +228,41 @@ def test_one_window_and_one_prefetch_budget_for_all_sources(sources) -> None:
         job = loader._worker_job()
         assert job.prefetch_bytes == loader.config.prefetch_bytes  # one budget, whatever the sources
         assert [m.num_samples for _, m, _ in job.sources] == [48, 16]
+
+
+@pytest.fixture(scope="module")
+def tar_sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("mix_tar")
+    a, b = str(root / "a"), str(root / "b")
+    write_tar_dataset(Store(a), TAR_SIZES)
+    write_tar_dataset(Store(b), [6, 0, 9])
+    return a, b
+
+
+def raw_summaries(urls: list, epochs: int = 2, **options) -> list[list[tuple]]:
+    with make_loader(urls, rank=0, world_size=1, decode=None, seed=5, **options) as loader:
+        out = []
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            out.append([batch_summary(b) for b in loader])
+        assert raw_fast_path(loader._worker_job()) == ("transform" not in options)
+    return out
+
+
+@pytest.mark.parametrize("options", [
+    dict(batch_size=4, shuffle_window=6, num_workers=0, tail="pad"),  # batches straddle windows
+    dict(batch_size=5, shuffle_window=64, num_workers=0, tail="drop", epoch_samples=50),
+    dict(batch_size=4, shuffle_window=6, num_workers=2, worker_mode="threads", tail="pad"),
+    dict(batch_size=3, shuffle_window=5, num_workers=2, worker_mode="processes", tail="pad"),
+])
+def test_raw_tar_mixture_takes_the_fast_path_with_the_general_paths_batches(tar_sources, options) -> None:
+    """RAW over tar sources reads windows into buffers (loader/raw.py) as for one dataset: the same
+    batches as the general path (sample dicts), the source index and positions included."""
+    a, b = tar_sources
+    urls = [Source(a, weight=3.0), Source(b, repeat=2.0)]  # b upsampled: two passes an epoch
+    fast = raw_summaries(urls, **options)
+    general = raw_summaries(urls, transform=lambda sample: sample, **options)  # a hook: sample dicts
+    assert fast == general
+    sources = [s for batch in fast[0] for name, value in batch[2] if name == "source"
+               for s in np.frombuffer(value[2], dtype=np.int64).tolist()]
+    assert set(sources) == {0, 1}

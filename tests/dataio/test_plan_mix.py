@@ -13,17 +13,17 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dataio import StateError
+from dataio.plan.interleave import Interleave
 from dataio.plan.mix import (
     MIX_VERSION,
-    MixSource,
     MixEpoch,
+    MixSource,
     MixState,
     Mixture,
     MixWindow,
     mix_num_steps,
     plan_mix_worker,
 )
-from dataio.plan.interleave import Interleave
 from dataio.plan.plan import shard_offsets
 from dataio.plan.types import PlanConfig, WorkerSlot
 from tests.dataio.plan_harness import configs
