@@ -69,8 +69,11 @@ def summary_table(store: Store, m: Manifest) -> Table:
         ("labels", "-" if m.label_names is None else f"{len(m.label_names)} names"),
         ("skipped", str(len(m.skipped))), ("source", m.source or "-"),
         ("written by", f"shardify {m.tool_version} at {m.created_utc}"),
-        ("manifest", "one JSON file" if m.parted is None else
-         f"JSON root + {len(m.part_paths)} Parquet parts ({m.part_paths[0].rsplit('/', 1)[0]}/)"),
+        ("manifest", ("one JSON file" if m.parted is None else
+         f"JSON root + {len(m.part_paths)} Parquet parts ({m.part_paths[0].rsplit('/', 1)[0]}/)")
+         + f", version {m.version}"),
+        ("read checks", ("per sample (.sums sidecars)" if m.format == "tar" else "per row group's column chunks")
+         if m.has_read_checksums else "sizes only: written before per-sample checksums (rewrite to add them)"),
     ]
     for row in rows:
         t.add_row(*row)

@@ -39,6 +39,8 @@ def test_write_records_per_sample_checksums_and_verify_names_the_changed_sample(
     assert sums == sample_sums(shard.read_bytes(), index.samples)  # what the writer computed as it wrote
     assert run("verify", ds, "--quiet", "--workers", 1) == 0
     assert "every sample's" in capsys.readouterr().out
+    assert run("inspect", ds, "--no-labels") == 0
+    assert "version 3" in (out := capsys.readouterr().out) and "per sample" in out
     member = index.samples[5].members[0]
     flip_byte(str(shard), member.offset + member.size // 2)
     assert run("verify", ds, "--quiet", "--workers", 1) == 1
@@ -99,6 +101,9 @@ def test_legacy_verify_says_it_is_unchecked_per_sample(tmp_path, capsys):
     ds = shutil.copytree(LEGACY / "tar", tmp_path / "ds")
     assert run("verify", ds, "--quiet", "--workers", 1) == 0
     assert "manifest version 1, written before them" in capsys.readouterr().out
+    assert run("inspect", ds, "--no-labels") == 0
+    out = capsys.readouterr().out
+    assert "version 1" in out and "sizes only" in out
 
 
 def test_stock_readers_ignore_the_sidecar(image_folder: Path, tmp_path: Path):
