@@ -262,3 +262,20 @@ def test_a_new_dataset_gives_no_note(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnverifiedDataWarning)
         assert len(raw_keys(str(tmp_path), verify_checksums=True)) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+def test_s3_reads_through_the_disk_cache_are_checked(s3_server, tmp_path, fmt):
+    """Remote reads, then the same epoch from the disk cache: both checked, both whole; a re-sealed
+    changed entry is read again from the bucket."""
+    store = Store(f"s3://{s3_server.new_bucket()}/ds", s3_server.options())
+    manifest, samples = (write_tar_dataset if fmt == "tar" else write_parquet_dataset)(store, [8, 5])
+    cache = DiskCache(str(tmp_path / "c"), limit_bytes=1 << 24)
+    reader = make_reader(Store(store.raw_url, s3_server.options()), read_manifest(store), cache=cache,
+                         verify_checksums=True)
+    for _ in range(2):
+        assert read(reader, Seg(0, 0, 8)) == samples[0] and read(reader, Seg(1, 1, 5)) == samples[1][1:]
+    assert cache.stats.hits == cache.stats.misses > 0
+    _tamper_entry(reader, cache)
+    assert read(reader, Seg(0, 0, 8)) == samples[0] and cache.stats.refused == 1
