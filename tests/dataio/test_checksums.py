@@ -279,3 +279,26 @@ def test_s3_reads_through_the_disk_cache_are_checked(s3_server, tmp_path, fmt):
     assert cache.stats.hits == cache.stats.misses > 0
     _tamper_entry(reader, cache)
     assert read(reader, Seg(0, 0, 8)) == samples[0] and cache.stats.refused == 1
+
+
+@pytest.mark.parametrize("second", ["tar", "parquet"])
+def test_a_mixture_checks_every_source(tmp_path, second):
+    """A changed sample in the second source of a 1:1 mixture fails naming that source's shard and key
+    (the RAW path reads a mixture of tar sources itself; a Parquet source goes through its reader)."""
+    first, other = Store(str(tmp_path / "a")), Store(str(tmp_path / "b"))
+    write_tar_dataset(first, [6, 6])
+    if second == "tar":
+        write_tar_dataset(other, [6, 6], seed=1)
+        key = _flip_tar_sample(other, 1, 4)
+    else:
+        write_parquet_dataset(other, [6, 6], seed=1)
+        _flip_parquet_chunk(other, 1, 1, "jpg")
+        key = "row group 1"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnverifiedDataWarning)
+        loader = make_loader([first.raw_url, other.raw_url], weights=[1, 1], batch_size=4, num_workers=0,
+                             decode=None, tail="pad")
+    with loader, pytest.raises(ShardFormatError) as err:
+        loader.set_epoch(0)
+        list(loader)
+    assert str(tmp_path / "b") in str(err.value) and key in str(err.value)
