@@ -118,14 +118,20 @@ def _check_sample_sums(store: Store, rel: str, checksum: str, data: bytes, actua
                                     f"{side}: changed after the shard was written"))
 
 
-def _check_row_group_sums(url: str, data: bytes, want: tuple[str, ...], problems: list[Problem]) -> None:
+def _check_row_group_sums(url: str, data: bytes, want: tuple[str, ...], sizes: tuple[int, ...], keys: list[str],
+                          problems: list[Problem]) -> None:
+    """Each row group's column chunks against the manifest's checksums, naming its rows and keys."""
     import pyarrow as pa
 
     got = file_row_group_sums(pa.BufferReader(data))
+    first = 0
     for g, (a, b) in enumerate(zip(got, want)):
+        last = first + sizes[g] - 1 if g < len(sizes) else first
         if a != b:
-            problems.append(Problem(url, "", f"row group {g}: its column chunks do not match their checksums in the "
-                                    "manifest: changed after the shard was written"))
+            span = f"rows {first}-{last}" + (f", keys {keys[first]!r}..{keys[last]!r}" if last < len(keys) else "")
+            problems.append(Problem(url, "", f"row group {g} ({span}): its column chunks do not match their "
+                                    "checksums in the manifest: changed after the shard was written"))
+        first = last + 1
     if len(got) != len(want):
         problems.append(Problem(url, "", f"{len(got)} row groups, the manifest has checksums for {len(want)}"))
 
@@ -147,10 +153,10 @@ def _verify_parquet(store: Store, m: Manifest, i: int, max_pixels: int) -> list[
         return [*problems, Problem(url, "", f"not a readable Parquet file ({type(exc).__name__}: {exc})")]
     if groups != shard.row_groups:
         problems.append(Problem(url, "", f"row groups {groups} != manifest's {shard.row_groups}"))
-    if shard.row_group_checksums:
-        _check_row_group_sums(url, data, shard.row_group_checksums, problems)
     image_cols = [f.name for f in m.fields if f.type == "image" and f.name in table.column_names]
     keys = table.column("__key__").to_pylist() if "__key__" in table.column_names else [""] * table.num_rows
+    if shard.row_group_checksums:
+        _check_row_group_sums(url, data, shard.row_group_checksums, groups, keys, problems)
     present = [False] * table.num_rows
     for col in image_cols:
         for row, (key, value) in enumerate(zip(keys, table.column(col).to_pylist())):
