@@ -4,7 +4,7 @@ both alike (finer than bench_loader --mix, whose rows alternate fresh processes)
 
     python -m benchmarks.bench_mix --epochs 25      # appends its section to results_mix.md
 
-RAW (decode=None), persistent workers: each measured epoch's samples/s and samples per CPU-second
+RAW (decode=None), workers kept between epochs: each measured epoch's samples/s and samples per CPU-second
 of the process tree (the loader and its workers), after one warm-up epoch each; medians.
 """
 
@@ -62,8 +62,8 @@ def report(res: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> 
     lines = [
         SECTION, "",
         (f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `python -m benchmarks.bench_mix --epochs "
-        f"{args.epochs}`; the same data as above, {args.num_workers} persistent workers, batch {args.batch_size}, "
-        f"RAW. Both loaders live in one process and alternate epochs ({args.epochs} measured each, after one "
+        f"{args.epochs}`; the same data as above, num_workers={args.num_workers} (RAW tar: reader threads in the "
+        f"loader's process, worker_mode='auto'), batch {args.batch_size}, RAW. Both loaders live in one process and alternate epochs ({args.epochs} measured each, after one "
         f"warm-up); medians. 1-minute load average during the run: {min(loads):.1f} to {max(loads):.1f} "
         f"(median {statistics.median(loads):.1f}) on {os.cpu_count()} cores."), "",
         "| loader | samples/s (median) | samples per CPU-s (median) | per-epoch samples/s, min-max |",
