@@ -21,6 +21,7 @@ from typing import Any, BinaryIO, TypeVar
 from dataio.errors import StorageError
 from dataio.storage.hedge import Hedger
 from dataio.storage.options import StorageOptions
+from dataio.storage import s3_ranges
 from dataio.storage.paths import check_relative
 from dataio.storage.redact import redact, split_userinfo, url_secrets
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
@@ -58,6 +59,7 @@ class Store:
         self._fs: Any = None
         self._fs_pid = 0
         self._root = ""
+        self._range_options: StorageOptions | None = None  # S3: ranged reads through s3_ranges
         self._hedger: Hedger | None = None
         self._hedger_pid = 0
 
@@ -105,6 +107,8 @@ class Store:
                     "for s3:// install shardify[s3], for gs:// gcsfs, for http(s):// aiohttp"
                 ) from safe_cause(exc, self.secrets)
             self._root = self._root.rstrip("/")
+            if self.protocol in ("s3", "s3a") and s3_ranges.available():
+                self._range_options = options
             if hasattr(self._fs, "retries") and self.protocol in ("s3", "s3a"):
                 # s3fs retries 5 times on its own (under botocore's tries, under ours): one
                 # layer of backoff is enough, and a dead endpoint then fails in seconds.
@@ -147,6 +151,8 @@ class Store:
         def once() -> bytes:
             if start is None and end is None:
                 data = self.fs.cat_file(path, **whole)
+            elif self._range_options is not None and start is not None and end is not None:  # threads in parallel
+                data = s3_ranges.read_range(self._range_options, path, start, end)
             else:
                 data = self.fs.cat_file(path, start=start, end=end)
             if want is not None and len(data) != want:
