@@ -11,8 +11,10 @@ its share by at most
 (1/2 for a child of the root). Any tree keeps this below 1 for up to four sources; for more it
 depends on the shape, so the shape is chosen to make the largest bound(s) small: the best of all
 trees by a search over subsets of sources up to _SEARCH_UP_TO sources (pairing a large source
-with a tiny one only where nothing else lies above the pair), the better of two heuristics past
-that. locate(pos) and prefix_counts(length) cost O(depth) array passes: no sequential state, so
+with a tiny one only where nothing else lies above the pair); past that the same search over
+groups of the smallest sources, or a heuristic, improved by moving subtrees (up to _IMPROVE_UP_TO
+sources). Schemes below 1 for any number of sources exist (Tijdeman's chairman assignment) but
+are sequential: position p's source depends on all before it. locate(pos) and prefix_counts(length) cost O(depth) array passes: no sequential state, so
 one worker of a billion-sample epoch plans only its own positions.
 """
 
@@ -25,6 +27,8 @@ import numpy as np
 
 _SEARCH_UP_TO = 8  # sources: 3^n / 2 splits per probe of the search, ~40 probes (0.1 s at 8)
 _PROBES = 40  # bisections of the search's bound: far below any difference that matters
+_IMPROVE_UP_TO = 16  # sources: past the search, a local search improves the best shape found (< 1 s)
+_IMPROVE_ROUNDS = 8  # moves at most (each tries every subtree beside every node: O(n^2) bounds)
 
 
 class Interleave:
@@ -76,24 +80,77 @@ def _choose_shape(leaves: list[int], counts: Sequence[int]) -> object:
     if len(leaves) <= _SEARCH_UP_TO:
         return searched
     candidates = [searched, _huffman(leaves, counts), _halved(leaves, counts)]
-    return min(candidates, key=lambda shape: _bound(shape, counts))  # the first of equals
+    best = min(candidates, key=lambda shape: _bound(shape, counts))  # the first of equals
+    return _improved(best, counts) if len(leaves) <= _IMPROVE_UP_TO else best
+
+
+def _improved(shape: object, counts: Sequence[int]) -> object:
+    """Local search: move one subtree beside any other node while that lowers the bound (best move
+    first, at most _IMPROVE_ROUNDS moves)."""
+    best = _bound(shape, counts)
+    for _ in range(_IMPROVE_ROUNDS):
+        paths = list(_paths(shape))
+        found = None
+        for cut in paths:
+            if not cut:
+                continue
+            moved, rest = _get(shape, cut), _prune(shape, cut)
+            for at in _paths(rest):
+                candidate = _replace(rest, at, (_get(rest, at), moved))
+                value = _bound(candidate, counts)
+                if value < best - 1e-12:
+                    best, found = value, candidate
+        if found is None:
+            break
+        shape = found
+    return shape
+
+
+def _paths(shape: object, path: tuple[int, ...] = ()):
+    """Every node's path from the root (a tuple of child indices), the root's () first."""
+    yield path
+    if not isinstance(shape, int):
+        for i, child in enumerate(shape):  # type: ignore[arg-type]
+            yield from _paths(child, (*path, i))
+
+
+def _get(shape: object, path: tuple[int, ...]) -> object:
+    for i in path:
+        shape = shape[i]  # type: ignore[index]
+    return shape
+
+
+def _replace(shape: object, path: tuple[int, ...], new: object) -> object:
+    if not path:
+        return new
+    children = list(shape)  # type: ignore[call-overload]
+    children[path[0]] = _replace(children[path[0]], path[1:], new)
+    return tuple(children)
+
+
+def _prune(shape: object, path: tuple[int, ...]) -> object:
+    """The shape without the subtree at `path` (its sibling takes their parent's place)."""
+    parent = path[:-1]
+    return _replace(shape, parent, _get(shape, parent)[1 - path[-1]])  # type: ignore[index]
 
 
 def _bound(shape: object, counts: Sequence[int]) -> float:
     """The largest prefix deviation the tree allows any source (the module docstring's bound)."""
     if isinstance(shape, int):
         return 0.0
-    return 0.5 * (1.0 + max(_excess(child, counts, 0.0)[1] for child in shape))  # type: ignore[union-attr]
+    return 0.5 * (1.0 + max(_excess(child, counts)[1] for child in shape))  # type: ignore[union-attr]
 
 
-def _excess(shape: object, counts: Sequence[int], above: float) -> tuple[int, float]:
-    """(subtree count, largest count_s * (sum of 1/count_H over H from here up, root excluded))
-    given `above` = that sum over the subtrees above this one. A leaf adds nothing of its own."""
+def _excess(shape: object, counts: Sequence[int]) -> tuple[int, float, list[tuple[int, float]]]:
+    """(subtree count, the largest count_s * sum(1/count_H over H from s's parent up to this
+    subtree, root excluded), and every source's (count_s, that sum)). A leaf adds nothing."""
     if isinstance(shape, int):
-        return counts[shape], counts[shape] * above
-    total = _count(shape, counts)
-    here = above + 1.0 / total
-    return total, max(_excess(child, counts, here)[1] for child in shape)  # type: ignore[union-attr]
+        return counts[shape], 0.0, [(counts[shape], 0.0)]
+    left, right = (_excess(child, counts) for child in shape)  # type: ignore[union-attr]
+    total = left[0] + right[0]
+    inv = 1.0 / total
+    leaves = [(x, v + inv) for x, v in left[2] + right[2]]
+    return total, max(x * v for x, v in leaves), leaves
 
 
 def _count(shape: object, counts: Sequence[int]) -> int:

@@ -41,7 +41,9 @@ from dataio.plan.plan import (
 from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
 from dataio.rand import MASK64, key
 
-MIX_VERSION = 2  # 2: interleaving trees chosen by their bound; the epoch rounded to the global batch
+# 2: interleaving trees chosen by their bound, the epoch rounded down to the global batch;
+# 3: past eight sources, the trees improved by a local search.
+MIX_VERSION = 3
 _MIX_KEY = 0x4D4958  # "MIX": keys of source passes never equal the single-source plan's keys
 
 
