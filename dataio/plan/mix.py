@@ -143,6 +143,8 @@ class Mixture:
         """The epoch as delivered when it is rounded down to a multiple of `global_batch` (1: not
         rounded): each source's share of it by largest remainder, never above its count in the
         requested epoch (so the sources' cursors, epoch x count, never overlap)."""
+        if isinstance(global_batch, bool) or not isinstance(global_batch, (int, np.integer)) or global_batch < 1:
+            raise ValueError(f"global_batch must be an int >= 1, got {global_batch!r}")
         cache = self._epochs  # type: ignore[attr-defined]
         if global_batch not in cache:
             total = self.total - self.total % int(global_batch)

@@ -383,3 +383,10 @@ def test_many_sources_get_a_locally_improved_tree():
     order = Interleave(np.array(counts))
     assert order.max_deviation < 1.05  # Huffman's tree: 1.18
     assert_smooth(order, np.array(counts))
+
+
+def test_an_epoch_is_rounded_to_a_positive_global_batch():
+    mixture = Mixture(sources=(MixSource(name="a", shard_sizes=[20], weight=1.0),))
+    assert mixture.epoch(6).total == 18 and mixture.epoch(6).counts.tolist() == [18]
+    with pytest.raises(ValueError, match="global_batch must be an int >= 1"):
+        mixture.epoch(0)
