@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -213,14 +214,17 @@ def prepare(work: Path, num_images: int) -> dict[str, Any]:
                         str(num_images), "--num-classes", str(min(1000, num_images)), "--seed", "0"], check=True)
         (folder / ".done").touch()
     big = work / f"images-{num_images}-x4"
-    if not (big / ".done").exists():
+    if not (big / ".copied").exists():  # copies: the folder source reads a hard-linked file once
         for f in folder.rglob("*.jpg"):
             for copy in range(4):
                 target = big / f.parent.name / f"{f.stem}_c{copy}{f.suffix}"
                 target.parent.mkdir(parents=True, exist_ok=True)
+                if target.exists() and target.stat().st_nlink > 1:
+                    target.unlink()
                 if not target.exists():
-                    os.link(f, target)
-        (big / ".done").touch()
+                    shutil.copyfile(f, target)
+        shutil.rmtree(work / f"shards-{num_images}-x4", ignore_errors=True)  # written from the links: again
+        (big / ".copied").touch()
     shards, big_shards = work / f"shards-{num_images}", work / f"shards-{num_images}-x4"
     for src, dest in ((folder, shards), (big, big_shards)):
         if not (dest / "manifest.json").exists():
@@ -304,7 +308,7 @@ def local_specs(data: dict[str, Any], args: argparse.Namespace) -> dict[str, tup
     main_r, peer_r = args.repeats, min(args.peer_repeats, args.repeats)
     peers = ["webdataset", *([] if args.no_peers_venv else ["imagefolder", "streaming", "litdata"])]
     specs: dict[str, tuple[dict[str, Any], int]] = {}
-    for task in ("raw", "decode"):
+    for task in ("raw",) if args.raw_only else ("raw", "decode"):
         epochs = args.epochs if task == "raw" else args.decode_epochs
         repeats = main_r if task == "raw" else peer_r
         specs[f"shardify/{TORCH}/{task}/local"] = ({**local, "loader": "shardify", "task": task, "epochs": epochs},
@@ -315,6 +319,10 @@ def local_specs(data: dict[str, Any], args: argparse.Namespace) -> dict[str, tup
                 spec["python"] = "peers"
             specs[f"{kind}/{PEER_TORCH if 'python' in spec else TORCH}/{task}/local"] = (spec, repeats)
     reuse = {"options": {"reuse_buffers": True}}
+    # The DataLoader worker processes RAW ran in before reader threads (worker_mode="processes").
+    specs[f"shardify/{TORCH}/raw/local, processes"] = ({**local, "options": {"worker_mode": "processes"},
+                                                       "loader": "shardify", "task": "raw",
+                                                       "source": "local, processes"}, main_r)
     specs[f"shardify/{TORCH}/raw/local, reuse_buffers"] = ({**local, **reuse, "loader": "shardify", "task": "raw",
                                                             "source": "local, reuse_buffers"}, main_r)
     w0 = {**local, "task": "raw", "num_workers": 0, "source": "local, 0 workers"}
@@ -324,9 +332,10 @@ def local_specs(data: dict[str, Any], args: argparse.Namespace) -> dict[str, tup
     if not args.no_peers_venv:
         specs[f"imagefolder/{PEER_TORCH}/raw/local, 0 workers"] = ({**w0, "loader": "imagefolder",
                                                                      "python": "peers"}, main_r)
-    specs[f"shardify/{TORCH}/decode/local, batch 32"] = (
-        {**local, "loader": "shardify", "task": "decode", "batch_size": 32, "epochs": 1, "max_batches": 3,
-         "source": "local, batch 32"}, main_r)
+    if not args.raw_only:
+        specs[f"shardify/{TORCH}/decode/local, batch 32"] = (
+            {**local, "loader": "shardify", "task": "decode", "batch_size": 32, "epochs": 1, "max_batches": 3,
+             "source": "local, batch 32"}, main_r)
     big = {**base, "url": data["big_shards"], "tars": tar_urls(data["big_shards"]), "source": "local x4"}
     specs[f"shardify/{TORCH}/raw/local x4"] = ({**big, "loader": "shardify", "task": "raw"}, peer_r)
     specs["page cache/-/raw/local"] = ({**local, "loader": "pagecache", "task": "raw",
@@ -348,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--work", default="out/bench", help="where data is generated and cached")
     parser.add_argument("--no-s3", action="store_true", help="skip the runs against a local SeaweedFS")
+    parser.add_argument("--raw-only", action="store_true", help="only the RAW rows (no DECODE, no batch-32 row)")
     parser.add_argument("--no-peers-venv", action="store_true",
                         help="no Streaming/LitData/ImageFolder rows (they need benchmarks/.peers-venv, built once)")
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results_loader.md"))

@@ -48,13 +48,18 @@ def raw_fast_path(job: Any) -> bool:
     return all(m.format == "tar" for _, m, _ in job.sources) and len(set(job.label_fields)) <= 1
 
 
-def spare_windows(job: Any, num_streams: int) -> int:
-    """Window buffers for reading ahead, shared by a process's streams: prefetch_bytes worth of the
-    plan's windows (at the dataset's mean sample size), at least one, at most one per stream."""
+def window_bytes(job: Any) -> int:
+    """A full shuffle window of the dataset's (a mixture's: its sources') mean-sized samples;
+    windows may start smaller."""
     manifests = [m for _, m, _ in job.sources] if job.mixture is not None else [job.manifest]
     mean = sum(m.num_bytes for m in manifests) / max(1, sum(m.num_samples for m in manifests))
-    window_bytes = max(1.0, job.plan_config.shuffle_window * mean)
-    return max(1, min(num_streams, int(job.prefetch_bytes // window_bytes)))
+    return max(1, int(job.plan_config.shuffle_window * mean))
+
+
+def spare_windows(job: Any, num_streams: int) -> int:
+    """Window buffers for reading ahead, shared by a process's streams: prefetch_bytes worth of the
+    plan's windows, at least one, at most one per stream."""
+    return max(1, min(num_streams, job.prefetch_bytes // window_bytes(job)))
 
 
 class RawIo:
@@ -65,8 +70,10 @@ class RawIo:
     (streams + spares) windows, and no stream can starve another.
     """
 
-    def __init__(self, *, max_in_flight: int, spares: int) -> None:
-        self.max_in_flight, self.spares = max_in_flight, spares
+    def __init__(self, *, max_in_flight: int, spares: int, min_bytes: int = 0) -> None:
+        # New buffers have room for a full window at once (min_bytes): windows that grow from one
+        # batch (plan v2) then fill the same buffer, and only the pages written are ever touched.
+        self.max_in_flight, self.spares, self.min_bytes = max_in_flight, spares, min_bytes
         self._lock = threading.Lock()
         self._free: list[np.ndarray] = []
         self._ahead = 0
@@ -91,7 +98,7 @@ class RawIo:
                 return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
             if self._free:  # all too small: drop the largest, a bigger one takes its place
                 self._free.pop(max(range(len(self._free)), key=lambda i: self._free[i].nbytes))
-        return np.empty(int(num_bytes * GROWTH), dtype=np.uint8)
+        return np.empty(max(self.min_bytes, int(num_bytes * GROWTH)), dtype=np.uint8)
 
     def promote(self) -> None:
         """A buffer read ahead becomes its stream's current one (no longer counts as a spare)."""
@@ -329,5 +336,6 @@ class RawStream:
 
 def process_io(job: Any, num_streams: int) -> RawIo:
     """A RawIo for one process serving `num_streams` streams of this job."""
-    return RawIo(max_in_flight=job.max_in_flight, spares=spare_windows(job, num_streams))
+    return RawIo(max_in_flight=job.max_in_flight, spares=spare_windows(job, num_streams),
+                 min_bytes=int(window_bytes(job) * GROWTH))
 
