@@ -66,7 +66,7 @@ class LoaderConfig:
     transform: Callable[..., Any] | None = None  # cpu: per image (3,H,W) uint8 tensor; else per sample dict
     collate: Callable[[list[dict[str, Any]]], Any] | None = None
     on_corrupt: str = "raise"
-    prefetch_bytes: int = 128 * MiB  # one window ahead: no stall where windows meet
+    prefetch_bytes: int = 128 * MiB  # read ahead of use: per worker process; one budget for all reader threads
     max_in_flight: int = 8
     cache_dir: str | None = None
     cache_limit_bytes: int | None = None
@@ -80,7 +80,7 @@ class LoaderConfig:
     check_shards: bool = True
     pin_memory: bool = False
     multiprocessing_context: str | None = None
-    prefetch_factor: int = 2  # batches in flight per worker (DataLoader's own queue)
+    prefetch_factor: int = 2  # batches ready per worker process (DataLoader's queue); reader threads: in all
     startup_timeout_s: float = 300.0  # how long ranks wait for each other to open the dataset
     dali_threads: int = 2
     epoch_samples: int | None = None  # a mixture's epoch (None: the sum of its sources' sizes)

@@ -57,9 +57,12 @@ def window_bytes(job: Any) -> int:
 
 
 def spare_windows(job: Any, num_streams: int) -> int:
-    """Window buffers for reading ahead, shared by a process's streams: prefetch_bytes worth of the
-    plan's windows, at least one, at most one per stream."""
-    return max(1, min(num_streams, job.prefetch_bytes // window_bytes(job)))
+    """Window buffers for reading ahead, one prefetch_bytes budget for all of a process's streams:
+    the whole windows that fit in it, at most one per stream. A lone stream (a worker process,
+    num_workers=0) always gets one, or it would stop at every window; reader threads share the
+    budget, and where no window fits, a thread reading its next window is covered by the others'."""
+    fit = job.prefetch_bytes // window_bytes(job)
+    return min(num_streams, max(1 if num_streams == 1 else 0, fit))
 
 
 class RawIo:

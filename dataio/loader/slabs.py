@@ -16,7 +16,12 @@ mark (or belongs to an earlier iteration), so nothing still in the DataLoader's 
 reordering buffer or the caller's hands is ever overwritten. Keep a batch's bytes beyond that
 with `.clone()` (or leave `reuse_buffers=False`, the default: fresh tensors per batch).
 `pin_memory=True` pins the tensors torch knows how to pin (labels, mask, images); PackedBytes
-fields stay in their slab and follow the rule above.
+fields stay in their slab and follow the rule above. Reader threads (threads.py) keep one ring
+per thread, in ordinary memory, under the same rule.
+
+Without reuse_buffers, batches built in the caller's process (reader threads, num_workers=0)
+still avoid fresh pages: StoragePool reuses a storage only once nothing but the pool refers to
+it, so those batches may be kept for as long as the caller likes.
 """
 
 from __future__ import annotations

@@ -47,7 +47,9 @@ class ReaderThreads:
         the number the caller has moved past (tickets carry it, slabs.py)."""
         self.stop()
         n = len(self.datasets)
-        queues: list[queue.Queue] = [queue.Queue(maxsize=self.prefetch_factor) for _ in range(n)]
+        # prefetch_factor batches ready in all (not per thread: the threads share one process).
+        depth = max(1, -(-self.prefetch_factor // n))
+        queues: list[queue.Queue] = [queue.Queue(maxsize=depth) for _ in range(n)]
         stop = self._stop = threading.Event()
 
         def run(i: int) -> None:
