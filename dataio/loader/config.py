@@ -88,8 +88,8 @@ class LoaderConfig:
     # until the caller asks for the next batch; False: fresh tensors the caller may keep.
     reuse_buffers: bool = False
     # Who runs the num_workers plan workers: "threads" (reader threads in this process, RAW only),
-    # "processes" (DataLoader workers), "auto": threads for decode=None on tar shards without a
-    # transform/collate hook or mixture (dataio/loader/threads.py), processes otherwise.
+    # "processes" (DataLoader workers), "auto": threads for decode=None on tar shards (one dataset or a
+    # mixture of tar sources) without a transform/collate hook (loader/threads.py), processes otherwise.
     worker_mode: str = "auto"
 
     def __post_init__(self) -> None:
