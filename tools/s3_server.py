@@ -27,6 +27,8 @@ from typing import Any
 from dataio.storage.store import StorageOptions, redact
 
 _PORT_NAMES = ("s3", "master", "volume", "filer", "admin")
+VOLUME_SIZE_MB = 64
+MAX_VOLUMES = 4000
 _GRPC_OFFSET = 10000  # weed puts each component's gRPC port at its HTTP port + 10000
 _MAX_PORT = 65535 - _GRPC_OFFSET
 
@@ -201,6 +203,11 @@ class S3Server(_Endpoint):
             f"-filer.port={p['filer']}", f"-admin.port={p['admin']}", "-webdav=false",
             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}",
             f"-s3.localSocket={self._tmp}/s3.sock", f"-filer.localSocket={self._tmp}/filer.sock",
+            # Every bucket is a collection with volumes of its own: with mini's defaults (volumes of up
+            # to 1 GB, as many as the free disk holds at that size) PUTs fail with InternalError after
+            # a few dozen buckets. Small volumes, many of them (files grow as written, nothing is
+            # preallocated), so a test session's hundreds of buckets fit.
+            f"-master.volumeSizeLimitMB={VOLUME_SIZE_MB}", f"-volume.max={MAX_VOLUMES}",
         ]
         # TMPDIR keeps weed's unix sockets and stray files inside our folder, not in /tmp.
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}

@@ -48,8 +48,13 @@ def test_a_delaying_comm_hook_is_reported_as_exposed_comm_priced_and_logged(tmp_
     scalars = _scalars(tb)
     assert [s for s, _ in scalars["train/samples_per_s"]] == [4, 8]
     assert {"train/loss", "train/lr", "train/data_wait_share", "stage_ms/compute/rank1"} <= set(scalars)
-    for _, ms in scalars["stage_ms/comm_exposed/rank0"] + scalars["stage_ms/comm_exposed/rank1"]:
-        assert abs(ms - 1000 * DELAY_S) / (1000 * DELAY_S) < 0.25
+    # Per interval, as in the summary: the rank that arrives last shows the delay itself; the other
+    # waits for it too, so its figure is at least the delay (plus however late its peer was).
+    per_step = dict(scalars["stage_ms/comm_exposed/rank0"])
+    for step, ms in scalars["stage_ms/comm_exposed/rank1"]:
+        both = (per_step[step], ms)
+        assert abs(min(both) - 1000 * DELAY_S) / (1000 * DELAY_S) < 0.25, (step, both)
+        assert all(m > 0.9 * 1000 * DELAY_S for m in both), (step, both)
 
 
 @pytest.mark.parametrize("hook", ["fp16", "powersgd"])
