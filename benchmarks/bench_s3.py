@@ -89,7 +89,7 @@ def count_startup_requests(url: str, endpoint: str, env: dict[str, str]) -> dict
     lines = got["before"]
     kinds = {"manifest": sum("manifest.json" in x for x in lines), "index": sum(".idx" in x for x in lines),
              "listing": sum("list-type" in x for x in lines), "head": sum(x.startswith("HEAD") for x in lines)}
-    kinds["shard reads"] = len(lines) - sum(kinds.values())
+    kinds["shard and checksum reads"] = len(lines) - sum(kinds.values())
     return {"before_first_batch": len(lines), "kinds": kinds, "epoch": got["epoch"]}
 
 
