@@ -24,6 +24,7 @@ T = TypeVar("T")
 
 THREAD_NAME_PREFIX = "dataio-hedge"
 HISTORY = 64  # recent latencies kept per size class
+SMALL_BYTES = 64 << 10  # reads up to this size cost about one round trip: scaled as this size
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,14 +88,50 @@ def process_stats() -> HedgeStats:
         return HedgeStats(s.requests, s.hedged, s.won, s.over_budget)
 
 
+class LatencyHistory:
+    """Recent read latencies of one store as seen from this process: per size class (bit length
+    of the size) and, for sizes seen too rarely, the recent (size, seconds) of every read."""
+
+    def __init__(self) -> None:
+        self.by_class: dict[int, deque[float]] = {}
+        self.recent: deque[tuple[int, float]] = deque(maxlen=HISTORY)
+        self.lock = threading.Lock()
+
+    def add(self, size: int, seconds: float) -> None:
+        with self.lock:
+            self.by_class.setdefault(max(0, size).bit_length(), deque(maxlen=HISTORY)).append(seconds)
+            self.recent.append((max(0, size), seconds))
+
+    def copy(self) -> LatencyHistory:
+        """The same latencies with a fresh lock (for a forked child: the parent's lock may be held)."""
+        out = LatencyHistory()
+        out.by_class = {c: deque(d, maxlen=HISTORY) for c, d in self.by_class.items()}
+        out.recent = deque(self.recent, maxlen=HISTORY)
+        return out
+
+
+_HISTORIES: dict[str, LatencyHistory] = {}
+_HISTORIES_PID = os.getpid()
+_HISTORIES_LOCK = threading.Lock()
+
+
+def shared_history(store_key: str) -> LatencyHistory:
+    """This process's latency history of one store (endpoint), shared by its Stores: a new loader
+    on the same store starts from what the last one learned, and a forked worker from its parent's."""
+    global _HISTORIES, _HISTORIES_PID
+    with _HISTORIES_LOCK:
+        if _HISTORIES_PID != os.getpid():  # the only thread of a new child: copying is safe
+            _HISTORIES, _HISTORIES_PID = {k: h.copy() for k, h in _HISTORIES.items()}, os.getpid()
+        return _HISTORIES.setdefault(store_key, LatencyHistory())
+
+
 class Hedger:
     """Runs ranged reads with a hedge; thread-safe, one per Store per process."""
 
-    def __init__(self, policy: HedgePolicy) -> None:
+    def __init__(self, policy: HedgePolicy, history: LatencyHistory | None = None) -> None:
         self.policy = policy
         self.stats = HedgeStats()
-        self._history: dict[int, deque[float]] = {}
-        self._all: deque[float] = deque(maxlen=HISTORY)
+        self.history = history if history is not None else LatencyHistory()
         self._lock = threading.Lock()
         # When the first read of this process finished. Reads started before it share the
         # client's start-up (session, credentials, connections): their time says nothing about
@@ -108,19 +145,26 @@ class Hedger:
         self._in_flight = 0
 
     def threshold_s(self, size: int) -> float | None:
-        """Seconds after which a read of `size` bytes is hedged: from its size class's recent median,
-        else cold_ms while there is too little history (None: not hedged)."""
+        """Seconds after which a read of `size` bytes is hedged: k x its size class's recent median;
+        for a size seen too rarely, k x an upper estimate from other sizes (at most cold_ms); cold_ms
+        while there is too little history at all (None: not hedged)."""
         p = self.policy
         cold_s = None if p.cold_ms is None else max(p.cold_ms, p.floor_ms) / 1000
-        with self._lock:
-            recent = self._history.get(max(0, size).bit_length())
-            if recent is not None and len(recent) >= p.min_history:
-                return max(p.k * statistics.median(recent), p.floor_ms / 1000)
-            if cold_s is None or len(self._all) < p.min_history:
+        h = self.history
+        with h.lock:
+            own = h.by_class.get(max(0, size).bit_length())
+            if own is not None and len(own) >= p.min_history:
+                return max(p.k * statistics.median(own), p.floor_ms / 1000)
+            # Other sizes' reads bound this one from above: a few (half min_history, at least 3,
+            # a median still robust to one straggler) are enough.
+            if len(h.recent) < max(3, p.min_history // 2):
                 return cold_s
-            # A size class seen too rarely: other sizes' median says how slow the store is now,
-            # not how long this size takes (a 2 MB read is not a HEAD), so never below cold_ms.
-            return max(p.k * statistics.median(self._all), cold_s)
+            # Each recent read scaled up to this size as if time grew with bytes (it grows less:
+            # part of it is the round trip), and a larger read's time as is: an upper estimate.
+            want = max(size, SMALL_BYTES)
+            estimate = statistics.median(t * max(1.0, want / max(n, SMALL_BYTES)) for n, t in h.recent)
+        threshold = p.k * estimate if cold_s is None else min(p.k * estimate, cold_s)
+        return max(threshold, p.floor_ms / 1000)
 
     def _record(self, size: int, seconds: float, started: float | None = None) -> None:
         with self._lock:
@@ -128,8 +172,7 @@ class Hedger:
                 self._ready_at = self._ready_at or time.perf_counter()
                 return
             self._ready_at = self._ready_at or time.perf_counter()
-            self._history.setdefault(max(0, size).bit_length(), deque(maxlen=HISTORY)).append(seconds)
-            self._all.append(seconds)
+        self.history.add(size, seconds)
 
     def _hedge_at(self, size: int, started: float) -> float | None:
         """perf_counter time at which a read started at `started` gets its hedge; inf: never; None: not

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any, BinaryIO, TypeVar
 
 from dataio.errors import StorageError
-from dataio.storage.hedge import Hedger
+from dataio.storage.hedge import Hedger, shared_history
 from dataio.storage.options import StorageOptions
 from dataio.storage import s3_ranges
 from dataio.storage.paths import check_relative
@@ -172,7 +172,11 @@ class Store:
         if self.options.hedge is None or self.protocol in ("file", "local", "memory"):
             return None
         if self._hedger is None or self._hedger_pid != os.getpid():
-            self._hedger, self._hedger_pid = Hedger(self.options.hedge), os.getpid()
+            # One latency history per endpoint and process: every Store of the same store learns
+            # from the others' reads (the prefix does not change how fast the store answers).
+            bucket = self.raw_url.split("://", 1)[1].split("/", 1)[0]
+            key = f"{self.protocol}|{self.options.endpoint_url or ''}|{bucket}"
+            self._hedger, self._hedger_pid = Hedger(self.options.hedge, shared_history(key)), os.getpid()
         return self._hedger
 
     def size(self, rel: str) -> int:

@@ -115,3 +115,43 @@ def test_reads_slow_together_are_not_hedged_until_a_younger_one_finishes():
         assert hedger.stats.hedged == 0  # a busy store: nobody overtaken, no second requests
         straggler = pool.submit(hedger.call, fn, 100)  # call 4: 2 s, the only read in flight
     assert straggler.result() == 5 and hedger.stats.hedged == 1  # hedged alone; the hedge won
+
+
+def test_a_size_never_seen_is_hedged_from_other_sizes_scaled_up_and_history_is_shared():
+    from dataio.storage.hedge import LatencyHistory
+
+    history = LatencyHistory()
+    hedger = Hedger(HedgePolicy(k=3, floor_ms=10, min_history=4, cold_ms=2000), history)
+    for size in (100, 1 << 20, 100, 1 << 20):
+        hedger._record(size, 0.02)  # HEADs and 1 MiB reads, 20 ms each
+    # A 2 MiB read: 1 MiB reads scaled up (40 ms) and small ones scaled from 64 KiB (640 ms);
+    # the median of the four, times k, and never later than cold_ms.
+    assert hedger.threshold_s(2 << 20) == pytest.approx(3 * (0.04 + 0.64) / 2)
+    assert hedger.threshold_s(8 << 20) == 2.0
+    # Another Hedger on the same history (another Store of the same store) starts from it.
+    assert Hedger(HedgePolicy(k=3, floor_ms=10, min_history=4, cold_ms=2000), history).threshold_s(2 << 20) == \
+        hedger.threshold_s(2 << 20)
+
+
+def test_a_forked_child_keeps_the_latency_history_with_a_fresh_lock():
+    import multiprocessing as mp
+
+    from dataio.storage.hedge import shared_history
+
+    history = shared_history("test|fork")
+    history.add(1 << 20, 0.05)
+    with history.lock:  # held by this thread across the fork: the child must not inherit it held
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        child = ctx.Process(target=_report_history, args=(q,))
+        child.start()
+    child.join(20)
+    assert q.get(timeout=5) == [(1 << 20, 0.05)]
+
+
+def _report_history(q) -> None:  # noqa: ANN001 - runs in the forked child
+    from dataio.storage.hedge import shared_history
+
+    h = shared_history("test|fork")
+    with h.lock:
+        q.put(list(h.recent))
