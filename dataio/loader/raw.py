@@ -206,6 +206,7 @@ class RawStream:
         """Lay out the next window and submit its reads into a buffer (None: no spare buffer now)."""
         window = self.plan.windows[self._next_window]
         pieces = [p for seg in window.segments for p in self._pieces(seg)]
+        _load_indexes([(p.reader, p.seg.shard) for p in pieces if p.seg.stop > p.seg.start], self.job.max_in_flight)
         spans, total = [], 0
         for p in pieces:
             seg = p.seg
@@ -335,6 +336,16 @@ class RawStream:
                         f.result()
             self.io.give(w.buf, ahead=w.ahead)
         self._ahead = self._cur = None
+
+
+def _load_indexes(shards: list[tuple[Any, int]], max_in_flight: int) -> None:
+    """The (reader, shard)s' indexes (a HEAD and a GET each), fetched side by side: a window's start
+    costs a round trip or two, not two per shard, and one slow request holds only its own shard."""
+    unique = list({(id(reader), shard): (reader, shard) for reader, shard in shards}.values())
+    if len(unique) > 1:
+        with ThreadPoolExecutor(min(max_in_flight, len(unique)), thread_name_prefix=IO_THREAD_PREFIX) as pool:
+            for f in [pool.submit(reader.index, shard) for reader, shard in unique]:
+                f.result()
 
 
 def process_io(job: Any, num_streams: int) -> RawIo:

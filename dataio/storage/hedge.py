@@ -41,6 +41,7 @@ class HedgePolicy:
     # than a second is a straggler on any store fast enough to feed training, and a worker's
     # first reads (indexes, first windows) are the ones everything else waits for.
     cold_ms: float | None = 1000.0
+    max_hedges: int = 2  # a hedge still slow after the threshold gets another, up to this many per read
 
     def __post_init__(self) -> None:
         if not self.k >= 1.0:
@@ -51,6 +52,8 @@ class HedgePolicy:
             raise ValueError(f"budget_fraction must be in [0, 1], got {self.budget_fraction}")
         if self.cold_ms is not None and not self.cold_ms >= 0:
             raise ValueError(f"cold_ms must be >= 0 or None, got {self.cold_ms}")
+        if self.max_hedges < 1:
+            raise ValueError(f"max_hedges must be >= 1, got {self.max_hedges}")
         if self.burst < 0 or self.min_history < 1:
             raise ValueError("burst must be >= 0 and min_history >= 1")
 
@@ -217,7 +220,7 @@ class Hedger:
             result = fn()
             self._record(size, time.perf_counter() - start, start)
             return result
-        pool = ThreadPoolExecutor(2, thread_name_prefix=THREAD_NAME_PREFIX)
+        pool = ThreadPoolExecutor(1 + self.policy.max_hedges, thread_name_prefix=THREAD_NAME_PREFIX)
         try:
             first = pool.submit(fn)
             if not self._slow(first, size, start, number) or not self._may_hedge():
@@ -226,18 +229,35 @@ class Hedger:
                 result = first.result()
                 self._record(size, time.perf_counter() - start, start)
                 return result
-            self._count(hedged=1)
-            hedge_start = time.perf_counter()
-            second = pool.submit(fn)
-            winner = _first_success([first, second])
-            if winner is second:
+            starts = {first: start}
+            winner = self._race(pool, fn, size, starts)
+            if winner is not first:
                 self._count(won=1)
-                self._record(size, time.perf_counter() - hedge_start, hedge_start)
-            else:
-                self._record(size, time.perf_counter() - start, start)
+            self._record(size, time.perf_counter() - starts[winner], starts[winner])
             return winner.result()
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # the loser runs out on its own
+            pool.shutdown(wait=False, cancel_futures=True)  # the losers run out on their own
+
+    def _race(self, pool: ThreadPoolExecutor, fn: Callable[[], T], size: int,
+              starts: dict[Future[T], float]) -> Future[T]:
+        """Hedge, and hedge again while every request so far is slow (a hedge meets stragglers too),
+        up to max_hedges and within budget. The first success wins; if all fail, the last to fail."""
+        while True:
+            self._count(hedged=1)
+            starts[pool.submit(fn)] = time.perf_counter()
+            threshold = self.threshold_s(size) if len(starts) <= self.policy.max_hedges else None
+            deadline = None if threshold is None else time.perf_counter() + threshold
+            while True:
+                winner = _settled(starts)
+                if winner is not None:
+                    return winner
+                timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+                done, _ = wait([f for f in starts if not f.done()], timeout=timeout, return_when=FIRST_COMPLETED)
+                if not done and deadline is not None:
+                    if self._may_hedge():
+                        break  # all still running past the threshold: another request
+                    self._count(over_budget=1)
+                    deadline = None
 
     def _slow(self, first: Future[T], size: int, start: float, number: int) -> bool:
         """Wait for read `number` (`first`) until it is a straggler (past its hedge time and overtaken
@@ -260,15 +280,10 @@ class Hedger:
                         return True
 
 
-def _first_success(futures: list[Future[T]]) -> Future[T]:
-    """The first future to finish without an error; if all fail, the last to fail."""
-    pending = set(futures)
-    last: Future[T] | None = None
-    while pending:
-        done, pending = wait(pending, return_when=FIRST_COMPLETED)
-        for f in done:
-            if f.exception() is None:
-                return f
-            last = f
-    assert last is not None
-    return last
+def _settled(futures: dict[Future[T], float]) -> Future[T] | None:
+    """The first (in start order) finished without an error; else, once all finished, the last one; else None."""
+    finished = [f for f in futures if f.done()]
+    for f in finished:
+        if f.exception() is None:
+            return f
+    return finished[-1] if len(finished) == len(futures) else None
