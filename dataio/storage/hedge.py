@@ -261,7 +261,8 @@ class Hedger:
 
     def _slow(self, first: Future[T], size: int, start: float, number: int) -> bool:
         """Wait for read `number` (`first`) until it is a straggler (past its hedge time and overtaken
-        by a younger read, or alone); True if it is one, False once it has finished."""
+        by a younger read or alone, or past twice its threshold); True if it is one, False once it
+        has finished."""
         while True:
             at = self._hedge_at(size, start)
             now = time.perf_counter()
@@ -276,8 +277,11 @@ class Hedger:
                 return False
             if at is not None and time.perf_counter() >= at:
                 with self._lock:
-                    if self._newest_done > number or self._in_flight == 1:
-                        return True
+                    overtaken = self._newest_done > number or self._in_flight == 1
+                # Past twice its threshold a read is a straggler whatever the others do (the
+                # last reads of a burst have no younger read to be overtaken by).
+                if overtaken or time.perf_counter() >= at + (at - max(start, self._ready_at or start)):
+                    return True
 
 
 def _settled(futures: dict[Future[T], float]) -> Future[T] | None:
