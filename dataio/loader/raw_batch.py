@@ -77,10 +77,10 @@ class CarryArena:
         if self.used + need > self.buf.nbytes:  # a larger array; carried parts keep the old one
             self.buf, self.used = np.empty(max(2 * self.buf.nbytes, need), dtype=np.uint8), 0
         at += self.used
-        buf = self.buf
+        buf, dst, src = self.buf, memoryview(self.buf), memoryview(part.buf)
         for a, s, o in zip(part.offsets.ravel().tolist(), sizes.ravel().tolist(), at[:-1].tolist()):
             if s:
-                buf[o: o + s] = part.buf[a: a + s]
+                dst[o: o + s] = src[a: a + s]  # keeps the GIL, as _Items.gather
         self.used = int(at[-1])
         offsets = np.where(part.sizes >= 0, at[:-1].reshape(part.sizes.shape), -1)
         return Part(buf=buf, exts=part.exts, offsets=offsets, sizes=part.sizes, ranks=part.ranks, keys=part.keys,
@@ -195,11 +195,13 @@ class _Items:
         out_offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=out_offsets[1:])
         data = _new_uint8(int(out_offsets[-1]))
-        dst = data.numpy()
-        bufs, owners = self.bufs, self.owner_of.tolist()
+        # memoryview copies keep the GIL: numpy's would release it for every ~100 KB item, and with
+        # other threads wanting it each copy would then wait for a switch interval to get it back.
+        dst = memoryview(data.numpy())
+        bufs, owners = [memoryview(b) for b in self.bufs], self.owner_of.tolist()
         for p, a, s, o in zip(owners, offsets.tolist(), sizes.tolist(), out_offsets[:-1].tolist()):
             if s:
-                dst[o: o + s] = bufs[p][a: a + s]  # numpy releases the GIL for large copies
+                dst[o: o + s] = bufs[p][a: a + s]
         return PackedBytes(data, torch.from_numpy(out_offsets))
 
 

@@ -33,7 +33,7 @@ from dataio.loader.mixing import (
     plain_url,
 )
 from dataio.loader.raw import raw_fast_path
-from dataio.loader.slabs import SlabKeeper
+from dataio.loader.slabs import SlabKeeper, release_pooled
 from dataio.loader.startup import ShardCheck, agree_on_dataset, fields_to_read, open_dataset
 from dataio.loader.state import check_state, make_state
 from dataio.loader.threads import ReaderThreads
@@ -403,6 +403,7 @@ class ShardLoader:
         if self._threads is not None:
             self._threads.close()
             self._threads = None
+        release_pooled()  # batch storages nobody holds any more
         if self._dataloader is not None:
             self._dataloader.dataset.close()
             iterator = getattr(self._dataloader, "_iterator", None)

@@ -146,6 +146,16 @@ class StoragePool:
             return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (num_bytes,))
 
 
+    def release(self) -> None:
+        """Let go of the storages nobody else holds (their memory goes back); the rest stay the caller's."""
+        with self._lock:
+            self._storages = [s for s in self._storages if _use_count is None or _use_count(s._cdata) > 1]
+
+    @property
+    def num_storages(self) -> int:
+        return len(self._storages)
+
+
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 _POOL = StoragePool()
 
@@ -153,6 +163,11 @@ _POOL = StoragePool()
 def recycled_uint8(num_bytes: int) -> torch.Tensor:
     """A uint8 tensor of num_bytes from this process's StoragePool."""
     return _POOL.allocate(num_bytes)
+
+
+def release_pooled() -> None:
+    """Give back the memory of this process's StoragePool that no batch uses (a loader closed)."""
+    _POOL.release()
 
 
 class SlabKeeper:

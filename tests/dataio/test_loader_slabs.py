@@ -128,3 +128,6 @@ def test_the_storage_pool_never_hands_out_what_someone_still_holds():
     assert again.data_ptr() == ptr
     kept = [pool.allocate(100) for _ in range(6)]  # past the cap: fresh tensors, none shared
     assert len({t.data_ptr() for t in [again, *kept]}) == 7 and np.all([t.numel() == 100 for t in kept])
+    del kept
+    pool.release()  # what nobody holds goes; `again` is still held
+    assert pool.num_storages == 1 and pool.allocate(10).data_ptr() != again.data_ptr()
