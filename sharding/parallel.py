@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from dataio.storage.store import Store
@@ -22,11 +23,12 @@ from sharding.shard import write_shard
 from sharding.sources.base import Ref, Source
 
 _WORKER: dict[str, Any] = {}
+INTERRUPTED = 130  # a worker's exit code after SIGINT or SIGTERM (the shell's code for Ctrl-C)
 
 
 def _stop_on_signal(signum: int, frame: Any) -> None:
     if not _WORKER.get("busy"):
-        os._exit(130)  # idle: nothing to clean up
+        os._exit(INTERRUPTED)  # idle: nothing to clean up
     # Once only: a second signal (Ctrl-C, then the parent's SIGTERM) must not cut the cleanup short.
     # A no-op handler, not SIG_IGN: a signal already pending would then raise OSError instead.
     signal.signal(signal.SIGINT, _ignore_signal)
@@ -61,7 +63,7 @@ def _run_task(task: tuple[int, str, list[Ref]]) -> ShardResult:
         return write_shard(task, w["source"], w["dest"], w["config"], w["layout"],
                            lambda n, b: w["queue"].put((n, b)))
     except KeyboardInterrupt:
-        os._exit(130)  # open_atomic already removed the temporary file
+        os._exit(INTERRUPTED)  # open_atomic already removed the temporary file
     finally:
         w["busy"] = False
 
@@ -98,7 +100,7 @@ def run_parallel(tasks: list[tuple[int, str, list[Ref]]], source: Source, dest: 
                 progress.log_shard(results[-1])
         pool.shutdown(wait=True)
         return results
-    except BaseException:
+    except BaseException as exc:
         # No fut.cancel() here: Python 3.11's pool then fails on the cancelled futures when it
         # notices the terminated workers (InvalidStateError in its manager thread).
         procs = list((getattr(pool, "_processes", None) or {}).values())
@@ -109,6 +111,10 @@ def run_parallel(tasks: list[tuple[int, str, list[Ref]]], source: Source, dest: 
             if proc.is_alive():
                 proc.kill()
         pool.shutdown(wait=True)
+        if isinstance(exc, BrokenProcessPool) and any(p.exitcode == INTERRUPTED for p in procs):
+            # Ctrl-C reaches the whole process group: a worker that left on it can break the pool
+            # before this process runs its own handler. That is an interrupt, not a dead worker.
+            raise KeyboardInterrupt from exc
         raise
     finally:
         drain.stop()
