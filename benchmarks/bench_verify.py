@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import random
 import statistics
 import tempfile
 import time
@@ -20,43 +19,24 @@ from pathlib import Path
 import psutil
 
 from benchmarks.machine import machine_markdown
-from dataio.format.checksums import dumps_sums, sums_path
-from dataio.format.manifest import Field, Manifest, checksum_bytes, write_manifest
+from dataio.format.manifest import read_manifest
 from dataio.storage.store import Store
-from sharding.tar_writer import TarShardWriter
+from tools.faults import Size, write_raw_dataset
 
 OUT = Path(__file__).with_name("results_verify.md")
 
 
 def write_dataset(root: str, *, shards: int, per_shard: int, sample_bytes: int) -> tuple[int, int]:
-    """Tar shards of random `bin` samples (what the RAW path moves), written by shardify's writer."""
-    rng, store = random.Random(0), Store(root)
-    cols: dict[str, list] = {k: [] for k in ("path", "n", "bytes", "sum", "ip", "ib", "isum", "ssum")}
-    os.makedirs(store.path("shards"), exist_ok=True)
-    for s in range(shards):
-        rel = f"shards/shard-{s:06d}.tar"
-        with open(store.path(rel), "wb") as f:
-            writer = TarShardWriter(f)
-            for i in range(per_shard):
-                writer.add(f"{s * per_shard + i:08d}", [("bin", rng.randbytes(sample_bytes)), ("cls", b"1")])
-            index = writer.close().dumps()
-        sums = dumps_sums(writer.sums)
-        store.write_bytes(rel[:-4] + ".idx", index)
-        store.write_bytes(sums_path(rel), sums)
-        for k, v in zip(cols, (rel, per_shard, writer.num_bytes, writer.checksum.hexdigest(), rel[:-4] + ".idx",
-                               len(index), checksum_bytes(index), checksum_bytes(sums))):
-            cols[k].append(v)
-    write_manifest(store, Manifest(
-        format="tar", fields=(Field(name="bin", type="bytes"), Field(name="cls", type="int")),
-        shard_paths=tuple(cols["path"]), shard_num_samples=tuple(cols["n"]), shard_num_bytes=tuple(cols["bytes"]),
-        shard_checksums=tuple(cols["sum"]), index_paths=tuple(cols["ip"]), index_num_bytes=tuple(cols["ib"]),
-        index_checksums=tuple(cols["isum"]), sums_checksums=tuple(cols["ssum"]), source="benchmarks.bench_verify"))
-    return shards * per_shard, sum(cols["bytes"])
+    """Tar shards of random `bin` samples (what the RAW path moves) with per-sample checksums, written as
+    the fault suite writes its dataset; returns (samples, shard bytes)."""
+    store = Store(root)
+    size = Size(num_shards=shards, samples_per_shard=per_shard, sample_bytes=sample_bytes, images=0, epochs=1)
+    n = write_raw_dataset(store, size)
+    return n, int(sum(read_manifest(store).shard_num_bytes))
 
 
 def hash_rate(root: str) -> tuple[float, float]:
     """(GB/s, microseconds per sample) of the per-sample check alone, over bytes already in memory."""
-    from dataio.format.manifest import read_manifest
     from dataio.readers.tar import TarReader
 
     store = Store(root)
