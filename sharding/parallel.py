@@ -113,7 +113,10 @@ def run_parallel(tasks: list[tuple[int, str, list[Ref]]], source: Source, dest: 
         pool.shutdown(wait=True)
         if isinstance(exc, BrokenProcessPool) and any(p.exitcode == INTERRUPTED for p in procs):
             # Ctrl-C reaches the whole process group: a worker that left on it can break the pool
-            # before this process runs its own handler. That is an interrupt, not a dead worker.
+            # before this process runs its own handler. That is an interrupt, not a dead worker; the
+            # handler may still run, so it becomes a no-op: a second KeyboardInterrupt in the cleanup
+            # that follows (closing the source's generators) would print a traceback.
+            signal.signal(signal.SIGINT, _ignore_signal)
             raise KeyboardInterrupt from exc
         raise
     finally:
