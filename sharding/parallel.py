@@ -1,18 +1,29 @@
 """Worker processes for `shardify write`: each writes whole shards; interrupts and a dead parent stop them cleanly.
 
-A worker that gets SIGINT or SIGTERM while writing lets `Store.open_atomic` remove its temporary
-file, then exits; an idle one exits at once. A watchdog thread notices when the parent is gone
-(kill -9) and stops the worker the same way, so no orphan keeps writing.
+Only the main process decides to stop. Workers ignore SIGINT (Ctrl-C reaches the whole process
+group; a worker that left on it first would look like a dead worker), and the main process,
+on KeyboardInterrupt or any error, sends each worker SIGTERM. A worker that gets SIGTERM while
+writing lets `Store.open_atomic` remove its temporary file (or abort its upload), then exits
+130; an idle one exits at once. A watchdog thread notices when the parent is gone (kill -9) and
+stops the worker the same way, so no orphan keeps writing.
+
+The stop is raised as KeyboardInterrupt wherever the worker is. Where that is a finalizer (a
+generator closed by the garbage collector, a weakref callback), Python swallows the exception:
+the stop is then recorded, kept quiet (no "Exception ignored" traceback) and raised again at the
+next sample, or the worker exits once its shard is whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -27,17 +38,29 @@ INTERRUPTED = 130  # a worker's exit code after SIGINT or SIGTERM (the shell's c
 
 
 def _stop_on_signal(signum: int, frame: Any) -> None:
+    _WORKER["stop"] = True
     if not _WORKER.get("busy"):
         os._exit(INTERRUPTED)  # idle: nothing to clean up
-    # Once only: a second signal (Ctrl-C, then the parent's SIGTERM) must not cut the cleanup short.
+    # Once only: a second SIGTERM (the parent's, then the watchdog's) must not cut the cleanup short.
     # A no-op handler, not SIG_IGN: a signal already pending would then raise OSError instead.
-    signal.signal(signal.SIGINT, _ignore_signal)
     signal.signal(signal.SIGTERM, _ignore_signal)
     raise KeyboardInterrupt
 
 
 def _ignore_signal(signum: int, frame: Any) -> None:
     return None
+
+
+def _check_stop() -> None:
+    """Raise the stop again where a finalizer swallowed it (see the module's docstring)."""
+    if _WORKER.get("stop"):
+        raise KeyboardInterrupt
+
+
+def _quiet_stop(unraisable: Any) -> None:
+    if _WORKER.get("stop") and isinstance(unraisable.exc_value, KeyboardInterrupt):
+        return  # our own stop, raised inside a finalizer; _check_stop raises it again
+    sys.__unraisablehook__(unraisable)
 
 
 def _watch_parent(parent: int) -> None:
@@ -51,7 +74,12 @@ def _watch_parent(parent: int) -> None:
 
 def _init_worker(queue: Any, source: Source, dest: Store, config: WriteConfig, layout: Layout) -> None:
     signal.signal(signal.SIGTERM, _stop_on_signal)
-    signal.signal(signal.SIGINT, _stop_on_signal)
+    # SIGINT came blocked from the parent (see _sigint_blocked): ignoring it discards a Ctrl-C
+    # that arrived before this point, so no worker ever raises KeyboardInterrupt on its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    sys.unraisablehook = _quiet_stop
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     _WORKER.update(queue=queue, source=source, dest=dest, config=config, layout=layout)
 
@@ -59,9 +87,15 @@ def _init_worker(queue: Any, source: Source, dest: Store, config: WriteConfig, l
 def _run_task(task: tuple[int, str, list[Ref]]) -> ShardResult:
     w = _WORKER
     w["busy"] = True
+
+    def report(num: int, num_bytes: int) -> None:
+        _check_stop()
+        w["queue"].put((num, num_bytes))
+
     try:
-        return write_shard(task, w["source"], w["dest"], w["config"], w["layout"],
-                           lambda n, b: w["queue"].put((n, b)))
+        result = write_shard(task, w["source"], w["dest"], w["config"], w["layout"], report)
+        _check_stop()  # stopped while finishing: this shard is whole, the next one is not started
+        return result
     except KeyboardInterrupt:
         os._exit(INTERRUPTED)  # open_atomic already removed the temporary file
     finally:
@@ -73,6 +107,20 @@ def _mp_context() -> Any:
     # It is safe for s3fs because each worker gets fresh Stores (see _fresh) and opens its own
     # client, and fsspec resets its event loop and instance cache in a forked child.
     return mp.get_context("fork" if os.name == "posix" else "spawn")
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Hold SIGINT back from this thread while workers are forked: a fork inherits the mask, so a
+    Ctrl-C cannot reach a worker before its initializer ignores SIGINT; here it arrives on exit."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _fresh(obj: Any) -> Any:
@@ -91,7 +139,8 @@ def run_parallel(tasks: list[tuple[int, str, list[Ref]]], source: Source, dest: 
     pool = ProcessPoolExecutor(min(config.num_workers, len(tasks)), mp_context=ctx, initializer=_init_worker,
                                initargs=(queue, _fresh(source), _fresh(dest), config, layout))
     try:
-        pending = {pool.submit(_run_task, t) for t in tasks}
+        with _sigint_blocked():  # the first submit forks every worker (the fork context starts them all)
+            pending = {pool.submit(_run_task, t) for t in tasks}
         results = []
         while pending:
             finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
@@ -112,10 +161,9 @@ def run_parallel(tasks: list[tuple[int, str, list[Ref]]], source: Source, dest: 
                 proc.kill()
         pool.shutdown(wait=True)
         if isinstance(exc, BrokenProcessPool) and any(p.exitcode == INTERRUPTED for p in procs):
-            # Ctrl-C reaches the whole process group: a worker that left on it can break the pool
-            # before this process runs its own handler. That is an interrupt, not a dead worker; the
-            # handler may still run, so it becomes a no-op: a second KeyboardInterrupt in the cleanup
-            # that follows (closing the source's generators) would print a traceback.
+            # A worker stopped by SIGTERM from outside (a process manager stopping the group) broke
+            # the pool: that is an interrupt, not a dead worker. A SIGINT still to come becomes a
+            # no-op: a second KeyboardInterrupt in the cleanup that follows would print a traceback.
             signal.signal(signal.SIGINT, _ignore_signal)
             raise KeyboardInterrupt from exc
         raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import psutil
 import pytest
 
 from dataio.format.tar_index import build_index
-from tests.sharding.conftest import make_image_folder, run
+from tests.sharding.conftest import make_image_folder, manifest_of, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -94,3 +95,46 @@ def test_ctrl_c_leaves_no_manifest(big_folder: Path, tmp_path: Path) -> None:
     assert b"interrupted" in err and b"Traceback" not in err
     _assert_no_partial_dataset(dest)
 
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.05, 0.2])
+def test_ctrl_c_at_any_moment_exits_130_without_a_traceback(big_folder: Path, tmp_path: Path, delay_s: float) -> None:
+    # The moment matters: a worker may be closing a generator (a finalizer swallows exceptions) or
+    # just forked; only the main process decides, and no "Exception ignored" traceback is printed.
+    dest = tmp_path / "ds"
+    proc = _start_write(big_folder, dest)
+    try:
+        _wait_for_shards(proc, dest, 1)
+        time.sleep(delay_s)
+        workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        _wait_gone(workers)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err.decode()
+    assert b"interrupted" in err and b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
+    _assert_no_partial_dataset(dest)
+
+
+def test_sigint_to_the_workers_alone_is_ignored(tmp_path: Path) -> None:
+    # Workers leave only when the main process tells them (SIGTERM): a SIGINT that reaches a worker
+    # and not the main process cannot break the pool or lose the write.
+    src = make_image_folder(tmp_path / "images", per_class=40, size=96)
+    dest = tmp_path / "ds"
+    proc = _start_write(src, dest)
+    try:
+        _wait_for_shards(proc, dest, 1)
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert b"Traceback" not in err, err.decode()
+    assert manifest_of(dest)["num_samples"] == len([p for p in src.rglob("*") if p.is_file()])
