@@ -18,6 +18,7 @@ from dataio.errors import (
     StorageError,
     StorageNotFoundError,
     UnverifiedDataWarning,
+    VerifyCostWarning,
 )
 
 _LAZY = {
@@ -32,7 +33,8 @@ _LAZY = {
 
 __all__ = [
     "CorruptSampleError", "ImageTooLargeError", "ManifestError", "ShardFormatError", "ShardifyError",
-    "StateError", "StorageError", "StorageNotFoundError", "UnverifiedDataWarning", *_LAZY,
+    "StateError", "StorageError", "StorageNotFoundError", "UnverifiedDataWarning", "VerifyCostWarning",
+    *_LAZY,
 ]
 
 

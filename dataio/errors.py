@@ -53,5 +53,10 @@ class UnverifiedDataWarning(UserWarning):
     """verify_checksums=True on a dataset written before per-sample checksums: it is read unverified."""
 
 
+class VerifyCostWarning(UserWarning):
+    """verify_checksums=True reads some of a dataset's bytes twice to check them before delivery
+    (Parquet without page checksums, read in slices); the message says what avoids it."""
+
+
 class StateError(ShardifyError):
     """A saved loader state does not fit this loader (dataset, seed, batch size, plan version)."""

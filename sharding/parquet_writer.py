@@ -3,7 +3,11 @@
 Columns: `__key__` (string), one binary column per image extension (`jpg`, `png`, ...),
 `cls` (int64) when the dataset has labels, then the source's other fields. A row group closes
 at `rows_per_group` rows or `bytes_per_group` bytes, whichever comes first; the sample count of
-each group goes into the manifest so readers can seek to any group.
+each group goes into the manifest so readers can seek to any group. Every page carries Parquet's
+CRC-32 of its data, and pages stay near PAGE_BYTES (pyarrow closes a page only between write
+batches, so batches are a few rows): a loader reading a big row group in slices checks each page
+before decoding it (dataio/readers/page_check.py), stock readers may check them too (pyarrow:
+`page_checksum_verification=True`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from dataio.format.manifest import Checksummer, Field
 
 ROWS_PER_GROUP = 1000
 BYTES_PER_GROUP = 64 * 1024 * 1024
+PAGE_BYTES = 1024 * 1024
+# Rows per write batch: with pyarrow's default (1024) a page of images holds a whole row group.
+WRITE_BATCH_ROWS = 8
 
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "json": pa.string(), "bytes": pa.binary()}
 
@@ -56,7 +63,7 @@ class ParquetShardWriter:
     """Buffers rows and flushes them as row groups into `fileobj`; `close()` returns row-group sizes."""
 
     def __init__(self, fileobj: BinaryIO, schema: pa.Schema, *, rows_per_group: int = ROWS_PER_GROUP,
-                 bytes_per_group: int = BYTES_PER_GROUP) -> None:
+                 bytes_per_group: int = BYTES_PER_GROUP, page_bytes: int = PAGE_BYTES) -> None:
         self.checksum = Checksummer()
         self._schema = schema
         self._json_columns = {f.name for f in schema if f.type == pa.string() and f.name != "__key__"}
@@ -64,7 +71,8 @@ class ParquetShardWriter:
         # min/max statistics of them would only cost time (and put blobs in the footer).
         small = [f.name for f in schema if f.type != pa.binary() and f.name != "__key__"]
         self._writer = pq.ParquetWriter(_ChecksumFile(fileobj, self.checksum), schema, compression="none",
-                                        use_dictionary=small, write_statistics=small)
+                                        use_dictionary=small, write_statistics=small, write_page_checksum=True,
+                                        data_page_size=page_bytes, write_batch_size=WRITE_BATCH_ROWS)
         self._rows: dict[str, list[Any]] = {name: [] for name in schema.names}
         self._buffered_bytes = 0
         self._rows_per_group, self._bytes_per_group = rows_per_group, bytes_per_group

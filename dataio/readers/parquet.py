@@ -6,8 +6,9 @@ into one request), fetched through Store.read (retries, short-read checks) or th
 pyarrow decodes from those ranges through a sparse in-memory file: no temporary files, and
 pyarrow never issues a request of its own. With verify_checksums, every column chunk fetched is
 checked against its checksum in the manifest (format/checksums.py; a cache entry that fails is
-dropped and read again from the store once); row groups read in slices are checked as they
-stream (see parquet_slices).
+dropped and read again from the store once); row groups read in slices are checked page by page
+as they stream (page_check, parquet_checks), and a slice whose check fails with blocks from the
+disk cache drops them and is read once more from the store.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataio.errors import ShardFormatError
-from dataio.format.checksums import FIX, HEX_DIGITS, bad_chunk, chunk_span
+from dataio.format.checksums import FIX, bad_chunk
 from dataio.format.manifest import Manifest
 from dataio.readers.base import (
     LruCache,
@@ -37,7 +38,8 @@ from dataio.readers.base import (
     proportional_bytes,
     shard_offsets,
 )
-from dataio.readers.parquet_slices import ChunkCheck, SliceStreams
+from dataio.readers.parquet_checks import PageMismatch, SliceChecks
+from dataio.readers.parquet_slices import RangeFile, SliceStreams
 from dataio.storage.store import Store
 
 if TYPE_CHECKING:
@@ -117,6 +119,7 @@ class ParquetReader:
         self.slice_bytes = slice_bytes
         self._slices = SliceStreams()
         self.verify_checksums = verify_checksums and manifest.has_read_checksums
+        self.noted_double_read = False  # the VerifyCostWarning of a file without page CRCs, given
 
     def metadata(self, shard: int) -> Any:
         """The shard's Parquet footer, read once (one tail request) and checked against the manifest."""
@@ -152,7 +155,8 @@ class ParquetReader:
         groups = tuple(g for g in range(len(starts) - 1) if starts[g] < seg.stop and starts[g + 1] > seg.start)
         return groups, (starts[groups[0]] if groups else 0)
 
-    def _columns(self, md: Any) -> list[str] | None:
+    def projected_columns(self, md: Any) -> list[str] | None:
+        """The top-level columns read (None: all)."""
         if self.fields is None:
             return None
         names = set(md.schema.to_arrow_schema().names)
@@ -160,7 +164,7 @@ class ParquetReader:
 
     def _ranges(self, md: Any, groups: Sequence[int]) -> list[tuple[int, int]]:
         """Merged byte ranges of the projected column chunks of `groups`."""
-        columns = self._columns(md)
+        columns = self.projected_columns(md)
         spans = []
         for g in groups:
             rg = md.row_group(g)
@@ -201,42 +205,36 @@ class ParquetReader:
         tables = []
         for g in groups:
             a, b = max(seg.start, starts[g]) - starts[g], min(seg.stop, starts[g + 1]) - starts[g]
-            try:
-                tables.append(self._slices.read(
-                    self.store, rel, self.manifest.shard_num_bytes[seg.shard], md, shard=seg.shard, group=g,
-                    start=a, stop=b, columns=self._columns(md), check=self._slice_check(seg, md, g)))
-            except (pa.ArrowException, OSError) as exc:
-                raise ShardFormatError(f"{self.store.url_of(rel)}: cannot decode row group {g} ({exc}); "
-                                       "rewrite the dataset") from None
+            tables.append(self._read_slice(seg.shard, md, g, a, b))
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         if table.num_rows != seg.stop - seg.start:
             raise ShardFormatError(f"{self.store.url_of(rel)}: row groups {list(groups)} hold fewer rows than the "
                                    "manifest says; rewrite the dataset")
         return ParquetSlice(table)
 
-    def _slice_check(self, seg: SegmentLike, md: Any, group: int) -> Callable[[], ChunkCheck] | None:
-        """What checks a sliced row group's projected column chunks as they stream (None: unchecked)."""
-        expected = self.manifest.row_group_checksums[seg.shard] if self.verify_checksums else ()
-        if not expected:
-            return None
-        rg, columns, want = md.row_group(group), self._columns(md), expected[group]
-        if len(want) != HEX_DIGITS * rg.num_columns:
-            return None  # reported by bad_chunk on the unsliced path; here: unchecked
-        chunks = []
-        for i in range(rg.num_columns):
-            cc = rg.column(i)
-            if columns is None or cc.path_in_schema.split(".")[0] in columns:
-                chunks.append((*chunk_span(cc), want[i * HEX_DIGITS : (i + 1) * HEX_DIGITS], cc.path_in_schema))
-        starts = list(itertools.accumulate(self.manifest.row_groups[seg.shard], initial=0))
+    def _read_slice(self, shard: int, md: Any, group: int, start: int, stop: int) -> pa.Table:
+        """Rows [start, stop) of row group `group`; checked bytes that fail are dropped from the disk
+        cache and the slice is read once more from the store (a new stream) before failing."""
+        rel, columns = self.manifest.shard_paths[shard], self.projected_columns(md)
+        checks = SliceChecks(self, shard, md, group) if self.verify_checksums else None
+        for attempt in (0, 1):
+            try:
+                return self._slices.read(lambda: RangeFile(self.manifest.shard_num_bytes[shard],
+                                                           self.block_reader(shard), checks and checks.new()),
+                                         md, shard=shard, group=group, start=start, stop=stop, columns=columns)
+            except PageMismatch:
+                assert checks is not None
+                if attempt or not checks.drop_cached():
+                    raise
+            except (pa.ArrowException, OSError) as exc:
+                raise ShardFormatError(f"{self.store.url_of(rel)}: cannot decode row group {group} ({exc}); "
+                                       "rewrite the dataset") from None
+        raise AssertionError("unreachable")
 
-        def mismatch(column: str) -> None:
-            raise ShardFormatError(
-                f"{self.store.url_of(self.manifest.shard_paths[seg.shard])}: row group {group} (rows "
-                f"{starts[group]}-{starts[group + 1] - 1}, read in slices), column {column!r}, does not match its "
-                "checksum: the shard's bytes changed after it was written (same size, so only the checksum shows "
-                f"it); rows of it read before this point were not checked; {FIX}")
-
-        return lambda: ChunkCheck(chunks, mismatch)
+    def block_reader(self, shard: int) -> Callable[[int, int], bytes]:
+        """Bytes [a, b) of the shard through the disk cache (an aligned block is an entry)."""
+        rel, checksum = self.manifest.shard_paths[shard], self.manifest.shard_checksums[shard]
+        return lambda a, b: cached_read(self.store, self.cache, rel, a, b, checksum=checksum)
 
     def fetch(self, seg: SegmentLike) -> ParquetPayload | ParquetSlice:
         """The column-chunk bytes of the row groups overlapping the segment (few ranged reads)."""
@@ -261,7 +259,7 @@ class ParquetReader:
         expected = self.manifest.row_group_checksums[seg.shard]
         if not expected:
             return chunks  # a shard appended to a dataset written before checksums
-        columns = self._columns(md)
+        columns = self.projected_columns(md)
         bad = bad_chunk(md, groups, chunks, expected, columns)
         rel, checksum = self.manifest.shard_paths[seg.shard], self.manifest.shard_checksums[seg.shard]
         if bad is not None and self.cache is not None:
@@ -302,7 +300,7 @@ class ParquetReader:
         source = SparseFile(self.manifest.shard_num_bytes[seg.shard], payload.chunks, url=url)
         try:
             pf = pq.ParquetFile(source, metadata=payload.metadata)
-            table = pf.read_row_groups(list(payload.groups), columns=self._columns(payload.metadata), use_threads=False)
+            table = pf.read_row_groups(list(payload.groups), columns=self.projected_columns(payload.metadata), use_threads=False)
         except (pa.ArrowException, OSError) as exc:
             raise ShardFormatError(f"{url}: cannot decode row groups {list(payload.groups)} ({exc}); rewrite the dataset") from None
         table = table.slice(seg.start - payload.first_row, seg.stop - seg.start)

@@ -2,87 +2,74 @@
 hold a few hundred MB per row group).
 
 A slice streams the group page by page through pyarrow's buffered reader over a lazily fetched
-file (RangeFile: ranged reads of READ_AHEAD_BYTES through Store.read, so retries and short-read
-checks apply), keeping only rows [start, stop). The next slice of the same group usually starts
-where this one stopped (a worker reads its shards front to back), so the open stream is kept and
-continued instead of re-reading the group from its start. Memory per slice: its own rows, one
-page and one read-ahead buffer. Which rows a slice holds never depends on this: the plan's
-guarantees are the plan's. With checksums (`ChunkCheck`), each column chunk is hashed as the
-stream reads it, front to back, and checked when its last byte is read: a changed chunk fails
-then, so rows of it that earlier slices delivered were not checked; a slice that stops before
-the group's end checks nothing of that group.
+file (RangeFile: aligned blocks of BLOCK_BYTES through a reader-given function, the disk cache and
+Store.read, so retries and short-read checks apply and a block is a cache entry), keeping only
+rows [start, stop). The next slice of the same group usually starts where this one stopped (a
+worker reads its shards front to back), so the open stream is kept and continued instead of
+re-reading the group from its start. Memory per slice: its own rows, one page and MAX_BLOCKS
+blocks. Which rows a slice holds never depends on this: the plan's guarantees are the plan's.
+With checksums, every byte the stream reads passes through a PageCheck (page_check.py) before
+pyarrow sees it: each page is checked against its CRC-32 before any row of it is decoded.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import xxhash
 
 from dataio.readers.base import SizedRawFile
-from dataio.storage.store import Store
+from dataio.readers.page_check import PageCheck
 
-READ_AHEAD_BYTES = 8 << 20
+BLOCK_BYTES = 8 << 20
+MAX_BLOCKS = 2  # per open stream: two columns read side by side keep a block each
 PAGE_BUFFER_BYTES = 1 << 20
 BATCH_ROWS = 16
-MAX_OPEN_STREAMS = 4  # per reader: each holds a page and a read-ahead buffer
+MAX_OPEN_STREAMS = 4  # per reader: each holds a page and its blocks
 
 
-class ChunkCheck:
-    """Hashes column chunks [(begin, end, expected xxh3-64 hex, name)] as their bytes are read front to
-    back (`feed`), and calls `mismatch(name)` (which raises) when a finished chunk differs; a chunk
-    read out of order (a gap) is left unchecked."""
-
-    def __init__(self, chunks: Sequence[tuple[int, int, str, str]], mismatch: Callable[[str], None]) -> None:
-        self.chunks, self.mismatch = sorted(chunks), mismatch
-        self._state: list[tuple[Any, int] | None] = [(xxhash.xxh3_64(), a) for a, _, _, _ in self.chunks]
-
-    def feed(self, pos: int, data: memoryview) -> None:
-        end = pos + len(data)
-        for k, (a, b, want, name) in enumerate(self.chunks):
-            state = self._state[k]
-            if state is None or b <= pos or a >= end:
-                continue
-            hasher, next_pos = state
-            lo, hi = max(pos, next_pos), min(end, b)
-            if lo > next_pos:  # bytes skipped: this chunk cannot be checked from this stream
-                self._state[k] = None
-                continue
-            if hi > lo:
-                hasher.update(data[lo - pos : hi - pos])
-                next_pos = hi
-            self._state[k] = (hasher, next_pos)
-            if next_pos == b:
-                self._state[k] = None
-                if hasher.hexdigest() != want:
-                    self.mismatch(name)
+def block_spans(begin: int, end: int, size: int) -> list[tuple[int, int]]:
+    """The aligned blocks [a, b) of a file of `size` bytes that hold bytes [begin, end)."""
+    first, last = begin // BLOCK_BYTES, (max(begin, end - 1)) // BLOCK_BYTES
+    return [(k * BLOCK_BYTES, min(size, (k + 1) * BLOCK_BYTES)) for k in range(first, last + 1)]
 
 
 class RangeFile(SizedRawFile):
-    """A read-only file of `size` bytes fetched in ranged reads of at least READ_AHEAD_BYTES."""
+    """A read-only file of `size` bytes fetched as aligned blocks, `read_block(a, b)` giving bytes [a, b)."""
 
-    def __init__(self, store: Store, rel: str, size: int, check: ChunkCheck | None = None) -> None:
+    def __init__(self, size: int, read_block: Callable[[int, int], bytes], check: PageCheck | None = None) -> None:
         super().__init__()
-        self._store, self._rel, self._size, self._check = store, rel, size, check
-        self._pos, self._buf_start, self._buf = 0, 0, b""
+        self._size, self._read_block, self._check = size, read_block, check
+        self._pos = 0
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()  # block number -> its bytes, least recent first
+
+    def _block(self, k: int) -> bytes:
+        data = self._blocks.pop(k, None)
+        if data is None:
+            data = self._read_block(k * BLOCK_BYTES, min(self._size, (k + 1) * BLOCK_BYTES))
+        self._blocks[k] = data
+        while len(self._blocks) > MAX_BLOCKS:
+            self._blocks.popitem(last=False)
+        return data
 
     def readinto(self, buffer: Any) -> int:
         n = max(0, min(len(buffer), self._size - self._pos))
-        if n == 0:
-            return 0
-        if not (self._buf_start <= self._pos and self._pos + n <= self._buf_start + len(self._buf)):
-            end = min(self._size, self._pos + max(n, READ_AHEAD_BYTES))
-            self._buf, self._buf_start = self._store.read(self._rel, self._pos, end), self._pos
-        a = self._pos - self._buf_start
-        memoryview(buffer)[:n] = self._buf[a : a + n]
-        if self._check is not None:
-            self._check.feed(self._pos, memoryview(self._buf)[a : a + n])
+        out, done = memoryview(buffer).cast("B"), 0
+        while done < n:
+            pos = self._pos + done
+            k = pos // BLOCK_BYTES
+            block = memoryview(self._block(k))
+            a = pos - k * BLOCK_BYTES
+            m = min(n - done, len(block) - a)
+            if self._check is not None:  # before pyarrow can see the bytes
+                self._check.feed(pos, block[a : a + m])
+            out[done : done + m] = block[a : a + m]
+            done += m
         self._pos += n
         return n
 
@@ -110,16 +97,15 @@ class SliceStreams:
         self.__init__()  # type: ignore[misc]
 
     def read(
-        self, store: Store, rel: str, size: int, metadata: Any, *, shard: int, group: int, start: int, stop: int,
-        columns: list[str] | None, check: Callable[[], ChunkCheck] | None = None,
+        self, open_file: Callable[[], RangeFile], metadata: Any, *, shard: int, group: int, start: int, stop: int,
+        columns: list[str] | None,
     ) -> pa.Table:
-        """Rows [start, stop) of row group `group` (row numbers within the group) as a table; `check`
-        makes the ChunkCheck of a new stream (None: unchecked)."""
+        """Rows [start, stop) of row group `group` (row numbers within the group) as a table;
+        `open_file` gives the file a new stream reads (with its checks). A stream that raised is dropped."""
         with self._lock:
             stream = self._open.pop((shard, group), None)
         if stream is None or stream.next_row > start:
-            source = RangeFile(store, rel, size, None if check is None else check())
-            pf = pq.ParquetFile(source, metadata=metadata, buffer_size=PAGE_BUFFER_BYTES, pre_buffer=False)
+            pf = pq.ParquetFile(open_file(), metadata=metadata, buffer_size=PAGE_BUFFER_BYTES, pre_buffer=False)
             stream = _Stream(pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns,
                                              use_threads=False), 0)
         pieces = []

@@ -118,30 +118,23 @@ def test_stock_readers_ignore_the_sidecar(image_folder: Path, tmp_path: Path):
     assert len(list(wds.WebDataset(str(shard), shardshuffle=False))) == 24
 
 
-@pytest.mark.parametrize("value_bytes", [4000, 40_000])
-def test_row_groups_read_in_slices_are_checked_as_they_stream(tmp_path, value_bytes):
-    from dataio.plan.types import Segment
-    from dataio.readers.parquet import ParquetReader, ParquetSlice
-    from tests.sharding.test_index import big_group_dataset
+def test_parquet_pages_carry_crcs_and_slices_check_them(image_folder, tmp_path):
+    """`shardify write --format parquet` puts a CRC-32 on every page, so a loader reading row groups in
+    slices (a window smaller than a group) checks each page before decoding it: no VerifyCostWarning,
+    and a changed page fails naming it (tests/dataio/test_page_checksums.py has the details)."""
+    from dataio import VerifyCostWarning
+    from tests.dataio.test_page_checksums import pages_of
 
-    root = big_group_dataset(tmp_path / "big", value_bytes=value_bytes)  # one row group of 96 rows
-    store = Store(str(root))
-    m = read_manifest(store)
-    pieces = [Segment(shard=0, start=a, stop=a + 12) for a in range(0, 96, 12)]
-    reader = ParquetReader(store, m, slice_bytes=100_000, verify_checksums=True)
-    assert all(isinstance(reader.fetch(seg), ParquetSlice) for seg in pieces)  # intact: every chunk checks out
-    path = root / m.shard_paths[0]
-    rg = pq.ParquetFile(path).metadata.row_group(0)
-    _, b = chunk_span(next(rg.column(i) for i in range(rg.num_columns) if rg.column(i).path_in_schema == "blob"))
-    flip_byte(str(path), b - 100)  # the last rows' bytes: uncompressed, decodes, silently different
-    quiet = ParquetReader(store, m, slice_bytes=100_000)
-    assert all(isinstance(quiet.fetch(seg), ParquetSlice) for seg in pieces)  # unchecked: served
-    reader = ParquetReader(store, m, slice_bytes=100_000, verify_checksums=True)
-    # Checked when the stream has read the chunk's last byte: at once for a group inside pyarrow's
-    # 1 MiB page buffer (384 KB), as the last slices are read for a bigger one (3.8 MB).
-    if value_bytes > 10_000:
-        for seg in pieces[:4]:
-            reader.fetch(seg)  # rows 0-47 (and pyarrow's read-ahead) stop short of the chunk's end
-    with pytest.raises(ShardFormatError, match=r"row group 0 \(rows 0-95, read in slices\), column 'blob'"):
-        for seg in pieces:
-            reader.fetch(seg)
+    ds = tmp_path / "ds"
+    assert run("write", image_folder, ds, "--format", "parquet", "--max-samples-per-shard", 12, "--workers", 1,
+               "--quiet") == 0
+    path = ds / manifest_of(ds)["shards"]["path"][0]
+    pages = pages_of(path.read_bytes(), "jpg")
+    assert pages and all(crc is not None for *_, crc in pages)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", VerifyCostWarning)
+        assert len(_epoch(ds, shuffle_window_bytes=2000)) == 24
+    _, end, _, _ = pages[0]
+    flip_byte(str(path), end - 5)
+    with pytest.raises(ShardFormatError, match=r"row group 0 \(rows 0-11, read in slices\), column 'jpg', page 0"):
+        _epoch(ds, shuffle_window_bytes=2000)
