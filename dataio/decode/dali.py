@@ -1,6 +1,6 @@
 """Decode and augment raw image batches with NVIDIA DALI: nvJPEG on a GPU, DALI's CPU operators without one.
 
-The only module that imports `nvidia.dali`, and only when a DaliDecoder is built. The crop box and
+DALI is imported (by dali_pipeline, the only module that does) only when a DaliDecoder is built. The crop box and
 flip of every sample are computed here, in Python, with the CPU path's arithmetic and per-sample
 seeds (dataio.rand), and fed to DALI through `fn.external_source`: DALI then decodes only
 that region (`fn.decoders.image_slice`, the ROI decode `image_random_crop` uses internally),
@@ -24,6 +24,7 @@ import torch
 
 from dataio.batch import PackedBytes
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
+from dataio.decode.dali_pipeline import build_pipeline, resolve_device, to_torch
 from dataio.decode.images import IMAGE_FIELD_ORDER, check_pixels, read_header
 from dataio.decode.transforms import CropBox, center_crop, random_resized_crop
 from dataio.errors import CorruptSampleError
@@ -36,20 +37,6 @@ _DALI_FORMATS = ("jpeg", "png", "webp", "bmp")  # formats DALI decodes like PIL;
 # transparency) is composited on black by the CPU path, which DALI does not do; 16-bit modes
 # ("I;16", "RGB;16", ...), CMYK/YCCK and GIF/TIFF go to the CPU path as well, per sample.
 _DALI_MODES = ("RGB", "L")
-
-
-def _dali() -> Any:
-    """Import DALI lazily: the CPU-only install and every other module never need it."""
-    try:
-        import nvidia.dali as dali
-        import nvidia.dali.fn  # noqa: F401 - registers dali.fn
-        import nvidia.dali.types  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(
-            "decode='dali' needs NVIDIA DALI: pip install --extra-index-url "
-            "https://pypi.nvidia.com nvidia-dali-cuda130 (CUDA 13) or nvidia-dali-cuda120 (CUDA 12)"
-        ) from exc
-    return dali
 
 
 @dataclasses.dataclass(slots=True)
@@ -92,7 +79,7 @@ class DaliDecoder:
         self.config = decode_config
         self.batch_size, self.seed = batch_size, seed
         self.num_threads, self.prefetch_queue_depth = num_threads, prefetch_queue_depth
-        self.device = _resolve_device(device)
+        self.device = resolve_device(device)
         self.on_corrupt = on_corrupt
         self.url_of = url_of
         self.image_fields = tuple(image_fields)  # each row's image: the first of these it has bytes in
@@ -279,51 +266,11 @@ class DaliDecoder:
             self._start_padded()
 
     def _build(self) -> Any:
-        dali = _dali()
-        fn, types = dali.fn, dali.types
-        gpu = self.device.type == "cuda"
-        cfg = self.config
-        pipe = dali.pipeline.Pipeline(
-            batch_size=self.batch_size, num_threads=self.num_threads,
-            device_id=(self.device.index or 0) if gpu else None, prefetch_queue_depth=self.prefetch_queue_depth,
-            seed=self.seed,
-        )
-        with pipe:
-            encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
-            anchor = fn.external_source(name="anchor", dtype=types.FLOAT, ndim=1)
-            shape = fn.external_source(name="shape", dtype=types.FLOAT, ndim=1)
-            mirror = fn.external_source(name="mirror", dtype=types.INT32, ndim=0)
-            # Only the crop is decoded; EXIF orientation is ignored, as PIL and simplejpeg do. On the
-            # GPU, nvJPEG upsamples chroma like libjpeg-turbo only when asked (fancy upsampling).
-            gpu_args = {"jpeg_fancy_upsampling": True} if gpu else {}
-            images = fn.decoders.image_slice(
-                encoded, anchor, shape, device="mixed" if gpu else "cpu", output_type=types.RGB,
-                axis_names="WH", normalized_anchor=False, normalized_shape=False, adjust_orientation=False,
-                **gpu_args,
-            )
-            images = fn.resize(images, resize_x=cfg.size, resize_y=cfg.size, interp_type=types.INTERP_LINEAR,
-                               antialias=True)
-            if cfg.normalize:  # (x/255 - mean)/std == (x - 255 mean) / (255 std)
-                images = fn.crop_mirror_normalize(
-                    images, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
-                    mean=[255.0 * m for m in cfg.mean], std=[255.0 * s for s in cfg.std],
-                )
-            else:
-                images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW", mirror=mirror)
-            pipe.set_outputs(images)
-        pipe.build()
-        return pipe
+        return build_pipeline(self.config, batch_size=self.batch_size, num_threads=self.num_threads,
+                              device=self.device, prefetch_queue_depth=self.prefetch_queue_depth, seed=self.seed)
 
     def _to_torch(self, tensor_list: Any) -> torch.Tensor:
-        """DALI's dense (n, 3, size, size) output copied into a torch tensor on the training device."""
-        from nvidia.dali.plugin.pytorch import feed_ndarray
-
-        dense = tensor_list.as_tensor()
-        dtype = torch.float32 if self.config.normalize else torch.uint8
-        out = torch.empty(tuple(dense.shape()), dtype=dtype, device=self.device)
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        feed_ndarray(dense, out, cuda_stream=stream)
-        return out
+        return to_torch(tensor_list, self.device, normalize=self.config.normalize)
 
     # --- assembly: CPU rows, corrupt policy, the output batch ---------------------------------
     def _finish(self, job: _Job, dali_images: torch.Tensor | None) -> dict[str, Any]:
@@ -385,23 +332,6 @@ class DaliDecoder:
         if self.url_of is None or ids is None:
             return ""
         return self.url_of(int(ids[row]))
-
-
-def _resolve_device(device: str) -> torch.device:
-    """ "auto": the current CUDA device when torch sees one, else the CPU; "cpu", "cuda", "cuda:N"."""
-    if device == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked for but torch sees no CUDA device; use 'cpu' or 'auto'")
-        return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
-    return dev
 
 
 def _image_items(batch: dict[str, Any], order: tuple[str, ...]) -> tuple[tuple[str, ...], list[np.ndarray]]:
