@@ -1,7 +1,8 @@
 """How long one worker takes to compute its plan at scale, fresh and after resumes, and its memory.
 
 100k shards / 1B samples / 4096 ranks, batch 256, 8 workers at the original topology; the mix-*
-cases split the same totals into a three-source mixture (plan/mix.py). Each case runs in its own
+cases split the same totals into a three-source mixture (plan/mix.py), the mix20-* cases into
+twenty sources whose best interleaving tree is not within 1 (so the deadline order serves them). Each case runs in its own
 process so peak RSS growth is that case's alone.
 
     .venv/bin/python -m benchmarks.bench_plan [--output benchmarks/results_plan.md]
@@ -44,10 +45,17 @@ CASES = {
                   "3-source mixture, epoch start, 4096 ranks x 8 workers"),
     "mix-resumed": (RESUMED, WorkerSlot(rank=777, world_size=2048, worker_id=2, num_workers=4),
                     "3-source mixture, the same 2 prior levels, now 2048 ranks x 4 workers"),
+    "mix20-fresh": (PlanState(epoch=3), WorkerSlot(rank=3210, world_size=4096, worker_id=5, num_workers=8),
+                    "20-source mixture (deadline order), epoch start, 4096 ranks x 8 workers"),
+    "mix20-resumed": (RESUMED, WorkerSlot(rank=777, world_size=2048, worker_id=2, num_workers=4),
+                      "20-source mixture (deadline order), the same 2 prior levels, 2048 ranks x 4 workers"),
 }
 # The mixture: 70k + 25k + 5k shards, 700M + 250M + 50M samples, weights 0.5 / 0.3 / 0.2 of a 1B
 # epoch: the first source down-sampled (0.71 of it per epoch), the last upsampled 4x.
 MIX = (("web", 70_000, 700_000_000, 0.5), ("books", 25_000, 250_000_000, 0.3), ("gold", 5_000, 50_000_000, 0.2))
+# Twenty sources of 5k shards and 50M samples each, weights 1 to 1000 (geometric): the best tree's
+# bound is 1.08, so the interleaving is the deadline order (interleave.py).
+MIX20 = tuple((f"s{i:02d}", 5_000, 50_000_000, round(10 ** (3 * i / 19), 3)) for i in range(20))
 
 
 def shard_sizes(num_shards: int = NUM_SHARDS, num_samples: int = NUM_SAMPLES) -> np.ndarray:
@@ -63,10 +71,11 @@ def shard_sizes(num_shards: int = NUM_SHARDS, num_samples: int = NUM_SAMPLES) ->
 def planner(name: str):
     """A no-argument function computing the case's worker plan (the inputs built beforehand)."""
     state, slot, _ = CASES[name]
-    if not name.startswith("mix-"):
+    if not name.startswith("mix"):
         sizes = shard_sizes()
         return lambda: plan_worker(sizes, config=CONFIG, slot=slot, state=state)
-    mixture = Mixture(sources=tuple(MixSource(name=n, shard_sizes=shard_sizes(k, m), weight=w) for n, k, m, w in MIX))
+    mix = MIX20 if name.startswith("mix20-") else MIX
+    mixture = Mixture(sources=tuple(MixSource(name=n, shard_sizes=shard_sizes(k, m), weight=w) for n, k, m, w in mix))
     mix_state = MixState(plan=state, mixture=mixture.describe())
     return lambda: plan_mix_worker(mixture, config=CONFIG, slot=slot, state=mix_state)
 
@@ -135,7 +144,10 @@ def report(rows: list[dict]) -> str:
         f"Mixture cases: the same 100k shards and 1B samples as three sources "
         f"({', '.join(f'{n}: {k:,} shards, {m:,} samples, weight {w}' for n, k, m, w in MIX)}); one "
         "worker resolves its positions through the interleaving tree and each source's pass order "
-        "(`plan_mix_worker`).",
+        "(`plan_mix_worker`). The mix20 cases: twenty sources of 5,000 shards and 50,000,000 samples, "
+        "weights 1 to 1000 (geometric), no tree within 1 of the shares: the deadline order "
+        "(`dataio/plan/deadlines.py`, every prefix within 1) fills the 4,096-position blocks the "
+        "worker's positions fall in.",
         "",
         f"Target (one worker of the 4096-rank job, fresh and after resumes, mixture or not, under a second): "
         f"{'met' if worst < 1 else 'NOT met'}, slowest best-of-3 {worst:.3f} s. Memory stays O(shards) "

@@ -1,7 +1,13 @@
 """A mixture epoch's interleaving: which source owns each of N positions, with random access.
 
-A binary tree over the sources (those with a count > 0) splits each node's m positions between
-its children of a and m - a positions by the Sturmian rule left_count(p) = floor(p * a / m + 1/2),
+Two schemes, both within 1 of the shares over every prefix, neither needing a pass over the epoch:
+a binary tree of Sturmian splits where its bound is below 1 (always up to four sources; vectorised,
+so a worker of a billion-sample epoch plans only its own positions), else deadlines.py (every
+source's j-th position inside its window, earliest deadline first within blocks whose boundary
+states are chosen without a pass: below 1 for any number of sources, O(block) per block touched).
+
+The tree over the sources (those with a count > 0) splits each node's m positions between its
+children of a and m - a positions by the Sturmian rule left_count(p) = floor(p * a / m + 1/2),
 so each split is within 1/2 of its share over any prefix. A split's error reaches a source below
 it scaled by the source's share of the child it went to, so over any prefix source s strays from
 its share by at most
@@ -13,9 +19,9 @@ depends on the shape, so the shape is chosen to make the largest bound(s) small:
 trees by a search over subsets of sources up to _SEARCH_UP_TO sources (pairing a large source
 with a tiny one only where nothing else lies above the pair); past that the same search over
 groups of the smallest sources, or a heuristic, improved by moving subtrees (up to _IMPROVE_UP_TO
-sources). Schemes below 1 for any number of sources exist (Tijdeman's chairman assignment) but
-are sequential: position p's source depends on all before it. locate(pos) and prefix_counts(length) cost O(depth) array passes: no sequential state, so
-one worker of a billion-sample epoch plans only its own positions.
+sources). Where the best bound found is 1 or more, the deadline scheme is used instead, unless
+its block (N / the smallest count) exceeds _MAX_BLOCK positions (a source with under N / 2^20
+positions an epoch): then the tree stays, and max_deviation says its bound.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dataio.plan.deadlines import DeadlineOrder
+
+_MAX_BLOCK = 1 << 20  # positions: filling one costs about a second; past it the tree stays
 _SEARCH_UP_TO = 8  # sources: 3^n / 2 splits per probe of the search, ~40 probes (0.1 s at 8)
 _PROBES = 40  # bisections of the search's bound: far below any difference that matters
 _IMPROVE_UP_TO = 16  # sources: past the search, a local search improves the best shape found (< 1 s)
@@ -34,19 +43,32 @@ _IMPROVE_ROUNDS = 8  # moves at most (each tries every subtree beside every node
 class Interleave:
     """The interleaving of `counts` (n,) int64 positions per source, N = counts.sum() in all."""
 
-    def __init__(self, counts: np.ndarray) -> None:
+    def __init__(self, counts: np.ndarray, *, scheme: str | None = None) -> None:
+        """`scheme` ("tree" or "deadlines") overrides the choice, for tests and comparisons."""
         self.counts = np.asarray(counts, dtype=np.int64)
         leaves = [i for i, c in enumerate(self.counts.tolist()) if c > 0]
         self.shape = _choose_shape(leaves, self.counts.tolist()) if leaves else None
         self.tree = None if self.shape is None else _with_counts(self.shape, self.counts)
+        tree_bound = _bound(self.shape, self.counts.tolist()) if self.shape is not None else 0.0
+        if scheme is None:
+            small = tree_bound < 1 or DeadlineOrder.block_for(self.counts) > _MAX_BLOCK
+            scheme = "tree" if small else "deadlines"
+        if scheme not in ("tree", "deadlines"):
+            raise ValueError(f"scheme must be 'tree' or 'deadlines', got {scheme!r}")
+        self.scheme = scheme
+        self._deadlines = DeadlineOrder(self.counts) if scheme == "deadlines" else None
+        self._bound = tree_bound if self._deadlines is None else self._deadlines.max_deviation
 
     @property
     def max_deviation(self) -> float:
-        """Over any prefix, no source's count strays further than this from its share x length."""
-        return _bound(self.shape, self.counts.tolist()) if self.shape is not None else 0.0
+        """Over any prefix, no source's count strays further than this from its share x length
+        (the deadline scheme: (N-1)/N, every prefix count being floor or ceil of the share)."""
+        return self._bound
 
     def locate(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source, k) of positions `pos` (int64, any order): the position is source's k-th."""
+        if self._deadlines is not None:
+            return self._deadlines.locate(pos)
         pos = np.asarray(pos, dtype=np.int64)
         source, k = np.empty_like(pos), np.empty_like(pos)
         _route(self.tree, pos, np.arange(len(pos)), source, k)
@@ -54,6 +76,8 @@ class Interleave:
 
     def prefix_counts(self, length: int) -> np.ndarray:
         """(n,) int64: how many of the first `length` positions each source owns."""
+        if self._deadlines is not None:
+            return self._deadlines.prefix_counts(length)
         out = np.zeros(len(self.counts), dtype=np.int64)
         _prefix(self.tree, int(length), out)
         return out

@@ -6,16 +6,17 @@ exactly round(repeat x size), the weighted ones the rest by largest remainder of
 When the tail is dropped, the epoch as delivered is N rounded down to a multiple of the global
 batch of the topology it starts on, shared again the same way (none above its count_s), so every
 source delivers exactly its count. The positions are interleaved smoothly with random access
-(interleave.py: a tree of Sturmian splits whose shape is chosen for the smallest bound on any
-prefix's deviation from the shares). Source s's k-th position in epoch e takes draw
-c = e * count_s + k of an endless sequence of passes: pass c // size is the source's shards
-permuted by (seed, source, pass) and concatenated, read at c % size. A source that runs out
-starts a new permutation (upsampling); one too big goes on where it stopped in the next epoch
-(down-sampling); no sample repeats within a pass; the cursors use the requested counts, so they
-do not depend on the topology; all of it is arithmetic, so resume stays arithmetic. Ranks,
-workers, shuffle windows, tails and resume levels above level 0 are plan.py's own
-(plan_positions), so the properties carry over. Global ids and shard numbers are the sources'
-concatenated: source s's sample i is id_base[s] + i, its shard j is shard_base[s] + j.
+(interleave.py: a tree of Sturmian splits where its bound on any prefix's deviation from the
+shares is below 1, else deadlines.py, below 1 for any number of sources). Source s's k-th
+position in epoch e takes draw c = e * count_s + k of an endless sequence of passes: pass
+c // size is the source's shards permuted by (seed, source, pass) and concatenated, read at
+c % size. A source that runs out starts a new permutation (upsampling); one too big goes on
+where it stopped in the next epoch (down-sampling); no sample repeats within a pass; the cursors
+use the requested counts, so they do not depend on the topology; all of it is arithmetic, so
+resume stays arithmetic. Ranks, workers, shuffle windows, tails and resume levels above level 0
+are plan.py's own (plan_positions), so the properties carry over. Global ids and shard numbers
+are the sources' concatenated: source s's sample i is id_base[s] + i, its shard j is
+shard_base[s] + j.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
 from dataio.rand import MASK64, key
 
 # 2: interleaving trees chosen by their bound, the epoch rounded down to the global batch;
-# 3: past eight sources, the trees improved by a local search.
-MIX_VERSION = 3
+# 3: past eight sources, the trees improved by a local search;
+# 4: where the best tree's bound is 1 or more, the deadline scheme (deadlines.py) instead.
+MIX_VERSION = 4
 _MIX_KEY = 0x4D4958  # "MIX": keys of source passes never equal the single-source plan's keys
 
 
@@ -90,7 +92,8 @@ class MixEpoch:
     @property
     def max_deviation(self) -> float:
         """Over any prefix of the epoch, no source's count strays further than this from its share
-        (count / total) times the prefix length (interleave.py's bound; below 1 up to four sources)."""
+        (count / total) times the prefix length (interleave.py's bound: below 1, except a tree kept
+        where the deadline scheme's block would pass 2^20 positions)."""
         return self.order.max_deviation
 
     def locate(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
