@@ -280,10 +280,14 @@ def _index(args: argparse.Namespace) -> int:
     options = _options(args)
     store = Store(args.url, options)
     _check_reachable(store)
-    m = index_dataset(store, overwrite=args.overwrite, storage=options)
+    m, without_crcs = index_dataset(store, overwrite=args.overwrite, storage=options)
     images = [f.name for f in m.fields if f.type == "image"]
     print(f"indexed {m.num_samples} samples in {m.num_shards} Parquet files ({m.num_bytes / 1e6:.1f} MB) at "
           f"{store.url}; image field(s) {images or 'none'}; fields {list(m.field_names)}")
+    if without_crcs:
+        print(f"note: {len(without_crcs)} of the files (first: {without_crcs[0]}) have no page checksums (CRC-32): "
+              "a loader with verify_checksums=True reads their row groups bigger than its shuffle_window_bytes "
+              "twice, to check each column chunk whole before its rows; `shardify write` rewrites them with them")
     return 0
 
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataio.decode.images import read_header
-from dataio.format.checksums import SpanSums
+from dataio.format.checksums import SpanSums, chunk_span
 from dataio.format.manifest import (
     MANIFEST_NAME,
     Checksummer,
@@ -27,6 +27,7 @@ from dataio.format.manifest import (
     Manifest,
     write_manifest,
 )
+from dataio.format.parquet_pages import Incomplete, parse_page_header
 from dataio.storage.store import Store
 from sharding.sources.base import SourceError
 from sharding.sources.remote import RemoteFiles
@@ -58,16 +59,27 @@ def _describe(store: Store, rel: str) -> dict[str, Any]:
     footer, then every byte once, in pieces."""
     size = store.size(rel)
     md = _footer(store, rel, size)
-    summer, spans = Checksummer(), SpanSums(md)
+    summer, spans, page_crcs = Checksummer(), SpanSums(md), True
     for start in range(0, size, CHUNK_BYTES):
         piece = store.read(rel, start, min(size, start + CHUNK_BYTES))
         summer.update(piece)
         spans.update(start, piece)
+        if start == 0 and md.num_row_groups:
+            page_crcs = _has_page_crcs(piece, chunk_span(md.row_group(0).column(0))[0])
     if summer.num_bytes != size:
         raise SourceError(f"{store.url_of(rel)}: read {summer.num_bytes} bytes of {size}; the file changed while indexing")
     groups = tuple(md.row_group(g).num_rows for g in range(md.num_row_groups))
     return {"rel": rel, "size": size, "checksum": summer.hexdigest(), "groups": groups,
-            "group_checksums": spans.hexdigests(), "schema": md.schema.to_arrow_schema()}
+            "group_checksums": spans.hexdigests(), "schema": md.schema.to_arrow_schema(), "page_crcs": page_crcs}
+
+
+def _has_page_crcs(head: bytes, first_page: int) -> bool:
+    """Whether the file's first page (at `first_page` in `head`, the file's first bytes) has a CRC-32:
+    writers put one on every page or on none."""
+    try:
+        return parse_page_header(head, first_page).crc is not None
+    except (Incomplete, ValueError):
+        return False
 
 
 def _footer(store: Store, rel: str, size: int) -> Any:
@@ -103,8 +115,9 @@ def label_names_of(schema: pa.Schema, column: str = "label") -> tuple[str, ...] 
     return tuple(str(n) for n in names) if isinstance(names, list) and names else None
 
 
-def index_dataset(store: Store, *, overwrite: bool = False, storage: Any = None) -> Manifest:
-    """Write the manifest of the Parquet files below `store`; refuse a prefix that has one unless overwriting."""
+def index_dataset(store: Store, *, overwrite: bool = False, storage: Any = None) -> tuple[Manifest, list[str]]:
+    """Write the manifest of the Parquet files below `store`; refuse a prefix that has one unless overwriting.
+    Returns it and the files whose pages carry no CRC-32 (a loader checks their big row groups whole first)."""
     files = store.list()
     if MANIFEST_NAME in files and not overwrite:
         raise SourceError(f"{store.url} already has a manifest; pass --overwrite to index it again")
@@ -135,7 +148,7 @@ def index_dataset(store: Store, *, overwrite: bool = False, storage: Any = None)
         label_names=label_names_of(schema, "cls" if "cls" in schema.names else "label"),
     )
     write_manifest(store, manifest)
-    return manifest
+    return manifest, [d["rel"] for d in described if not d["page_crcs"]]
 
 
 def _tool_version() -> str:

@@ -16,7 +16,9 @@ which DALI's parser reads as groups of `EXT OFFSET SIZE NAME`: no room for anoth
 The manifest keeps the sidecar's checksum ("sums_checksum"); its path and size follow from the
 shard's. Parquet: per row group, the xxh3-64 of each column chunk as stored (from its dictionary
 page, or first data page, over total_compressed_size bytes), 16 hex digits each, concatenated in
-column order: the manifest's "row_group_checksums", a list per shard beside "row_groups".
+column order: the manifest's "row_group_checksums", a list per shard beside "row_groups". A row
+group read in slices is checked finer still, page by page, with Parquet's own CRC-32 in each page
+header (parquet_pages.py; shardify's writer puts one on every page): no manifest field needed.
 """
 
 from __future__ import annotations

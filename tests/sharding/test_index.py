@@ -124,3 +124,15 @@ def test_inspect_shows_a_hugging_face_label_histogram(hf_export, capsys) -> None
     assert run("inspect", hf_export) == 0
     out = capsys.readouterr().out
     assert "label histogram" in out and "a" in out
+
+
+def test_index_notes_files_without_page_crcs(hf_export, tmp_path, capsys) -> None:
+    """pyarrow writes no page CRC-32 by default (nor does `datasets`): the loader will check big row
+    groups whole before their rows, reading them twice, and `shardify index` says so up front."""
+    assert run("index", hf_export) == 0
+    assert "2 of the files (first: data/train-00000-of-00002.parquet) have no page checksums" in capsys.readouterr().out
+    (tmp_path / "crc").mkdir()
+    table = pq.read_table(hf_export / "data" / "train-00000-of-00002.parquet")
+    pq.write_table(table, tmp_path / "crc" / "a.parquet", write_page_checksum=True)
+    assert run("index", tmp_path / "crc") == 0
+    assert "page checksums" not in capsys.readouterr().out
