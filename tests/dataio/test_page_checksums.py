@@ -42,7 +42,7 @@ SLICE_BYTES = 100_000  # the loader's window: 12-row slices
 PIECES = [Segment(shard=0, start=a, stop=a + 12) for a in range(0, ROWS, 12)]
 
 
-def big_dataset(root: Path, *, crc: bool = True) -> tuple[Store, list[bytes]]:
+def big_dataset(root: Path | Store, *, crc: bool = True) -> tuple[Store, list[bytes]]:
     """One shard, one row group of ROWS rows of random `blob`s, pages of PAGE_ROWS rows (with CRC-32s
     or none), and its manifest with row-group checksums; returns the store and the blobs."""
     rng = np.random.default_rng(0)
@@ -51,7 +51,7 @@ def big_dataset(root: Path, *, crc: bool = True) -> tuple[Store, list[bytes]]:
     buf = io.BytesIO()
     pq.write_table(table, buf, row_group_size=ROWS, write_batch_size=PAGE_ROWS, data_page_size=1,
                    use_dictionary=False, compression="none", write_page_checksum=crc)
-    data, store = buf.getvalue(), Store(str(root))
+    data, store = buf.getvalue(), root if isinstance(root, Store) else Store(str(root))
     store.write_bytes("part-0.parquet", data)
     write_manifest(store, Manifest(
         format="parquet", fields=(Field(name="blob", type="bytes"), Field(name="cls", type="int")),
@@ -275,3 +275,23 @@ def test_without_page_crcs_a_chunk_is_checked_whole_before_its_rows(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", VerifyCostWarning)  # verify_checksums=False: no note, no second read
         read_slices(ParquetReader(store, m, slice_bytes=SLICE_BYTES), [])
+
+
+@pytest.mark.slow
+def test_slices_from_s3_are_checked_and_cached(s3_server, tmp_path):
+    """Over S3: slices read in aligned blocks through the disk cache (a second epoch all hits), and a
+    shard rewritten with one changed byte (same size) fails at its page."""
+    store, blobs = big_dataset(Store(f"s3://{s3_server.new_bucket()}/ds", s3_server.options()))
+    m = read_manifest(store)
+    cache = DiskCache(str(tmp_path / "c"), limit_bytes=1 << 26)
+    for _ in range(2):
+        delivered: list[bytes] = []
+        read_slices(ParquetReader(store, m, slice_bytes=SLICE_BYTES, cache=cache, verify_checksums=True), delivered)
+        assert delivered == blobs
+    assert cache.stats.hits == cache.stats.misses == 1
+    data = bytearray(store.read("part-0.parquet"))
+    begin, end, _, _ = pages_of(bytes(data), "blob")[10]  # rows 40-43
+    data[(begin + end) // 2] ^= 1
+    store.write_bytes("part-0.parquet", bytes(data))
+    with pytest.raises(ShardFormatError, match=r"page 10 \(rows 40-43\)"):
+        read_slices(ParquetReader(store, m, slice_bytes=SLICE_BYTES, verify_checksums=True), [])
