@@ -213,6 +213,26 @@ def test_verify_checksums_false_does_no_page_work(tmp_path, monkeypatch):
         read_slices(ParquetReader(store, read_manifest(store), slice_bytes=SLICE_BYTES, verify_checksums=True), [])
 
 
+def test_a_changed_page_header_is_caught_at_the_chunks_end_the_known_gap(tmp_path):
+    """A page header is outside its CRC: one saying 3 values instead of 4 decodes, shifting the rows
+    after it, and is caught only by the chunk's xxh3 when the stream reads the chunk's last byte
+    (README and DESIGN say so); shardify verify catches it whole."""
+    store, blobs = big_dataset(tmp_path / "ds")
+    path = store.path("part-0.parquet")
+    data = Path(path).read_bytes()
+    begin, _, _, _ = pages_of(data, "blob")[7]  # rows 28-31
+    header = data[begin - 31 : begin]  # the 31-byte header before the page's data
+    at = begin - 31 + header.index(bytes([0x1C, 0x15, 0x08]))  # data_page_header { num_values: 4 }
+    with open(path, "r+b") as f:
+        f.seek(at + 2)
+        f.write(bytes([0x06]))  # num_values: 3
+    delivered: list[bytes] = []
+    with pytest.raises(ShardFormatError, match="a page header changed"):
+        read_slices(ParquetReader(store, read_manifest(store), slice_bytes=SLICE_BYTES, verify_checksums=True),
+                    delivered)
+    assert delivered[:31] == blobs[:31] and delivered[31:] != blobs[31 : len(delivered)]  # the gap
+
+
 # --- the disk cache -------------------------------------------------------------------------
 
 
