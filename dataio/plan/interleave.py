@@ -4,7 +4,8 @@ Two schemes, both within 1 of the shares over every prefix, neither needing a pa
 a binary tree of Sturmian splits where its bound is below 1 (always up to four sources; vectorised,
 so a worker of a billion-sample epoch plans only its own positions), else deadlines.py (every
 source's j-th position inside its window, earliest deadline first within blocks whose boundary
-states are chosen without a pass: below 1 for any number of sources, O(block) per block touched).
+states are chosen without a pass: within 1 - 1/(2k-2) for any number k of sources, Tijdeman's
+bound, the best that holds for all shares; O(block) per block touched).
 
 The tree over the sources (those with a count > 0) splits each node's m positions between its
 children of a and m - a positions by the Sturmian rule left_count(p) = floor(p * a / m + 1/2),
@@ -20,7 +21,7 @@ trees by a search over subsets of sources up to _SEARCH_UP_TO sources (pairing a
 with a tiny one only where nothing else lies above the pair); past that the same search over
 groups of the smallest sources, or a heuristic, improved by moving subtrees (up to _IMPROVE_UP_TO
 sources). Where the best bound found is 1 or more, the deadline scheme is used instead, unless
-its block (N / the smallest count) exceeds _MAX_BLOCK positions (a source with under N / 2^20
+its block (2N / the smallest count) exceeds _MAX_BLOCK positions (a source with under N / 2^19
 positions an epoch): then the tree stays, and max_deviation says its bound.
 """
 
@@ -63,7 +64,7 @@ class Interleave:
     @property
     def max_deviation(self) -> float:
         """Over any prefix, no source's count strays further than this from its share x length
-        (the deadline scheme: (N-1)/N, every prefix count being floor or ceil of the share)."""
+        (the tree's bound, or the deadline scheme's 1 - 1/(2k-2) for k sources)."""
         return self._bound
 
     def locate(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
