@@ -13,8 +13,9 @@ chosen without a pass. Proof that every block can be filled:
 
 A state at t is each source's count X_i(t) in its range [lo_i, hi_i] above (one or two values);
 U = the sources at lo_i + 1, |U| = r(t) = t - sum lo_i. Block [a, b] is fillable iff no count goes
-down (each source's range moves by w_i B - 2 + 2d >= 0) and Hall holds on its prefixes, suffixes
-and inner intervals; inner ones hold because the whole epoch's assignment exists, and
+down (w_i B >= 2 puts lo_i(b) at or above hi_i(a)) and Hall holds on its prefixes, suffixes and
+inner intervals (windows are intervals, so intervals are the sets to check); inner ones hold
+because the whole epoch's assignment exists, and
   P(a): for q in (a, b]: sum_i max(0, due_i(q) - X_i(a)) <= q - a, due_i(q) = the windows of i
         ending by q; a source in U(a) lowers its term by 1 iff due_i(q) > lo_i: a lower bound on
         |U(a) n E_q|, E_q = {i : the deadline of i's job lo_i + 1 is <= q} (a chain);
@@ -71,12 +72,14 @@ class DeadlineOrder:
         pos = np.asarray(pos, dtype=np.int64)
         source, k = np.empty_like(pos), np.empty_like(pos)
         blocks = pos // self.block
-        for b in np.unique(blocks).tolist():
-            sel = blocks == b
+        order = np.argsort(blocks, kind="stable")  # positions grouped by block, one pass each
+        cuts = np.flatnonzero(np.diff(blocks[order])) + 1
+        for at in np.split(order, cuts) if len(order) else []:
+            b = int(blocks[at[0]])
             start, src, rank = self._fill(b)
-            at = pos[sel] - b * self.block
-            source[sel] = src[at]
-            k[sel] = start[src[at]] + rank[at]
+            within = pos[at] - b * self.block
+            source[at] = src[within]
+            k[at] = start[src[within]] + rank[within]
         return source, k
 
     def prefix_counts(self, length: int) -> np.ndarray:
@@ -209,13 +212,14 @@ def _edf(c: list[int], total: int, m: int, a: int, b: int, start: list[int], sto
     order = np.argsort(release, kind="stable")
     released_by = np.searchsorted(release[order], np.arange(length), side="right").tolist()
     key_list = key[order].tolist()
-    out = [0] * length
+    popped = []
     heap: list[int] = []
-    nxt = 0
-    for slot, end in enumerate(released_by):
+    push, pop, nxt = heapq.heappush, heapq.heappop, 0
+    for end in released_by:  # slot by slot: the released job due first
         while nxt < end:
-            heapq.heappush(heap, key_list[nxt])
+            push(heap, key_list[nxt])
             nxt += 1
-        deadline, out[slot] = divmod(heapq.heappop(heap), n)
-        assert deadline >= slot, "every block is feasible (the module docstring)"
-    return np.array(out, dtype=np.int64)
+        popped.append(pop(heap))
+    chosen = np.array(popped, dtype=np.int64)
+    assert (chosen // n >= np.arange(length)).all(), "every block is feasible (the module docstring)"
+    return chosen % n
