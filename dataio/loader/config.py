@@ -91,6 +91,12 @@ class LoaderConfig:
     # "processes" (DataLoader workers), "auto": threads for decode=None on tar shards (one dataset or a
     # mixture of tar sources) without a transform/collate hook (loader/threads.py), processes otherwise.
     worker_mode: str = "auto"
+    # Worker processes start when the loader is built (each reading its first window), not at the
+    # first next(); with decode="cpu" (no transform/collate hook, no reuse_buffers) each iteration's
+    # first batch is decoded in this process with num_workers threads while they start
+    # (loader/first_batch.py). The batches and their order are the same either way; False: workers
+    # start at the first iteration and make every batch.
+    early_start: bool = True
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "image_size", "shuffle_window", "prefetch_bytes", "max_in_flight",
@@ -134,6 +140,8 @@ class LoaderConfig:
             raise ValueError("startup_timeout_s must be positive")
         if not isinstance(self.verify_checksums, bool):
             raise TypeError(f"verify_checksums must be True or False, got {self.verify_checksums!r}")
+        if not isinstance(self.early_start, bool):
+            raise TypeError(f"early_start must be True or False, got {self.early_start!r}")
         if not isinstance(self.reuse_buffers, bool):
             raise TypeError(f"reuse_buffers must be True or False, got {self.reuse_buffers!r}")
         if self.reuse_buffers and self.decode == "dali":

@@ -10,6 +10,7 @@ state is the same and loads into a loader of any world size and number of worker
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from dataio.errors import StateError, UnverifiedDataWarning
 from dataio.format.manifest import Manifest
 from dataio.loader.collate import HEDGES_KEY, SKIPPED_KEY
 from dataio.loader.config import LoaderConfig, MiB, Source, check_int, window_samples
+from dataio.loader.first_batch import FirstBatch, first_batch_in_main
 from dataio.loader.mixing import (
     OpenSources,
     as_sources,
@@ -107,6 +109,7 @@ def make_loader(
     dali_threads: int = 2,
     reuse_buffers: bool = False,
     worker_mode: str = "auto",
+    early_start: bool = True,
 ) -> ShardLoader:
     """Open the dataset at `url` and return a ShardLoader; batch_size is per rank (see LoaderConfig).
 
@@ -231,6 +234,20 @@ class ShardLoader:
         self._slab_keeper = (SlabKeeper(max_storages=4 * max(1, config.num_workers) * (config.prefetch_factor + 2))
                              if config.reuse_buffers and not self.uses_threads else None)
         self._dali: Any = None
+        self._first = (FirstBatch(self._worker_job(), num_threads=min(config.num_workers, os.cpu_count() or 1))
+                       if first_batch_in_main(config, uses_threads=self.uses_threads) else None)
+        if config.early_start and config.num_workers > 0 and not self.uses_threads:
+            self._start_workers()
+
+    def _start_workers(self) -> None:
+        """Fork (or spawn) the worker processes now: each opens its slot's stream from where the
+        first iteration will probably start and reads its first window, then waits for tickets."""
+        start = self._next_start()
+        head = self._first.head(start) if self._first is not None else 0
+        self._sampler.warm(start, head, self.config.num_workers)
+        iter(self._get_dataloader())  # starts the persistent workers and sends them the warm tickets
+        if self._first is not None:
+            self._first.warm_up(start)  # threads only after the fork
 
     # --- topology, epochs and length ---------------------------------------------------------
     @property
@@ -279,7 +296,8 @@ class ShardLoader:
         self._state, self._delivered, self._finished = start, 0, False
         steps = self._steps_from(start)
         self._token += 1
-        self._sampler.start(self._token, start, steps)
+        head = self._first.head(start) if self._first is not None and steps > 0 else 0
+        self._sampler.start(self._token, start, steps, head)
         self._active_steps = steps
         if self.uses_threads:
             if self._threads is None:
@@ -289,6 +307,9 @@ class ShardLoader:
             sampler = self._sampler
             batches = self._threads.iterate(self._token, start, steps, lambda: sampler.released_below)
             return self._deliver(batches, self._token, steps)
+        if head:
+            first = self._first.then_workers(start, head, self._get_dataloader(), pin_memory=self.config.pin_memory)
+            return self._deliver(first, self._token, steps)
         return self._deliver(self._get_dataloader(), self._token, steps)
 
     def _deliver(self, dataloader: Any, token: int, steps: int) -> Iterator[dict[str, Any]]:
@@ -403,6 +424,8 @@ class ShardLoader:
         if self._threads is not None:
             self._threads.close()
             self._threads = None
+        if self._first is not None:
+            self._first.close()
         release_pooled()  # batch storages nobody holds any more
         if self._dataloader is not None:
             self._dataloader.dataset.close()
@@ -423,16 +446,22 @@ class _TicketSampler(torch.utils.data.Sampler):
 
     def __init__(self) -> None:
         self._token, self._plan, self._steps = 0, PlanState(epoch=0), 0
+        self._head, self._warm = 0, False
         self.released_below = 0  # batches of this iteration the caller has moved past
 
-    def start(self, token: int, plan: PlanState, steps: int) -> None:
-        self._token, self._plan, self._steps = token, plan, steps
+    def start(self, token: int, plan: PlanState, steps: int, head: int = 0) -> None:
+        """Tickets for an iteration: batches below `head` are made in the main process."""
+        self._token, self._plan, self._steps, self._head, self._warm = token, plan, steps, head, False
         self.released_below = 0
 
+    def warm(self, plan: PlanState, head: int, num_workers: int) -> None:
+        """One warm ticket per worker (token 0, before any iteration): open the stream, read ahead."""
+        self._token, self._plan, self._steps, self._head, self._warm = 0, plan, num_workers, head, True
+
     def __iter__(self) -> Iterator[Ticket]:
-        token, plan = self._token, self._plan
+        token, plan, head, warm = self._token, self._plan, self._head, self._warm
         # Lazy: each ticket is made when the DataLoader sends it, with the mark as it is then.
-        return (Ticket(token, plan, k, self.released_below) for k in range(self._steps))
+        return (Ticket(token, plan, k, self.released_below, head=head, warm=warm) for k in range(self._steps))
 
     def __len__(self) -> int:
         return self._steps
@@ -440,3 +469,4 @@ class _TicketSampler(torch.utils.data.Sampler):
 
 def _identity(batch: Any) -> Any:
     return batch
+

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
@@ -43,6 +44,12 @@ class Ticket:
     plan_state: PlanState  # where the iteration starts
     batch_index: int  # rank-level batch number counted from that state's position
     released_below: int = 0  # batches of this iteration the caller has moved past (slabs.py)
+    # Batches below `head` are made in the main process (first_batch.py): a ticket for one returns
+    # None at once, and its slot's stream skips them without reading or decoding them.
+    head: int = 0
+    # Only open the slot's stream from plan_state and read its first window (a bet the next
+    # iteration starts there, as when the loader is built); returns None.
+    warm: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,8 +110,9 @@ def return_freed_buffers() -> None:
 class BatchDataset(torch.utils.data.Dataset):
     """A map-style dataset over tickets: `ds[ticket]` is one whole batch (a dict per the contract)."""
 
-    def __init__(self, job: WorkerJob, io: RawIo | None = None) -> None:
+    def __init__(self, job: WorkerJob, io: RawIo | None = None, *, decode_threads: int = 1) -> None:
         self.job = job
+        self.decode_threads = decode_threads  # threads decoding one batch (first_batch.py: the main process's)
         # RAW streams' I/O threads and window buffers: shared by the reader threads of a process
         # (given), else this process's own (made when first needed).
         self._io, self._own_io = io, io is None
@@ -112,7 +120,8 @@ class BatchDataset(torch.utils.data.Dataset):
         self._decoder: Any = None
         self._token = -1
         self._streams: dict[int, WorkerStream | RawStream] = {}
-        self._spare: tuple[PlanState, int, WorkerStream | RawStream] | None = None  # (plan state, slot, stream)
+        # A stream read ahead on a bet: ((plan state, head), slot, stream).
+        self._spare: tuple[tuple[PlanState, int], int, WorkerStream | RawStream] | None = None
         self._slabs: SlabRing | None = None
         self._pid = os.getpid()
 
@@ -135,14 +144,19 @@ class BatchDataset(torch.utils.data.Dataset):
         if ticket.token != self._token:
             self._close_streams()
             self._token = ticket.token
-            self._adopt_spare(ticket.plan_state)
+            self._adopt_spare((ticket.plan_state, ticket.head))
         # Batch k belongs to worker k % num_workers; torch hands tickets out round-robin, so this
         # is normally our own slot. Should that ever differ, the owner's stream is replayed here.
         worker_id = self.job.topology.worker_of(ticket.batch_index)
+        if ticket.warm:
+            self._bet(worker_id, ticket.plan_state, ticket.head)
+            return None  # type: ignore[return-value]
         stream = self._streams.get(worker_id)
         if stream is None:
-            stream = self._stream(worker_id, ticket.plan_state)
+            stream = self._stream(worker_id, ticket.plan_state, ticket.head)
             self._streams[worker_id] = stream
+        if ticket.batch_index < ticket.head:
+            return None  # type: ignore[return-value]  # the main process made it; the stream skips it
         if self.job.reuse_buffers:
             if self._slabs is None:
                 self._slabs = SlabRing(shared=torch.utils.data.get_worker_info() is not None)
@@ -154,36 +168,41 @@ class BatchDataset(torch.utils.data.Dataset):
             self._start_spare(stream, worker_id)
         return batch
 
-    def _start_spare(self, finished: WorkerStream, worker_id: int) -> None:
+    def _start_spare(self, finished: WorkerStream | RawStream, worker_id: int) -> None:
         """Start reading this slot's next epoch in the background, betting on `set_epoch(e + 1)`.
 
         Persistent workers are otherwise idle between epochs, and every epoch would begin by
-        reading a whole shuffle window; a bet that loses (another epoch, a loaded state) is
-        dropped when the next iteration's first ticket shows it. Only inside DataLoader workers.
+        reading a whole shuffle window. Only inside DataLoader workers.
         """
+        self._bet(worker_id, PlanState(epoch=finished.epoch + 1), getattr(finished, "head", 0))
+
+    def _bet(self, worker_id: int, state: PlanState, head: int) -> None:
+        """Open this slot's stream from `state` and read its first window in the background; a bet
+        that loses (another epoch, a loaded state, another head) is dropped when the next
+        iteration's first ticket shows it. Only inside DataLoader workers."""
         if self._spare is not None or torch.utils.data.get_worker_info() is None:
             return
-        state = PlanState(epoch=finished.epoch + 1)
-        stream = self._stream(worker_id, state)
+        stream = self._stream(worker_id, state, head)
         stream.warm_up()
-        self._spare = (state, worker_id, stream)
+        self._spare = ((state, head), worker_id, stream)
 
-    def _adopt_spare(self, plan_state: PlanState | None) -> None:
+    def _adopt_spare(self, start: tuple[PlanState, int] | None) -> None:
         spare, self._spare = self._spare, None
         if spare is None:
             return
-        state, worker_id, stream = spare
-        if state == plan_state:
+        bet, worker_id, stream = spare
+        if bet == start:
             self._streams[worker_id] = stream
         else:
             stream.close()
 
-    def _stream(self, worker_id: int, state: PlanState) -> WorkerStream | RawStream:
+    def _stream(self, worker_id: int, state: PlanState, head: int = 0) -> WorkerStream | RawStream:
         if raw_fast_path(self.job):
+            assert head == 0, "the first batch is made in the main process only with decode='cpu'"
             if self._io is None:
                 self._io = process_io(self.job, num_streams=1)
             return RawStream(self, worker_id, state, self._io)
-        return WorkerStream(self, worker_id, state)
+        return WorkerStream(self, worker_id, state, batches=(head, None))
 
     def _close_streams(self) -> None:
         for stream in self._streams.values():
@@ -225,14 +244,22 @@ class BatchDataset(torch.utils.data.Dataset):
     @property
     def decoder(self) -> Any:
         if self._decoder is None:
-            self._decoder = CpuDecoder(self.job.decode_config, transform=self.job.transform)
+            self._decoder = CpuDecoder(self.job.decode_config, transform=self.job.transform,
+                                       num_threads=self.decode_threads)
         return self._decoder
 
 
 class WorkerStream:
-    """The batches of one WorkerSlot for one iteration, produced front to back with prefetch."""
+    """The batches of one WorkerSlot for one iteration, produced front to back with prefetch.
 
-    def __init__(self, owner: BatchDataset, worker_id: int, state: PlanState) -> None:
+    `batches=(lo, hi)` makes only the slot's batches numbered in [lo, hi) (hi None: to the end):
+    windows holding none of them are never read, and samples of the others are not decoded. The
+    main process makes an iteration's first batch with (0, 1) and worker 0 the rest with (1, None)
+    (first_batch.py); both see the same plan, so the batches are those of one stream (0, None).
+    """
+
+    def __init__(self, owner: BatchDataset, worker_id: int, state: PlanState,
+                 batches: tuple[int, int | None] = (0, None)) -> None:
         job = owner.job
         self.owner = owner
         slot = job.topology.slot(worker_id)
@@ -245,12 +272,30 @@ class WorkerStream:
         else:
             self.plan = plan_worker(job.manifest.shard_num_samples, config=job.plan_config, slot=slot, state=state)
         self._prefetcher: Any = None
-        self._last = int(self.plan.batch_numbers[-1]) if len(self.plan.batch_numbers) else -1
+        self.head = batches[0]
+        self._select(*batches)
+        self._last = int(self._numbers[-1]) if len(self._numbers) else -1
         self._window_iter = self._windows()
         self._batches = self._generate()
         self._warm: threading.Thread | None = None
         self._head: list[Any] = []  # the first window (or its exception), read by warm_up
         self.finished = False
+
+    def _select(self, lo: int, hi: int | None) -> None:
+        """The batch numbers to make, the windows to read for them, and where those start and stop
+        in the slot's delivery order (positions counted in samples, padding included)."""
+        numbers, size = self.plan.batch_numbers, self.owner.job.batch_size
+        first = int(np.searchsorted(numbers, lo))  # the slot's batches before lo: not made
+        last = len(numbers) if hi is None else int(np.searchsorted(numbers, hi))
+        self._numbers = numbers[first:last]
+        self._skip, self._stop = first * size, last * size  # positions [skip, stop) make the batches
+        ends = np.cumsum([len(w.sample_ids) for w in self.plan.windows], dtype=np.int64)
+        starts = ends - np.asarray([len(w.sample_ids) for w in self.plan.windows], dtype=np.int64)
+        kept = [i for i in range(len(ends)) if starts[i] < self._stop and ends[i] > self._skip]
+        self._kept = [self.plan.windows[i] for i in kept]
+        self._start = int(starts[kept[0]]) if kept else 0  # position of the first kept window's first sample
+        # The windows read hold these batches' samples and nothing else (none read for nothing).
+        self.reads_only_its_batches = bool(kept) and self._start == self._skip and int(ends[kept[-1]]) == self._stop
 
     def warm_up(self) -> None:
         """Read the first window in a background thread; decoding waits for the batch's ticket."""
@@ -281,8 +326,8 @@ class WorkerStream:
             if number > batch_index:
                 break
         raise RuntimeError(
-            f"internal: worker plan has no batch {batch_index} (it holds "
-            f"{self.plan.batch_numbers.tolist()[:8]}...); please report this"
+            f"internal: worker plan has no batch {batch_index} (it makes "
+            f"{self._numbers.tolist()[:8]}...); please report this"
         )
 
     def close(self) -> None:
@@ -301,7 +346,7 @@ class WorkerStream:
         # (window number, piece): a window is shuffled only once all its pieces are in, so its
         # pieces are taken as they arrive and one straggling read does not hold the rest.
         pieces = [[(w, p) for seg in window.segments for p in self.owner.split(seg)]
-                  for w, window in enumerate(self.plan.windows)]
+                  for w, window in enumerate(self._kept)]
         # The first window's reads first, alone: reading ahead ramps up from there (prefetch.py).
         first = sum(reader.payload_bytes(p) for _, p in pieces[0]) if pieces else 0
         self._prefetcher = Prefetcher(
@@ -309,7 +354,7 @@ class WorkerStream:
             budget_bytes=job.prefetch_bytes, max_in_flight=job.max_in_flight, first_budget_bytes=max(1, first),
         )
         results = iter(self._prefetcher.run((r for w in pieces for r in w), group=lambda r: r[0]))
-        for window, window_pieces in zip(self.plan.windows, pieces):
+        for window, window_pieces in zip(self._kept, pieces):
             by_id: dict[int, dict[str, Any]] = {}
             read_s = 0.0
             for _ in window_pieces:
@@ -331,15 +376,19 @@ class WorkerStream:
 
     def _generate(self) -> Iterator[tuple[int, dict[str, Any]]]:
         job = self.owner.job
-        numbers = self.plan.batch_numbers.tolist()
+        numbers = self._numbers.tolist()
         pending: list[tuple[dict[str, Any], bool]] = []
         pending_read_s = 0.0
         produced = 0
+        position = self._start  # in the slot's delivery order; [_skip, _stop) make our batches
         for window, by_id, read_s in self._all_windows():
             ids = window.sample_ids.tolist()
             pads = window.is_pad.tolist()
             per_sample_s = read_s / max(1, len(ids))  # a window's reading cost, shared by its samples
             for sample_id, is_pad in zip(ids, pads):
+                position += 1
+                if not self._skip < position <= self._stop:
+                    continue  # a batch made by another stream (the main process's first batch)
                 pending.append((by_id[sample_id], is_pad))
                 pending_read_s += per_sample_s
                 if len(pending) == job.batch_size:
