@@ -140,3 +140,23 @@ def test_many_sources_stay_within_1(counts):
         assert worst_deviation(prefix_table(order, counts), counts) <= order.max_deviation + 1e-12 < 1
     order = Interleave(counts)
     assert worst_deviation(prefix_table(order, counts), counts) <= order.max_deviation < 1
+
+
+def test_the_tree_stays_where_a_block_would_be_too_long(monkeypatch):
+    import dataio.plan.interleave as interleave
+
+    counts = np.array([41, 9, 231, 8, 22, 2, 16, 4, 6, 178, 6])
+    monkeypatch.setattr(interleave, "_MAX_BLOCK", 100)  # its block (4,096 positions) counts as too long
+    order = Interleave(counts)
+    assert order.scheme == "tree" and order.max_deviation > 1  # the bound in use, reported honestly
+    assert worst_deviation(prefix_table(order, counts), counts) <= order.max_deviation + 1e-12
+
+
+@pytest.mark.parametrize("counts", [[0, 0], [5], [0, 7, 0], [3, 4]])
+def test_degenerate_mixtures_in_the_deadline_order(counts):
+    counts = np.array(counts, dtype=np.int64)
+    order = Interleave(counts, scheme="deadlines")
+    if counts.sum():
+        assert worst_deviation(prefix_table(order, counts), counts) <= order.max_deviation + 1e-12
+    assert order.max_deviation == (0.5 if np.count_nonzero(counts) == 2 else 0.0)
+    assert order.prefix_counts(int(counts.sum())).tolist() == counts.tolist()
