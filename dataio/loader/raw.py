@@ -18,6 +18,7 @@ reader threads of a process, not per stream). Buffers are reused, so their pages
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from dataio.loader.raw_batch import BatchBuilder, CarryArena, Part
+from dataio.loader.raw_direct import DirectReader, Rows, ShardSource
 from dataio.plan.mix import MixState, plan_mix_worker
 from dataio.plan.plan import plan_worker
 from dataio.plan.types import PlanState
@@ -136,10 +138,11 @@ class _Piece:
 
 @dataclass
 class _Window:
-    """One window being read or served: its buffer, its pieces' reads and where every member lies."""
+    """One window being read or served: its buffer, its pieces' reads and where every member lies
+    (direct: no buffer, no reads; offsets in the shards, and each sample's span and checksum)."""
 
     window: Any
-    buf: np.ndarray
+    buf: np.ndarray | None
     ahead: bool  # the buffer was taken as a spare (not yet promoted)
     reads: list[Future]
     ids: np.ndarray  # int64 [rows] global id of each row (rows: the window's samples in read order)
@@ -151,6 +154,7 @@ class _Window:
     sizes: np.ndarray  # int64 [F, rows]
     ranks: np.ndarray  # int64 [F, rows]
     read_s: float = 0.0
+    direct: dict[str, np.ndarray] | None = None  # positions, starts, ends, sums, checked: [rows] each
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         return self.order[np.searchsorted(self.ids, ids, sorter=self.order)]
@@ -180,6 +184,10 @@ class RawStream:
         self._pos = 0  # the next sample of the current window to deliver
         self._produced = 0
         self._carry = CarryArena()
+        self._sources: dict[int, ShardSource] = {}
+        # Local shards are read straight into each batch (raw_direct.py): no window buffers.
+        self._direct = DirectReader(packs=self._builder.packs, source_of=self._sources.__getitem__) if (
+            _all_local(owner.reader)) else None
         self.finished = False
 
     # --- reading windows ----------------------------------------------------------------
@@ -213,6 +221,9 @@ class RawStream:
             begin, end = p.reader.index(seg.shard).span(seg.start, seg.stop) if seg.stop > seg.start else (0, 0)
             spans.append((begin, end, total))
             total += end - begin
+        if self._direct is not None:
+            self._next_window += 1
+            return self._layout_direct(window, pieces)
         buf = self.io.take(total, ahead=ahead)
         if buf is None:
             return None
@@ -261,10 +272,35 @@ class RawStream:
         return _Window(window=window, buf=buf, ahead=ahead, reads=[], ids=ids, order=np.argsort(ids, kind="stable"),
                        shard=shard, keys=keys, exts=exts, offsets=offsets, sizes=sizes, ranks=ranks)
 
+    def _layout_direct(self, window: Any, pieces: list[_Piece]) -> _Window:
+        """A window's layout in its shards (offsets as the index says) and each sample's span to read:
+        the checksummed span where sums are checked, else its projected members' extent."""
+        w = self._layout(window, pieces, [(0, 0, 0)] * len(pieces), None, False)
+        cols: dict[str, list[np.ndarray]] = {k: [] for k in ("positions", "starts", "ends", "sums", "checked")}
+        for p in pieces:
+            a, b = p.seg.start, p.seg.stop
+            self._sources.setdefault(p.shard, ShardSource(
+                path=p.reader.store.path(p.manifest.shard_paths[p.seg.shard]), reader=p.reader, shard=p.seg.shard))
+            sums = p.reader.sample_sums(p.seg.shard) if getattr(p.reader, "verify_checksums", False) else None
+            if sums is not None:
+                starts, ends, want = sums.starts[a:b], sums.ends[a:b], sums.sums[a:b]
+            else:
+                c = self._columns(p)
+                off, size = c.offsets[:, a:b], c.sizes[:, a:b]
+                present = size >= 0
+                starts = np.where(present, off, np.iinfo(np.int64).max).min(axis=0, initial=np.iinfo(np.int64).max)
+                ends = np.where(present, off + size, 0).max(axis=0, initial=0)
+                starts = np.where(present.any(axis=0), starts, 0)
+                want = np.zeros(b - a, dtype=np.uint64)
+            for k, v in zip(cols, (np.arange(a, b), starts, ends, want, np.full(b - a, sums is not None))):
+                cols[k].append(v)
+        w.direct = {k: np.concatenate(v) if v else np.empty(0) for k, v in cols.items()}
+        return w
+
     def _advance(self) -> _Window:
         """The next window, read completely, as the current one (the old buffer given back)."""
         old, self._cur = self._cur, None
-        if old is not None:
+        if old is not None and old.buf is not None:
             self.io.give(old.buf, ahead=old.ahead)
         w, self._ahead = self._ahead, None
         if w is None:
@@ -278,7 +314,7 @@ class RawStream:
         return w
 
     def _read_ahead(self) -> None:
-        if self._ahead is None and self._next_window < len(self.plan.windows):
+        if self._direct is None and self._ahead is None and self._next_window < len(self.plan.windows):
             self._ahead = self._start(ahead=True)
 
     def warm_up(self) -> None:
@@ -308,6 +344,8 @@ class RawStream:
 
     def _take(self, num_samples: int) -> list[Part]:
         """The next num_samples of the plan as parts; a batch may straddle windows."""
+        if self._direct is not None:
+            return [self._direct.read(self._take_rows(num_samples))]
         parts: list[Part] = []
         self._carry.reset()
         while num_samples:
@@ -325,10 +363,32 @@ class RawStream:
             self._pos, num_samples = hi, num_samples - (hi - lo)
         return parts
 
+    def _take_rows(self, num_samples: int) -> Rows:
+        """The next num_samples of the plan, where they lie in their shards (direct: nothing read yet)."""
+        rows: list[Rows] = []
+        while num_samples:
+            w = self._cur
+            if w is None or self._pos >= len(w.window.sample_ids):
+                w = self._advance()
+            lo = self._pos
+            hi = min(lo + num_samples, len(w.window.sample_ids))
+            ids = w.window.sample_ids[lo:hi]
+            r = w.rows_of(ids)
+            d = w.direct
+            assert d is not None
+            rows.append(Rows(exts=w.exts, offsets=w.offsets[:, r], sizes=w.sizes[:, r], ranks=w.ranks[:, r],
+                             keys=w.keys[r], ids=ids, mask=~w.window.is_pad[lo:hi], shards=w.shard[r],
+                             positions=d["positions"][r], starts=d["starts"][r], ends=d["ends"][r],
+                             sums=d["sums"][r], checked=d["checked"][r]))
+            self._pos, num_samples = hi, num_samples - (hi - lo)
+        return Rows.concat(rows)
+
     def close(self) -> None:
         """Cancel reads not started, wait for running ones (they write into our buffers), give buffers back."""
+        if self._direct is not None:
+            self._direct.close()
         for w in (self._ahead, self._cur):
-            if w is None:
+            if w is None or w.buf is None:
                 continue
             for f in w.reads:
                 if not f.cancel():
@@ -338,11 +398,17 @@ class RawStream:
         self._ahead = self._cur = None
 
 
+def _all_local(reader: Any) -> bool:
+    """Whether every source's shards are local files read without a disk cache (raw_direct.py)."""
+    readers = getattr(reader, "readers", None) or [reader]
+    return hasattr(os, "preadv") and all(r.store.is_local and r.cache is None for r in readers)
+
+
 def _load_indexes(shards: list[tuple[Any, int]], max_in_flight: int) -> None:
     """The (reader, shard)s' indexes (a HEAD and a GET each), fetched side by side: a window's start
     costs a round trip or two, not two per shard, and one slow request holds only its own shard."""
     unique = list({(id(reader), shard): (reader, shard) for reader, shard in shards}.values())
-    if len(unique) > 1:
+    if len(unique) > 1 and not all(reader.store.is_local for reader, _ in unique):  # local: no round trips
         with ThreadPoolExecutor(min(max_in_flight, len(unique)), thread_name_prefix=IO_THREAD_PREFIX) as pool:
             for f in [pool.submit(reader.index, shard) for reader, shard in unique]:
                 f.result()

@@ -53,6 +53,13 @@ class Part:
     mask: np.ndarray  # bool [k] False for padding repeats
     shards: np.ndarray  # int64 [k]
     read_s: float
+    # Read straight into the batch (raw_direct.py): these fields' members lie in their own arrays,
+    # already packed as the batch's PackedBytes (offsets index field_bufs[ext], not buf).
+    field_bufs: dict[str, np.ndarray] | None = None
+    packed: dict[str, PackedBytes] | None = None
+
+    def buf_of(self, ext: str) -> np.ndarray:
+        return self.buf if self.field_bufs is None else self.field_bufs.get(ext, self.buf)
 
 
 class CarryArena:
@@ -70,6 +77,7 @@ class CarryArena:
         """The part with its members copied here, so the window holding them may be reused."""
         if part.buf is self.buf:
             return part  # carried at an earlier window change of this batch
+        assert part.packed is None, "parts read straight into a batch are never carried"
         sizes = np.maximum(part.sizes, 0)
         at = np.zeros(sizes.size + 1, dtype=np.int64)
         np.cumsum(sizes.ravel(), out=at[1:])
@@ -96,13 +104,16 @@ class BatchBuilder:
         self.kinds = field_kinds(self.manifest)
         self.label = label_field(self.manifest)
 
+    def packs(self, name: str) -> bool:
+        """Whether field `name` goes into the batch as PackedBytes (bytes and undecoded images)."""
+        return name != self.label and (self.kinds.get(name) or kind_of(name, None)) in ("bytes", "image")
+
     def build(self, parts: Sequence[Part], number: int) -> dict[str, Any]:
         exts = tuple(dict.fromkeys(e for p in parts for e in p.exts))
         # Every part aligned on the union of fields: [F, B] arrays, and each sample's part.
         offsets, sizes, ranks = (np.concatenate([_aligned(p, getattr(p, name), exts) for p in parts], axis=1)
                                  for name in ("offsets", "sizes", "ranks"))
         owner_of = np.concatenate([np.full(len(p.ids), i, dtype=np.int64) for i, p in enumerate(parts)])
-        bufs = [p.buf for p in parts]
         ids, mask = np.concatenate([p.ids for p in parts]), np.concatenate([p.mask for p in parts])
         keys, shards = np.concatenate([p.keys for p in parts]), np.concatenate([p.shards for p in parts])
         read_s = sum(p.read_s for p in parts)
@@ -110,7 +121,7 @@ class BatchBuilder:
         used = [f for f in range(len(exts)) if present[f].any()]
         first = {f: int(np.argmax(present[f])) for f in used}
         used.sort(key=lambda f: (first[f], int(ranks[f, first[f]])))  # a dict's key order over the batch
-        items = _Items(bufs, owner_of, keys, shards, self.url_of_shard)
+        items = _Items(parts, owner_of, keys, shards, self.url_of_shard)
         batch: dict[str, Any] = {"__key__": keys.tolist(),
                                  "label": self._labels(items, exts, offsets, sizes)}
         for f in used:
@@ -119,10 +130,10 @@ class BatchBuilder:
                 continue
             kind = self.kinds.get(name) or kind_of(name, None)
             if kind in ("bytes", "image"):
-                batch[name] = items.gather(offsets[f], sizes[f])
+                batch[name] = items.gather(name, offsets[f], sizes[f])
                 continue
             try:
-                values = [None if s < 0 else parse_value(kind, items.view(i, a, s), name)
+                values = [None if s < 0 else parse_value(kind, items.view(i, name, a, s), name)
                           for i, (a, s) in enumerate(zip(offsets[f].tolist(), sizes[f].tolist()))]
             except FieldError:  # raise or substitute, as the general path does
                 return self._general(items, exts, offsets, sizes, ranks, ids, mask, number, read_s)
@@ -148,7 +159,7 @@ class BatchBuilder:
         for i, (a, s) in enumerate(zip(offsets[f].tolist(), sizes[f].tolist())):
             if s < 0:
                 continue
-            value = bytes(items.view(i, a, s))
+            value = bytes(items.view(i, self.label, a, s))
             try:
                 out[i] = int(value.strip())
             except ValueError:
@@ -166,7 +177,7 @@ class BatchBuilder:
         for i, sample_id in enumerate(ids.tolist()):
             d: dict[str, Any] = {"__key__": items.keys[i], "__id__": sample_id, "__url__": items.url(i)}
             for f in sorted((f for f in range(len(exts)) if sizes[f, i] >= 0), key=lambda f: ranks[f, i]):
-                d[exts[f]] = items.view(i, int(offsets[f, i]), int(sizes[f, i]))
+                d[exts[f]] = items.view(i, exts[f], int(offsets[f, i]), int(sizes[f, i]))
             samples.append(d)
         batch = assemble(self.owner, samples, mask.tolist(), epoch=self.epoch, batch_number=number, read_s=read_s)
         batch[HEDGES_KEY] = hedges_since_last_batch()
@@ -175,22 +186,25 @@ class BatchBuilder:
 
 @dataclass
 class _Items:
-    """The batch's samples: sample i's members lie in bufs[owner_of[i]]."""
+    """The batch's samples: sample i's members lie in parts[owner_of[i]] (its buffer for that field)."""
 
-    bufs: list[np.ndarray]
+    parts: Sequence[Part]
     owner_of: np.ndarray
     keys: np.ndarray
     shards: np.ndarray
     url_of_shard: Callable[[int], str]
 
-    def view(self, i: int, a: int, s: int) -> memoryview:
-        return memoryview(self.bufs[int(self.owner_of[i])][a: a + s])
+    def view(self, i: int, ext: str, a: int, s: int) -> memoryview:
+        return memoryview(self.parts[int(self.owner_of[i])].buf_of(ext)[a: a + s])
 
     def url(self, i: int) -> str:
         return self.url_of_shard(int(self.shards[i]))
 
-    def gather(self, offsets: np.ndarray, sizes: np.ndarray) -> PackedBytes:
-        """PackedBytes of every sample's member (size -1: absent, an empty item), one copy each."""
+    def gather(self, ext: str, offsets: np.ndarray, sizes: np.ndarray) -> PackedBytes:
+        """PackedBytes of every sample's member (size -1: absent, an empty item), one copy each;
+        none where the batch was read straight into them."""
+        if len(self.parts) == 1 and self.parts[0].packed is not None and ext in self.parts[0].packed:
+            return self.parts[0].packed[ext]
         sizes = np.maximum(sizes, 0)
         out_offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=out_offsets[1:])
@@ -198,7 +212,7 @@ class _Items:
         # memoryview copies keep the GIL: numpy's would release it for every ~100 KB item, and with
         # other threads wanting it each copy would then wait for a switch interval to get it back.
         dst = memoryview(data.numpy())
-        bufs, owners = [memoryview(b) for b in self.bufs], self.owner_of.tolist()
+        bufs, owners = [memoryview(p.buf_of(ext)) for p in self.parts], self.owner_of.tolist()
         for p, a, s, o in zip(owners, offsets.tolist(), sizes.tolist(), out_offsets[:-1].tolist()):
             if s:
                 dst[o: o + s] = bufs[p][a: a + s]

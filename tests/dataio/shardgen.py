@@ -68,11 +68,12 @@ def make_samples(
 
 
 def tar_bytes(samples: Sequence[dict], fields: Sequence[str] = ("jpg", "cls", "json")) -> bytes:
-    """A WebDataset tar (plain ustar headers) of the samples; cls written as ASCII."""
+    """A WebDataset tar (plain ustar headers) of the samples' `fields` in that order (a field a sample
+    lacks is left out); cls written as ASCII."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for s in samples:
-            for ext in fields:
+            for ext in (e for e in fields if e in s):
                 value = s[ext]
                 data = str(value).encode() if isinstance(value, int) else value
                 info = tarfile.TarInfo(f"{s['__key__']}.{ext}")
@@ -96,12 +97,13 @@ def write_tar_dataset(
                       for samples, rel in zip(shards, manifest.shard_paths)]
 
 
-def write_tar_samples(store: Store, shards: Sequence[Sequence[dict]], *, checksums: bool = True) -> Manifest:
-    """Publish the given samples (one list per shard) as tar shards + v1.2 indexes (+ per-sample
-    checksum sidecars) + manifest."""
+def write_tar_samples(store: Store, shards: Sequence[Sequence[dict]], *, checksums: bool = True,
+                      fields: Sequence[str] = ("jpg", "cls", "json")) -> Manifest:
+    """Publish the given samples (one list per shard) as tar shards (members in `fields` order) +
+    v1.2 indexes (+ per-sample checksum sidecars) + manifest."""
     paths, sizes, sums, idx_paths, idx_sizes, idx_sums, sample_sum_files = [], [], [], [], [], [], []
     for i, samples in enumerate(shards):
-        data = tar_bytes(samples)
+        data = tar_bytes(samples, fields)
         tar_index = build_index(io.BytesIO(data))
         index = tar_index.dumps()
         rel = f"shards/shard-{i:06d}.tar"
