@@ -361,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-peers-venv", action="store_true",
                         help="no Streaming/LitData/ImageFolder rows (they need benchmarks/.peers-venv, built once)")
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results_loader.md"))
+    parser.add_argument("--only", default="",
+                        help="while iterating: only the rows whose name (loader/torch/task/variant) contains one "
+                             "of these comma-separated strings; the targets table then lacks the others")
     parser.add_argument("--mix", action="store_true",
                         help="only the mixing rows (RAW: one dataset vs a 2-source mixture), to results_mix.md")
     args = parser.parse_args(argv)
@@ -379,7 +382,10 @@ def main(argv: list[str] | None = None) -> int:
 
         data |= prepare_peer_formats(Path(data["folder"]), work)
     load_start = os.getloadavg()
-    res = interleaved(local_specs(data, args))
+    specs = local_specs(data, args)
+    if args.only:
+        specs = {k: v for k, v in specs.items() if any(part in k for part in args.only.split(","))}
+    res = interleaved(specs)
     if not args.no_s3:
         base = {"epochs": args.epochs, "batch_size": args.batch_size, "num_workers": args.num_workers}
         res |= run_s3(work, data, base, args.repeats, min(args.peer_repeats, args.repeats))

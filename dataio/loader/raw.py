@@ -75,10 +75,11 @@ class RawIo:
     (streams + spares) windows, and no stream can starve another.
     """
 
-    def __init__(self, *, max_in_flight: int, spares: int, min_bytes: int = 0) -> None:
+    def __init__(self, *, max_in_flight: int, spares: int, min_bytes: int = 0, lone: bool = False) -> None:
         # New buffers have room for a full window at once (min_bytes): windows that grow from one
         # batch (plan v2) then fill the same buffer, and only the pages written are ever touched.
         self.max_in_flight, self.spares, self.min_bytes = max_in_flight, spares, min_bytes
+        self.lone = lone  # one stream in this process: its direct reads may use an I/O thread
         self._lock = threading.Lock()
         self._free: list[np.ndarray] = []
         self._ahead = 0
@@ -180,14 +181,14 @@ class RawStream:
         self._builder = BatchBuilder(owner, epoch=state.epoch, url_of_shard=self._url_of_shard)
         self._next_window = 0  # the next window to read
         self._cur: _Window | None = None
-        self._ahead: _Window | None = None
+        self._ahead: _Window | Future | None = None  # a Future: a direct layout being made
         self._pos = 0  # the next sample of the current window to deliver
         self._produced = 0
         self._carry = CarryArena()
         self._sources: dict[int, ShardSource] = {}
         # Local shards are read straight into each batch (raw_direct.py): no window buffers.
-        self._direct = DirectReader(packs=self._builder.packs, source_of=self._sources.__getitem__) if (
-            _all_local(owner.reader)) else None
+        self._direct = DirectReader(packs=self._builder.packs, source_of=self._sources.__getitem__,
+                                    submit=io.submit if io.lone else None) if _all_local(owner.reader) else None
         self.finished = False
 
     # --- reading windows ----------------------------------------------------------------
@@ -211,7 +212,11 @@ class RawStream:
         return self.io.columns.get_or_load(p.shard, lambda: columns_of(p.reader.index(p.seg.shard), p.reader.fields))
 
     def _start(self, *, ahead: bool) -> _Window | None:
-        """Lay out the next window and submit its reads into a buffer (None: no spare buffer now)."""
+        """Lay out the next window and submit its reads into a buffer (None: no spare buffer now);
+        direct: only its layout."""
+        if self._direct is not None:
+            self._next_window += 1
+            return self._lay_out(self._next_window - 1)
         window = self.plan.windows[self._next_window]
         pieces = [p for seg in window.segments for p in self._pieces(seg)]
         _load_indexes([(p.reader, p.seg.shard) for p in pieces if p.seg.stop > p.seg.start], self.job.max_in_flight)
@@ -221,9 +226,6 @@ class RawStream:
             begin, end = p.reader.index(seg.shard).span(seg.start, seg.stop) if seg.stop > seg.start else (0, 0)
             spans.append((begin, end, total))
             total += end - begin
-        if self._direct is not None:
-            self._next_window += 1
-            return self._layout_direct(window, pieces)
         buf = self.io.take(total, ahead=ahead)
         if buf is None:
             return None
@@ -272,6 +274,13 @@ class RawStream:
         return _Window(window=window, buf=buf, ahead=ahead, reads=[], ids=ids, order=np.argsort(ids, kind="stable"),
                        shard=shard, keys=keys, exts=exts, offsets=offsets, sizes=sizes, ranks=ranks)
 
+    def _lay_out(self, number: int) -> _Window:
+        """Window `number`'s layout for direct reads (its shards' indexes and sums loaded)."""
+        window = self.plan.windows[number]
+        pieces = [p for seg in window.segments for p in self._pieces(seg)]
+        _load_indexes([(p.reader, p.seg.shard) for p in pieces if p.seg.stop > p.seg.start], self.job.max_in_flight)
+        return self._layout_direct(window, pieces)
+
     def _layout_direct(self, window: Any, pieces: list[_Piece]) -> _Window:
         """A window's layout in its shards (offsets as the index says) and each sample's span to read:
         the checksummed span where sums are checked, else its projected members' extent."""
@@ -303,6 +312,8 @@ class RawStream:
         if old is not None and old.buf is not None:
             self.io.give(old.buf, ahead=old.ahead)
         w, self._ahead = self._ahead, None
+        if isinstance(w, Future):  # a direct layout made in an I/O thread
+            w = w.result()
         if w is None:
             w = self._start(ahead=False)
         elif w.ahead:
@@ -314,8 +325,13 @@ class RawStream:
         return w
 
     def _read_ahead(self) -> None:
-        if self._direct is None and self._ahead is None and self._next_window < len(self.plan.windows):
+        if self._ahead is not None or self._next_window >= len(self.plan.windows):
+            return
+        if self._direct is None:
             self._ahead = self._start(ahead=True)
+        elif self.io.lone:  # the next window's indexes parsed in an I/O thread, beside this one's reads
+            self._next_window += 1
+            self._ahead = self.io.submit(self._lay_out, self._next_window - 1)
 
     def warm_up(self) -> None:
         """Start reading the first window (in the I/O threads); batches wait for their tickets."""
@@ -387,6 +403,11 @@ class RawStream:
         """Cancel reads not started, wait for running ones (they write into our buffers), give buffers back."""
         if self._direct is not None:
             self._direct.close()
+        if isinstance(self._ahead, Future):
+            if not self._ahead.cancel():
+                with contextlib.suppress(Exception):  # the stream is being dropped
+                    self._ahead.result()
+            self._ahead = None
         for w in (self._ahead, self._cur):
             if w is None or w.buf is None:
                 continue
@@ -417,5 +438,5 @@ def _load_indexes(shards: list[tuple[Any, int]], max_in_flight: int) -> None:
 def process_io(job: Any, num_streams: int) -> RawIo:
     """A RawIo for one process serving `num_streams` streams of this job."""
     return RawIo(max_in_flight=job.max_in_flight, spares=spare_windows(job, num_streams),
-                 min_bytes=int(window_bytes(job) * GROWTH))
+                 min_bytes=int(window_bytes(job) * GROWTH), lone=num_streams == 1)
 

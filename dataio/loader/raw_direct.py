@@ -21,6 +21,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,8 +111,11 @@ class ShardFiles:
 class DirectReader:
     """Rows -> one Part whose bytes fields are already packed (see the module docstring)."""
 
-    def __init__(self, *, packs: Callable[[str], bool], source_of: Callable[[int], ShardSource]) -> None:
-        self.packs, self.source_of = packs, source_of
+    def __init__(self, *, packs: Callable[[str], bool], source_of: Callable[[int], ShardSource],
+                 submit: Callable[..., Future] | None = None) -> None:
+        # submit: a lone stream in its process (num_workers=0, a worker process) reads half of each
+        # batch in an I/O thread: the kernel's copies run side by side (they release the GIL).
+        self.packs, self.source_of, self.submit = packs, source_of, submit
         self.files = ShardFiles()
         self._scratch = np.empty(0, dtype=np.uint8)
 
@@ -141,6 +145,7 @@ class DirectReader:
         order = np.lexsort((rows.starts, rows.shards))  # read in file order; deliver in plan order
         starts, ends, shards = rows.starts.tolist(), rows.ends.tolist(), rows.shards.tolist()
         sums, checked, rest = rows.sums.tolist(), rows.checked.tolist(), rest_at.tolist()
+        reads: list[tuple[int, list[memoryview], int, int, int | None, int]] = []
         for i in order.tolist():
             a, b = starts[i], ends[i]
             if b <= a:
@@ -154,10 +159,11 @@ class DirectReader:
                 pos = off + size
             if b > pos:
                 iov.append(scratch[at: at + b - pos])
-            source = self.source_of(shards[i])
-            got = os.preadv(self.files.fd(source.path), iov, a)
-            if got != b - a or (checked[i] and not _matches(iov, sums[i])):
-                self._slow(source, int(rows.positions[i]), a, b, iov)
+            reads.append((self.files.fd(self.source_of(shards[i]).path), iov, a, b - a,
+                          sums[i] if checked[i] else None, i))
+        for j in self._run_all(reads):
+            _, iov, a, n, _, i = reads[j]
+            self._slow(self.source_of(shards[i]), int(rows.positions[i]), a, a + n, iov)
         # Where every member lies: packed ones in their field's tensor, the others in the scratch.
         offsets = rows.offsets.copy()
         for f in range(len(rows.exts)):
@@ -173,6 +179,18 @@ class DirectReader:
                     field_bufs={rows.exts[f]: outs[f].numpy() for f in packed},
                     packed={rows.exts[f]: PackedBytes(outs[f], torch.from_numpy(out_at[f])) for f in packed})
 
+    def _run_all(self, reads: list) -> list[int]:
+        """Run the reads (the first half in an I/O thread where `submit` is given); the failed ones."""
+        if self.submit is None or len(reads) < 2:
+            return _run(reads, 0)
+        half = len(reads) // 2
+        first = self.submit(_run, reads[:half], 0)
+        try:
+            second = _run(reads[half:], half)
+        finally:
+            failed = first.result()  # its error first, then ours
+        return failed + second
+
     def _slow(self, source: ShardSource, position: int, a: int, b: int, iov: list[memoryview]) -> None:
         """The span read again through the Store (short reads retried, errors naming the URL) and
         checked by the reader (ShardFormatError naming the sample); then scattered into `iov`."""
@@ -187,6 +205,15 @@ class DirectReader:
         for v in iov:
             v[:] = data[at: at + len(v)]
             at += len(v)
+
+
+def _run(reads: list, base: int) -> list[int]:
+    """Each read's preadv and checksum; the positions (from `base`) of short or mismatched ones."""
+    failed = []
+    for j, (fd, iov, a, n, want, _) in enumerate(reads):
+        if os.preadv(fd, iov, a) != n or (want is not None and not _matches(iov, want)):
+            failed.append(base + j)
+    return failed
 
 
 def _matches(iov: list[memoryview], want: int) -> bool:
