@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -139,31 +139,22 @@ class DirectReader:
         np.cumsum(spans - packed_len, out=rest_at[1:])
         if self._scratch.nbytes < rest_at[-1]:
             self._scratch = np.empty(max(int(rest_at[-1]), 2 * self._scratch.nbytes), dtype=np.uint8)
-        views = {f: memoryview(outs[f].numpy()) for f in packed}
-        members = _packed_members(rows, packed, out_at)  # per sample: [(offset, size, f, place)] by offset
-        scratch = memoryview(self._scratch)
-        order = np.lexsort((rows.starts, rows.shards))  # read in file order; deliver in plan order
-        starts, ends, shards = rows.starts.tolist(), rows.ends.tolist(), rows.shards.tolist()
-        sums, checked, rest = rows.sums.tolist(), rows.checked.tolist(), rest_at.tolist()
-        reads: list[tuple[int, list[memoryview], int, int, int | None, int]] = []
-        for i in order.tolist():
-            a, b = starts[i], ends[i]
-            if b <= a:
-                continue
-            iov, pos, at = [], a, rest[i]
-            for off, size, f, place in members[i]:
-                if off > pos:
-                    iov.append(scratch[at: at + off - pos])
-                    at += off - pos
-                iov.append(views[f][place: place + size])
-                pos = off + size
-            if b > pos:
-                iov.append(scratch[at: at + b - pos])
-            reads.append((self.files.fd(self.source_of(shards[i]).path), iov, a, b - a,
-                          sums[i] if checked[i] else None, i))
-        for j in self._run_all(reads):
-            _, iov, a, n, _, i = reads[j]
-            self._slow(self.source_of(shards[i]), int(rows.positions[i]), a, a + n, iov)
+        # Reads in file order (delivery stays the plan's): per sample its iovecs, from plain int
+        # lists, made just before its preadv. Nothing per sample outlives its read: a batch leaves no
+        # thousands of live objects behind that would set off the cyclic GC (a full collection walks
+        # every object torch's import made, tens of ms).
+        seg_buf, seg_at, seg_len, seg_lo = _segments(rows, packed, out_at, rest_at)
+        order = np.lexsort((rows.starts, rows.shards))
+        order = order[rows.ends[order] > rows.starts[order]].tolist()
+        shards = rows.shards.tolist()
+        fds = {s: self.files.fd(self.source_of(s).path) for s in set(shards)}
+        job = _Job(bufs=[memoryview(self._scratch)] + [memoryview(outs[f].numpy()) for f in packed],
+                   seg=(seg_buf.tolist(), seg_at.tolist(), seg_len.tolist(), seg_lo.tolist()),
+                   fd=[fds[s] for s in shards], start=rows.starts.tolist(), length=(rows.ends - rows.starts).tolist(),
+                   want=rows.sums.tolist(), checked=rows.checked.tolist())
+        for i in self._run_all(job, order):
+            self._slow(self.source_of(shards[i]), int(rows.positions[i]), job.start[i],
+                       job.start[i] + job.length[i], job.iov(i))
         # Where every member lies: packed ones in their field's tensor, the others in the scratch.
         offsets = rows.offsets.copy()
         for f in range(len(rows.exts)):
@@ -179,17 +170,20 @@ class DirectReader:
                     field_bufs={rows.exts[f]: outs[f].numpy() for f in packed},
                     packed={rows.exts[f]: PackedBytes(outs[f], torch.from_numpy(out_at[f])) for f in packed})
 
-    def _run_all(self, reads: list) -> list[int]:
-        """Run the reads (the first half in an I/O thread where `submit` is given); the failed ones."""
-        if self.submit is None or len(reads) < 2:
-            return _run(reads, 0)
-        half = len(reads) // 2
-        first = self.submit(_run, reads[:half], 0)
+    def _run_all(self, job: _Job, order: list[int]) -> list[int]:
+        """Read samples `order` (with an I/O thread's help where `submit` is given); the failed ones.
+
+        Both threads take the next sample from one iterator (atomic under the GIL): a helper that is
+        late or descheduled on a busy machine costs at most the read it holds, never half a batch."""
+        shared = iter(order)
+        if self.submit is None or len(order) < 2:
+            return job.run(shared)
+        helper = self.submit(job.run, shared)
         try:
-            second = _run(reads[half:], half)
+            mine = job.run(shared)
         finally:
-            failed = first.result()  # its error first, then ours
-        return failed + second
+            theirs = [] if helper.cancel() else helper.result()  # not started: nothing to wait for
+        return sorted(mine + theirs)
 
     def _slow(self, source: ShardSource, position: int, a: int, b: int, iov: list[memoryview]) -> None:
         """The span read again through the Store (short reads retried, errors naming the URL) and
@@ -207,13 +201,72 @@ class DirectReader:
             at += len(v)
 
 
-def _run(reads: list, base: int) -> list[int]:
-    """Each read's preadv and checksum; the positions (from `base`) of short or mismatched ones."""
-    failed = []
-    for j, (fd, iov, a, n, want, _) in enumerate(reads):
-        if os.preadv(fd, iov, a) != n or (want is not None and not _matches(iov, want)):
-            failed.append(base + j)
-    return failed
+@dataclass
+class _Job:
+    """One batch's reads as int lists: sample i's iovecs are segments seg_lo[i]..seg_lo[i+1] (buffer
+    seg_buf, offset seg_at, length seg_len; buffer 0 is the scratch, then the packed fields')."""
+
+    bufs: list[memoryview]
+    seg: tuple[list[int], list[int], list[int], list[int]]
+    fd: list[int]
+    start: list[int]
+    length: list[int]
+    want: list[int]
+    checked: list[bool]
+
+    def iov(self, i: int) -> list[memoryview]:
+        seg_buf, seg_at, seg_len, seg_lo = self.seg
+        bufs = self.bufs
+        return [bufs[seg_buf[x]][seg_at[x]: seg_at[x] + seg_len[x]] for x in range(seg_lo[i], seg_lo[i + 1])]
+
+    def run(self, samples: Iterator[int]) -> list[int]:
+        """Each sample's preadv and checksum; the samples read short or not matching."""
+        failed = []
+        for i in samples:
+            iov = self.iov(i)
+            if os.preadv(self.fd[i], iov, self.start[i]) != self.length[i] or (
+                    self.checked[i] and not _matches(iov, self.want[i])):
+                failed.append(i)
+        return failed
+
+
+def _segments(rows: Rows, packed: list[int], out_at: dict[int, np.ndarray],
+              rest_at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each sample's span [starts, ends) cut into iovecs: its packed members at their places in their
+    fields' outputs (buffer 1 + position in `packed`), every gap before, between and after them in
+    the scratch (buffer 0) from rest_at[i] on. (buf, at, len) [segments] grouped by sample in
+    offset order, and seg_lo [k + 1]: sample i's are seg_lo[i]..seg_lo[i + 1]; empty ones left out."""
+    k = len(rows.ids)
+    # Packed members present: sample, offset, size, buffer, place; sorted by (sample, offset).
+    cols = [(np.flatnonzero(rows.sizes[f] > 0), f, b + 1) for b, f in enumerate(packed)]
+    e_i = np.concatenate([c[0] for c in cols] + [np.empty(0, np.int64)])
+    e_off = np.concatenate([rows.offsets[f][i] for i, f, _ in cols] + [np.empty(0, np.int64)])
+    e_len = np.concatenate([rows.sizes[f][i] for i, f, _ in cols] + [np.empty(0, np.int64)])
+    e_buf = np.concatenate([np.full(len(i), b) for i, _, b in cols] + [np.empty(0, np.int64)])
+    e_at = np.concatenate([out_at[f][i] for i, f, _ in cols] + [np.empty(0, np.int64)])
+    o = np.lexsort((e_off, e_i))
+    e_i, e_off, e_len, e_buf, e_at = e_i[o], e_off[o], e_len[o], e_buf[o], e_at[o]
+    first = np.ones(len(e_i), dtype=bool)
+    first[1:] = e_i[1:] != e_i[:-1]
+    prev_end = np.where(first, rows.starts[e_i], np.concatenate([[0], e_off[:-1] + e_len[:-1]]))
+    last_end = rows.starts.copy()
+    last_end[e_i] = e_off + e_len  # the last of each sample's members wins (sorted by offset)
+    # Segments: before each member its gap (order 2r), the member (2r + 1); the tail last.
+    rank = np.arange(len(e_i)) - np.searchsorted(e_i, e_i)
+    sample = np.concatenate([e_i, e_i, np.arange(k)])
+    seq = np.concatenate([2 * rank, 2 * rank + 1, np.full(k, 1 << 40)])
+    buf = np.concatenate([np.zeros(len(e_i), np.int64), e_buf, np.zeros(k, np.int64)])
+    length = np.concatenate([e_off - prev_end, e_len, np.maximum(rows.ends - last_end, 0)])
+    at = np.concatenate([np.zeros(len(e_i), np.int64), e_at, np.zeros(k, np.int64)])
+    o = np.lexsort((seq, sample))
+    sample, buf, length, at = sample[o], buf[o], length[o], at[o]
+    gap = buf == 0  # the scratch takes the gaps one after another: rest_at[i] + the sample's earlier gaps
+    gap_at = np.cumsum(np.where(gap, length, 0)) - np.where(gap, length, 0)
+    at = np.where(gap, gap_at + rest_at[0], at)
+    keep = length > 0
+    seg_lo = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(np.bincount(sample[keep], minlength=k), out=seg_lo[1:])
+    return buf[keep], at[keep], length[keep], seg_lo
 
 
 def _matches(iov: list[memoryview], want: int) -> bool:
@@ -221,21 +274,6 @@ def _matches(iov: list[memoryview], want: int) -> bool:
     for v in iov:
         h.update(v)
     return h.intdigest() == want
-
-
-def _packed_members(rows: Rows, packed: list[int], out_at: dict[int, np.ndarray]) -> list[list[tuple]]:
-    """Per sample, its packed members as (shard offset, size, field, place in the output), by offset."""
-    k = len(rows.ids)
-    per: list[list[tuple]] = [[] for _ in range(k)]
-    for f in packed:
-        for i, (off, size, place) in enumerate(zip(rows.offsets[f].tolist(), rows.sizes[f].tolist(),
-                                                   out_at[f][:-1].tolist())):
-            if size > 0:
-                per[i].append((off, size, f, place))
-    if len(packed) > 1:
-        for m in per:
-            m.sort()
-    return per
 
 
 def _aligned(rows: Rows, values: np.ndarray, exts: tuple[str, ...]) -> np.ndarray:
