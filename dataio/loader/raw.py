@@ -10,7 +10,11 @@ tensor (offsets: a cumsum). Keys come from the index, labels from the .cls bytes
 text/JSON/number field does not parse goes through the general path (collate.assemble), which
 raises or substitutes exactly as for any other batch.
 
-Buffers: RawIo hands out one window buffer per stream for the window it serves, plus `spares`
+Local shards without a disk cache take no window buffer at all: windows are only laid out (offsets
+in the shards, each sample's checksummed span) and each batch is read straight into its own
+tensors (raw_direct.py); a lone stream lays out its next window in an I/O thread.
+
+Buffers (object storage, a disk cache): RawIo hands out one window buffer per stream for the window it serves, plus `spares`
 shared by the whole process for reading the next window ahead (the prefetch budget, shared by the
 reader threads of a process, not per stream). Buffers are reused, so their pages fault once.
 """
