@@ -128,24 +128,25 @@ LOADER_FAULTS: list[tuple[str, dict[str, Any], bool]] = [
 ]
 
 
-def loader_scenarios(server: Any, size: Size, seed: int) -> list[Row]:
+def loader_scenarios(server: Any, size: Size, seed: int, only: tuple[str, ...] = ()) -> list[Row]:
     """Epochs through each fault, the faults interleaved round by round in a turning order (so a
     busy spell of the machine hits every one alike): exactly once, and the median samples/s
-    against no fault."""
+    against no fault. `only`: the faults whose name holds one of these words (no fault always runs)."""
     import statistics
 
+    faults_run = [f for f in LOADER_FAULTS if f[0] == "no fault" or not only or any(w in f[0] for w in only)]
     bucket = server.new_bucket()
     url = f"s3://{bucket}/raw"
     total = write_raw_dataset(Store(url, server.options()), size, seed=seed)
-    rates: dict[str, list[float]] = {name: [] for name, _, _ in LOADER_FAULTS}
+    rates: dict[str, list[float]] = {name: [] for name, _, _ in faults_run}
     ok = dict.fromkeys(rates, True)
     hedges = {name: [0, 0] for name in rates}
     seen: dict[str, list[int]] = {name: [0] * 6 for name in rates}
     for epoch in range(size.epochs):
         # The order turns each round: no scenario always runs first (after the machine was idle)
         # or right after the same neighbour.
-        turn = epoch % len(LOADER_FAULTS)
-        for name, faults, hedge in LOADER_FAULTS[turn:] + LOADER_FAULTS[:turn]:
+        turn = epoch % len(faults_run)
+        for name, faults, hedge in faults_run[turn:] + faults_run[:turn]:
             with DelayProxy(server.endpoint_url, delay_s=0.0, seed=seed + epoch, **faults) as proxy:
                 options = replace(server.options(), endpoint_url=proxy.url,
                                   hedge=StorageOptions().hedge if hedge else None)
@@ -160,12 +161,14 @@ def loader_scenarios(server: Any, size: Size, seed: int) -> list[Row]:
                 seen[name][i] += n
     base = statistics.median(rates["no fault"])
     rows = []
-    for name, _, hedge in LOADER_FAULTS:
+    for name, _, hedge in faults_run:
         rate = statistics.median(rates[name])
         # Paired by round too: each round's ratio to that round's no-fault epoch (drift cancels).
-        paired = statistics.median(r / b for r, b in zip(rates[name], rates["no fault"]))
+        ratios = [r / b for r, b in zip(rates[name], rates["no fault"])]
+        paired = statistics.median(ratios)
         figure = (f"{rate:,.0f} samples/s, {rate / base:.0%} of no fault (median of {len(rates[name])} epochs; "
-                  f"median per-round ratio {paired:.0%})")
+                  f"median per-round ratio {paired:.0%}" + ("" if name == "no fault" else
+                  f", rounds {min(ratios):.0%}-{max(ratios):.0%}") + ")")
         if hedge:
             figure += f"; {hedges[name][0]} of {hedges[name][1]} reads hedged"
         n = seen[name]
@@ -522,13 +525,17 @@ GROUPS: dict[str, Callable[..., list[Row]]] = {}
 
 
 def run_suite(server: Any, workdir: Path, *, short: bool, seed: int = 1,
-              groups: tuple[str, ...] = ("loader", "write", "kill", "corrupt", "checkpoint", "trainer")) -> list[Row]:
-    """Every scenario of `groups` against `server` (an S3Server); rows in order."""
+              groups: tuple[str, ...] = ("loader", "write", "kill", "corrupt", "checkpoint", "trainer"),
+              loader_faults: tuple[str, ...] = (), epochs: int | None = None) -> list[Row]:
+    """Every scenario of `groups` against `server` (an S3Server); rows in order. loader_faults: run only
+    the loader faults whose name holds one of these words; epochs: loader rounds instead of the form's."""
     size = SHORT if short else FULL
+    if epochs is not None:
+        size = replace(size, epochs=epochs)
     workdir.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     if "loader" in groups:
-        rows += loader_scenarios(server, size, seed)
+        rows += loader_scenarios(server, size, seed, loader_faults)
     if "write" in groups:
         rows += write_scenarios(server, size, workdir, seed)
     if "kill" in groups:
@@ -574,12 +581,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true", help="the small CI form")
     parser.add_argument("--seed", type=int, default=1, help="the proxy's fault seed (runs are repeatable)")
     parser.add_argument("--groups", default="loader,write,kill,corrupt,checkpoint,trainer")
+    parser.add_argument("--loader-faults", default="",
+                        help="comma-separated words: only the loader faults whose name holds one (e.g. 'stalls'; "
+                             "no fault always runs, as the base)")
+    parser.add_argument("--epochs", type=int, default=None, help="loader rounds (default: the form's)")
     parser.add_argument("--out", default=str(RESULTS), help="results file (markdown)")
     args = parser.parse_args(argv)
     groups = tuple(g.strip() for g in args.groups.split(",") if g.strip())
+    only = tuple(w.strip() for w in args.loader_faults.split(",") if w.strip())
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="shardify-faults-") as tmp, S3Server() as server:
-        rows = run_suite(server, Path(tmp), short=args.short, seed=args.seed, groups=groups)
+        rows = run_suite(server, Path(tmp), short=args.short, seed=args.seed, groups=groups,
+                         loader_faults=only, epochs=args.epochs)
     m = describe_machine()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     machine = f"{m['cpu']}, {m['cores']} cores, {m['memory']} RAM, load average {load} at the end"
