@@ -249,7 +249,7 @@ class RawStream:
         start = time.perf_counter()
         m, reader, piece = p.manifest, p.reader, p.seg
         read_span_into(reader.store, reader.cache, m.shard_paths[piece.shard], begin, end, dest,
-                       checksum=m.shard_checksums[piece.shard])
+                       checksum=m.shard_checksums[piece.shard], object_size=m.shard_num_bytes[piece.shard])
         if getattr(reader, "verify_checksums", False) and end > begin:
             checked = reader.verified(piece, begin, dest)
             if checked is not dest:  # a damaged cached copy was read again from the store

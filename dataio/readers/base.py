@@ -149,14 +149,18 @@ class LruCache:
         return value
 
 
-def check_shard_size(store: Store, manifest: Manifest, shard: int) -> None:
+def check_shard_size(store: Store, manifest: Manifest, shard: int, *, on_read: bool = False) -> None:
     """ShardFormatError unless the shard's real size is the manifest's and can hold its sample
-    count (done once, when first opened: a parted manifest's per-shard bytes are first seen here)."""
+    count (done once, when first opened: a parted manifest's per-shard bytes are first seen here).
+    on_read: the caller's reads pass object_size (cached_read), so where the store states an
+    object's size with every ranged read (S3) those reads check it and no HEAD is sent here."""
     rel, want = manifest.shard_paths[shard], manifest.shard_num_bytes[shard]
     n = manifest.shard_num_samples[shard]
     if n > max_samples_in(manifest.format, want):
         raise ShardFormatError(f"{store.url_of(rel)}: the manifest claims {n} samples in {want} bytes, more "
                                "than fit: the manifest is forged or corrupt; rewrite the dataset")
+    if on_read and store.sizes_on_read:
+        return
     got = store.size(rel)
     if got != want:
         raise ShardFormatError(
@@ -173,13 +177,17 @@ def cached_read(
     end: int,
     *,
     checksum: str,
+    object_size: int | None = None,
 ) -> bytes:
-    """Bytes [start, end) of `rel`, through the disk cache when there is one; short reads fail."""
+    """Bytes [start, end) of `rel`, through the disk cache when there is one; short reads fail.
+    object_size: the object's size by the manifest, checked where the store states it (Store.read)."""
     if end <= start:
         return b""
 
     def read() -> bytes:
-        return store.read(rel, start, end)
+        if object_size is None:
+            return store.read(rel, start, end)
+        return store.read(rel, start, end, object_size=object_size)
 
     if cache is None:
         return read()

@@ -11,6 +11,7 @@ against the manifest; a cache entry that fails is dropped and read again from th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from dataio.storage.cache import DiskCache
 
 INDEX_CACHE_SHARDS = 64
+THREAD_NAME_PREFIX = "dataio-tar-sums"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +83,21 @@ class TarReader:
         return self._indexes.get_or_load(shard, lambda: self._load_index(shard))
 
     def _load_index(self, shard: int) -> TarIndex:
+        """The index, checked; with verify_checksums its checksum sidecar too, fetched side by side
+        (both are small: a shard's start then costs one round trip, not two in a row)."""
+        check_shard_size(self.store, self.manifest, shard, on_read=True)  # fetch's reads pass object_size
+        if self.sample_sums_expected(shard) and self._sums.get(shard) is None:
+            with ThreadPoolExecutor(1, thread_name_prefix=THREAD_NAME_PREFIX) as pool:
+                sums = pool.submit(self._sums_of, shard)
+                index = self._index_of(shard)
+                self._sums.get_or_load(shard, lambda: SampleSums.of(sums.result(), index.samples))
+            return index
+        return self._index_of(shard)
+
+    def _index_of(self, shard: int) -> TarIndex:
         m = self.manifest
         rel = m.index_paths[shard]
         url = self.store.url_of(rel)
-        check_shard_size(self.store, m, shard)
         data = self.store.read(rel)
         if self.verify_index:
             if len(data) != m.index_num_bytes[shard]:
@@ -130,20 +143,25 @@ class TarReader:
         begin, end = index.span(seg.start, seg.stop)
         data = cached_read(
             self.store, self.cache, self.manifest.shard_paths[seg.shard], begin, end,
-            checksum=self.manifest.shard_checksums[seg.shard],
+            checksum=self.manifest.shard_checksums[seg.shard], object_size=self.manifest.shard_num_bytes[seg.shard],
         )
         if self.verify_checksums:
             data = self.verified(seg, begin, data)
         return TarPayload(begin, data, index.samples[seg.start : seg.stop])
+
+    def sample_sums_expected(self, shard: int) -> bool:
+        """True when reads of the shard are checked against per-sample checksums (its sidecar)."""
+        return self.verify_checksums and bool(self.manifest.sums_checksums) and bool(self.manifest.sums_checksums[shard])
 
     def sample_sums(self, shard: int) -> SampleSums | None:
         """The shard's per-sample checksums (its sidecar, checked against the manifest) and sample
         spans; None: it has none."""
         if not self.manifest.sums_checksums or not self.manifest.sums_checksums[shard]:
             return None
-        return self._sums.get_or_load(shard, lambda: self._load_sums(shard))
+        return self._sums.get_or_load(shard, lambda: SampleSums.of(self._sums_of(shard), self.index(shard).samples))
 
-    def _load_sums(self, shard: int) -> SampleSums:
+    def _sums_of(self, shard: int) -> list[int]:
+        """The shard's sidecar, fetched, checked against the manifest and parsed."""
         m, rel = self.manifest, sums_path(self.manifest.shard_paths[shard])
         url = self.store.url_of(rel)
         try:
@@ -155,8 +173,7 @@ class TarReader:
         if checksum_bytes(data) != m.sums_checksums[shard]:
             raise ShardFormatError(f"{url}: checksum {checksum_bytes(data)} does not match the manifest's "
                                    f"{m.sums_checksums[shard]}: the sidecar is damaged or stale; {FIX}")
-        sums = parse_sums(data, num_samples=m.shard_num_samples[shard], url=url)
-        return SampleSums.of(sums, self.index(shard).samples)
+        return parse_sums(data, num_samples=m.shard_num_samples[shard], url=url)
 
     def verified(self, seg: SegmentLike, base: int, data: Any) -> Any:
         """`data` (shard bytes from offset `base` holding samples [start, stop)) if every sample matches

@@ -72,9 +72,9 @@ def columns_of(index: TarIndex, fields: tuple[str, ...] | None) -> TarColumns:
 
 
 def read_span_into(store: Store, cache: DiskCache | None, rel: str, start: int, end: int, dest: memoryview,
-                   *, checksum: str) -> None:
+                   *, checksum: str, object_size: int | None = None) -> None:
     """Bytes [start, end) of `rel` written into dest[: end - start]; a short read is retried, then fails
-    with the Store's error naming the URL (as Store.read)."""
+    with the Store's error naming the URL (as Store.read, which checks object_size where it can)."""
     want = end - start
     if want <= 0:
         return
@@ -97,5 +97,5 @@ def read_span_into(store: Store, cache: DiskCache | None, rel: str, start: int, 
 
         store._retry(once, f"reading {store.url_of(rel)} bytes {start}-{end}")
         return
-    data = cached_read(store, cache, rel, start, end, checksum=checksum)
+    data = cached_read(store, cache, rel, start, end, checksum=checksum, object_size=object_size)
     dest[:want] = memoryview(data).cast("B")[:want]

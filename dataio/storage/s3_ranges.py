@@ -1,11 +1,12 @@
 """Ranged reads of S3 objects from many threads at once, with one thread-safe botocore client per process.
 
 s3fs runs every request of a process on one asyncio event-loop thread, which parses every byte
-of every body: reader threads then queue behind that one thread. Measured against the local
+of every body: reader threads then queue behind that one thread (small whole objects too: a burst
+of a window's indexes and checksum sidecars waited on it). Measured against the local
 SeaweedFS (2 cores, one process, 16 MB ranges, load 11-14): 180-290 MB/s through s3fs with 4-8
 threads, 380-430 MB/s with botocore's own client, whose threads read their sockets in parallel
-(the GIL is released in recv). Only ranged reads of data come here; everything else (manifests,
-listings, writes, whole objects) stays on s3fs. Errors are mapped to what s3fs raises (a missing
+(the GIL is released in recv). Reads come here (ranged, and whole objects such as indexes);
+everything else (listings, HEADs, writes) stays on s3fs. Errors are mapped to what s3fs raises (a missing
 key is FileNotFoundError, a refused one PermissionError), so RetryPolicy judges them alike.
 """
 
@@ -67,14 +68,18 @@ def _make_client(options: StorageOptions) -> Any:
     return session.client("s3", **kwargs)
 
 
-def read_range(options: StorageOptions, path: str, start: int, end: int) -> bytes:
-    """Bytes [start, end) of the object at `path` ("bucket/key"); errors as s3fs raises them."""
+def read_range(options: StorageOptions, path: str, start: int | None, end: int | None) -> tuple[bytes, int | None]:
+    """(bytes [start, end) of the object at `path` ("bucket/key"), the whole object when both are None;
+    the object's whole size from the answer's Content-Range, None where it gives none); errors as
+    s3fs raises them."""
     from botocore.exceptions import ClientError
 
     bucket, _, key = path.partition("/")
+    ranged = {} if start is None and end is None else {"Range": f"bytes={start or 0}-{'' if end is None else end - 1}"}
     try:
-        response = client_for(options).get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
-        return response["Body"].read()
+        response = client_for(options).get_object(Bucket=bucket, Key=key, **ranged)
+        total = _total_of(response.get("ContentRange")) if ranged else response.get("ContentLength")
+        return response["Body"].read(), total
     except ClientError as exc:
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
@@ -86,3 +91,9 @@ def read_range(options: StorageOptions, path: str, start: int, end: int) -> byte
         if code == "InvalidRange" or status == 416:  # the object is shorter than the index says
             raise ShortReadError(f"the object ends before byte {start}") from exc
         raise
+
+
+def _total_of(content_range: str | None) -> int | None:
+    """The whole object's size from a Content-Range answer ("bytes 0-99/1234"); None if not stated."""
+    total = (content_range or "").rpartition("/")[2].strip()
+    return int(total) if total.isdigit() else None

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, BinaryIO, TypeVar
 
-from dataio.errors import StorageError
-from dataio.storage.hedge import Hedger, shared_history
+from dataio.errors import ShardFormatError, StorageError
+from dataio.storage.hedge import Hedger, shared_hedger
 from dataio.storage.options import StorageOptions
 from dataio.storage import s3_ranges
 from dataio.storage.paths import check_relative
@@ -137,8 +137,11 @@ class Store:
     def _retry(self, fn: Callable[[], T], what: str) -> T:
         return with_retry(fn, what=what, policy=self.retry, secrets=self.secrets)
 
-    def read(self, rel: str, start: int | None = None, end: int | None = None, *, expect_size: int | None = None) -> bytes:
-        """Bytes [start, end) of `rel` (whole file when both are None); short reads are retried, then fail."""
+    def read(self, rel: str, start: int | None = None, end: int | None = None, *, expect_size: int | None = None,
+             object_size: int | None = None) -> bytes:
+        """Bytes [start, end) of `rel` (whole file when both are None); short reads are retried, then fail.
+        object_size: the whole object's size as the manifest gives it, checked against the size a ranged
+        read's answer states (Content-Range) where the store gives one (`sizes_on_read`): ShardFormatError."""
         if start is not None and end is not None and end - start <= 0:
             return b""
         path = self.path(rel)
@@ -148,23 +151,37 @@ class Store:
         # read in one piece: one request per try keeps a stuck endpoint at one timeout per try.
         whole = {"max_concurrency": 1} if self.protocol in ("s3", "s3a") else {}
 
-        def once() -> bytes:
-            if start is None and end is None:
+        def once() -> tuple[bytes, int | None]:
+            total = None
+            if self._range_options is not None and (start is None) == (end is None):  # threads in parallel
+                data, total = s3_ranges.read_range(self._range_options, path, start, end)
+            elif start is None and end is None:
                 data = self.fs.cat_file(path, **whole)
-            elif self._range_options is not None and start is not None and end is not None:  # threads in parallel
-                data = s3_ranges.read_range(self._range_options, path, start, end)
             else:
                 data = self.fs.cat_file(path, start=start, end=end)
             if want is not None and len(data) != want:
                 raise ShortReadError(f"got {len(data)} bytes, expected {want}")
-            return data
+            return data, total
 
         span = "" if start is None else f" bytes {start}-{end}"
         hedger = self.hedger
         if hedger is None:
-            return self._retry(once, f"reading {self.url_of(rel)}{span}")
-        # Whole objects (indexes, footers) are hedged in the size class of what they should be.
-        return hedger.call(lambda: self._retry(once, f"reading {self.url_of(rel)}{span}"), want or 0)
+            data, total = self._retry(once, f"reading {self.url_of(rel)}{span}")
+        else:  # whole objects (indexes, footers) are hedged in the size class of what they should be
+            data, total = hedger.call(lambda: self._retry(once, f"reading {self.url_of(rel)}{span}"), want or 0)
+        if object_size is not None and total is not None and total != object_size:
+            raise ShardFormatError(
+                f"{self.url_of(rel)}: shard is {total} bytes but the manifest says {object_size}; the shard or the "
+                "manifest was replaced or damaged: rewrite the dataset with `shardify write`"
+            )
+        return data
+
+    @property
+    def sizes_on_read(self) -> bool:
+        """True when every ranged read states the object's whole size (S3 through botocore), so
+        read(..., object_size=) checks a shard's size at no cost; else the size takes a HEAD (`size`)."""
+        self.fs  # noqa: B018 - decides how ranged reads go
+        return self._range_options is not None
 
     @property
     def hedger(self) -> Hedger | None:
@@ -172,11 +189,11 @@ class Store:
         if self.options.hedge is None or self.protocol in ("file", "local", "memory"):
             return None
         if self._hedger is None or self._hedger_pid != os.getpid():
-            # One latency history per endpoint and process: every Store of the same store learns
-            # from the others' reads (the prefix does not change how fast the store answers).
+            # One Hedger (latency history, budget) per endpoint and process: every Store of the same
+            # store learns from the others' reads (the prefix does not change how fast it answers).
             bucket = self.raw_url.split("://", 1)[1].split("/", 1)[0]
             key = f"{self.protocol}|{self.options.endpoint_url or ''}|{bucket}"
-            self._hedger, self._hedger_pid = Hedger(self.options.hedge, shared_history(key)), os.getpid()
+            self._hedger, self._hedger_pid = shared_hedger(key, self.options.hedge), os.getpid()
         return self._hedger
 
     def size(self, rel: str) -> int:

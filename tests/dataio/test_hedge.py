@@ -38,6 +38,20 @@ def test_a_straggler_is_hedged_and_the_hedge_wins():
     assert elapsed < 1.9  # did not wait for the 2 s straggler (a behaviour bound, not a speed claim)
 
 
+def test_a_small_stalled_request_is_hedged_after_the_small_floor():
+    # An index, a checksum sidecar or a HEAD takes milliseconds: its floor is small_floor_ms, not the
+    # floor_ms of large reads, so a 150 ms stall of one is hedged (it would not be under a 200 ms floor).
+    policy = HedgePolicy(k=3, floor_ms=200, small_floor_ms=50, min_history=4)
+    hedger = Hedger(policy)
+    fn, calls = _reads({6: 0.15})
+    results = [hedger.call(fn, 4096) for _ in range(8)]
+    assert hedger.stats.hedged == 1 and calls[0] == 9 and results[:6] == list(range(6))
+    assert policy.floor_s(0) == policy.floor_s(64 << 10) == 0.05 and policy.floor_s(16 << 20) == 0.2
+    assert 0.05 < policy.floor_s(2 << 20) < 0.2  # growing with the size in between
+    assert hedger.threshold_s(4096) < 0.2  # 3 x a ~5 ms median, or the 50 ms floor
+    assert HedgePolicy(floor_ms=10, small_floor_ms=50).floor_s(0) == 0.01  # never above floor_ms
+
+
 def test_no_hedge_without_history_and_within_budget():
     hedger = Hedger(HedgePolicy(k=2, floor_ms=10, min_history=2, budget_fraction=0.0, burst=1))
     fn, _ = _reads({0: 0.3, 3: 0.5, 5: 0.5})
@@ -68,7 +82,7 @@ def test_policy_is_validated():
         HedgePolicy(budget_fraction=2)
 
 
-def test_reads_of_the_starting_client_are_not_history_and_a_cold_read_is_hedged_after_cold_ms():
+def test_the_starting_clients_first_read_is_not_history_and_a_cold_read_is_hedged_after_cold_ms():
     hedger = Hedger(HedgePolicy(k=3, floor_ms=10, min_history=2, cold_ms=200))
     release = threading.Event()
     calls = [0]
@@ -98,14 +112,29 @@ def test_reads_of_the_starting_client_are_not_history_and_a_cold_read_is_hedged_
     second.join(5)
     assert results == {"a": 0, "b": 2} and hedger.stats.hedged == 1 and hedger.stats.won == 1
     assert time.perf_counter() - start < 2.5  # did not wait out the 3 s straggler (a behaviour bound)
-    assert hedger.threshold_s(100) == 0.2  # neither start-up read became history: still cold
+    # The client's first read did not become history, the hedge that won did: with so few reads,
+    # k x the slowest of them sets the threshold, no longer cold_ms.
+    assert len(hedger.history.recent) == 1 and hedger.threshold_s(100) < 0.2
+
+
+def test_a_read_that_waited_for_the_starting_client_counts_from_when_it_was_ready():
+    hedger = Hedger(HedgePolicy(k=3, floor_ms=10, min_history=2))
+    began = time.perf_counter() - 2.0  # three reads started 2 s ago, with the client
+    hedger._record(100, 2.0, began)  # the first to finish: the client's start, not history
+    assert not hedger.history.recent
+    time.sleep(0.02)
+    hedger._record(100, 2.02, began)  # served 20 ms after the client was ready
+    (size, seconds), = hedger.history.recent
+    assert size == 100 and 0.01 < seconds < 1.0  # not the 2 s spent waiting for the client
 
 
 def test_reads_slow_together_are_not_hedged_until_a_younger_one_finishes():
     hedger = Hedger(HedgePolicy(k=2, floor_ms=10, min_history=2, cold_ms=None))
     for _ in range(2):
         hedger._record(100, 0.1)  # threshold 200 ms: the reads below pass it, not twice it
-    delays = {0: 0.3, 1: 0.3, 2: 0.3, 3: 0.3, 4: 2.0, 5: 0.05}
+    # 330 ms: between two of a late read's looks (at 200, 250, 300, 350 ms), so the four finish
+    # together as far as the hedger can see.
+    delays = {0: 0.33, 1: 0.33, 2: 0.33, 3: 0.33, 4: 2.0, 5: 0.05}
     fn, calls = _reads(delays)
     from concurrent.futures import ThreadPoolExecutor
 
@@ -164,3 +193,28 @@ def test_a_hedge_that_stalls_too_gets_another():
     results = [hedger.call(fn, 1 << 20) for _ in range(8)]
     assert results[6] == 8 and hedger.stats.hedged == 2 and hedger.stats.won == 1
     assert time.perf_counter() - start < 2.5  # waited out neither 3 s straggler (a behaviour bound)
+
+
+def test_a_size_with_few_reads_of_its_own_is_estimated_from_reads_of_about_its_size():
+    hedger = Hedger(HedgePolicy(k=3, floor_ms=10, min_history=8, cold_ms=2000))
+    for _ in range(4):
+        hedger._record(100, 0.05)  # indexes: a round trip each
+        hedger._record(3 << 19, 0.02)  # 1.5 MiB pieces
+    # A 2.25 MiB piece (a size class with no history): from the 1.5 MiB reads scaled up, not from
+    # the round trips scaled x36 (which would put it at cold_ms).
+    assert hedger.threshold_s(9 << 18) == pytest.approx(3 * 0.02 * 1.5)
+    # Its own class once it has min_history reads: k x their median, and never inside their tail
+    # (where load spreads latencies past k x median, hedging the tail would spend the budget).
+    for seconds in (0.01,) * 6 + (0.2, 0.2):
+        hedger._record(9 << 18, seconds)
+    assert hedger.threshold_s(9 << 18) == pytest.approx(0.2)  # the 90th percentile, not 3 x 10 ms
+
+
+def test_one_hedger_per_store_and_policy_in_a_process():
+    from dataio.storage.hedge import shared_hedger
+
+    policy = HedgePolicy()
+    assert shared_hedger("test|shared", policy) is shared_hedger("test|shared", policy)
+    assert shared_hedger("test|shared", policy) is not shared_hedger("test|other", policy)
+    assert shared_hedger("test|shared", HedgePolicy(k=4)) is not shared_hedger("test|shared", policy)
+    assert shared_hedger("test|shared", HedgePolicy(k=4)).history is shared_hedger("test|shared", policy).history

@@ -123,6 +123,22 @@ def test_forged_shard_bytes_are_caught_when_the_shard_is_first_read(tmp_path):
         next(iter(loader))
 
 
+@pytest.mark.timeout(60)
+def test_forged_shard_bytes_on_s3_are_caught_by_the_first_ranged_read(moto_s3):
+    # No HEAD on S3: the ranged GET's Content-Range states the object's size, checked there.
+    store = Store(f"s3://{moto_s3.new_bucket()}/ds", moto_s3.options())
+    write_tar_dataset(store, [5, 3])
+    doc = json.loads(store.read("manifest.json"))
+    doc["shards"]["num_bytes"][0] = 10**8  # the index and sample count still agree: only the size shows it
+    store.write_bytes("manifest.json", json.dumps(doc).encode())
+    for num_workers in (0, 2):
+        loader = make_loader(store.raw_url, batch_size=2, num_workers=num_workers, decode=None, check_shards=False,
+                             shuffle=False, storage=moto_s3.options())
+        with pytest.raises(ShardFormatError, match="shard-000000.tar: shard is .* bytes but the manifest says 10+"):
+            next(iter(loader))
+        loader.close()
+
+
 # --- timeouts and the retry budget ----------------------------------------------------------------
 
 

@@ -52,3 +52,35 @@ def test_requests_before_the_first_batch_do_not_grow_with_the_dataset(s3_server)
     # The listing that finds missing shards (check_shards) ran after the first batch, once.
     assert sum(_is_listing(line) for line in large_all) == 1
     assert sum(_is_listing(line) for line in small_all) == 1
+
+
+def _epoch_requests(server, shard_sizes: list[int], **loader_kwargs) -> tuple[list[str], list[str]]:
+    """(request lines, sample keys) of one epoch of a tar dataset read through a counting proxy."""
+    bucket = server.new_bucket()
+    url = f"s3://{bucket}/ds"
+    write_tar_dataset(Store(url, server.options()), shard_sizes)
+    with DelayProxy(server.endpoint_url, delay_s=0.0) as proxy:
+        options = dataclasses.replace(server.options(), endpoint_url=proxy.url)
+        with make_loader(url, batch_size=4, decode=None, tail="pad", storage=options, check_shards=False,
+                         **loader_kwargs) as loader:
+            keys = [k for b in loader for k, keep in zip(b["__key__"], b["mask"].tolist()) if keep]
+        return list(proxy.stats.requests), keys
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_per_shard_an_epoch_sends_no_head_and_its_index_and_sidecar_once_per_reader(moto_s3, num_workers) -> None:
+    # On S3 every ranged GET states the object's size (Content-Range), which checks the shard's
+    # size against the manifest: no HEAD. Index and checksum sidecar: one GET each per reader
+    # that reads the shard (reader threads have a reader each), side by side.
+    sizes = [6, 5, 7, 6]
+    lines, keys = _epoch_requests(moto_s3, sizes, num_workers=num_workers)
+    assert len(keys) == len(set(keys)) == sum(sizes)  # every sample once
+    for s in range(len(sizes)):
+        shard = f"/shards/shard-{s:06d}"
+        mine = [line for line in lines if shard in line.split(" ")[1]]
+        assert not [line for line in mine if line.startswith("HEAD ")], mine
+        ends = [line.split(" ")[1].split(shard, 1)[1].split("?")[0] for line in mine]
+        readers = max(1, num_workers)
+        assert 1 <= ends.count(".tar.idx") <= readers and ends.count(".sums") == ends.count(".tar.idx"), mine
+        assert ends.count(".tar") >= 1  # the shard's own ranged reads
