@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from dataio.loader.raw_batch import BatchBuilder, CarryArena, Part
-from dataio.loader.raw_direct import DirectReader, Rows, ShardSource
+from dataio.loader.raw_direct import DirectReader, Rows, ShardSource, will_need
 from dataio.plan.mix import MixState, plan_mix_worker
 from dataio.plan.plan import plan_worker
 from dataio.plan.types import PlanState
@@ -292,8 +292,10 @@ class RawStream:
         cols: dict[str, list[np.ndarray]] = {k: [] for k in ("positions", "starts", "ends", "sums", "checked")}
         for p in pieces:
             a, b = p.seg.start, p.seg.stop
-            self._sources.setdefault(p.shard, ShardSource(
+            source = self._sources.setdefault(p.shard, ShardSource(
                 path=p.reader.store.path(p.manifest.shard_paths[p.seg.shard]), reader=p.reader, shard=p.seg.shard))
+            if b > a:  # the window's bytes not in the page cache come in while earlier batches are read
+                will_need(source.path, *p.reader.index(p.seg.shard).span(a, b))
             sums = p.reader.sample_sums(p.seg.shard) if getattr(p.reader, "verify_checksums", False) else None
             if sums is not None:
                 starts, ends, want = sums.starts[a:b], sums.ends[a:b], sums.sums[a:b]

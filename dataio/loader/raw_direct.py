@@ -86,6 +86,19 @@ class Rows:
         return Rows(exts=exts, **aligned, **flat)
 
 
+def will_need(path: str, start: int, end: int) -> None:
+    """Ask the kernel to read bytes [start, end) of a local file into the page cache, in the
+    background and in large sequential reads (a window's samples are then read in shuffled order,
+    one preadv each, and would otherwise each wait for the disk). Costs no process memory."""
+    if not hasattr(os, "posix_fadvise") or end <= start:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
+
+
 class ShardFiles:
     """Open descriptors of the local shards a stream reads (one stream, one thread at a time)."""
 
