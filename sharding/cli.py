@@ -270,8 +270,8 @@ def _inspect(args: argparse.Namespace) -> int:
             with open(args.urls, "w", encoding="utf-8") as f:
                 f.write(lines)
         return 0
-    print_inspect(store, manifest, Console(), max_rows=args.max_rows, labels=not args.no_labels)
-    return 0
+    unreadable = print_inspect(store, manifest, Console(), max_rows=args.max_rows, labels=not args.no_labels)
+    return 1 if unreadable else 0
 
 
 def _index(args: argparse.Namespace) -> int:

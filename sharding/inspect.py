@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from dataio.errors import ShardifyError
 from dataio.format.manifest import Manifest
 from dataio.format.tar_index import parse_index
-from dataio.storage.store import Store
+from dataio.storage.store import Store, redact
 
 
 def _label_column(m: Manifest) -> str | None:
@@ -20,33 +22,49 @@ def _label_column(m: Manifest) -> str | None:
     return "label" if m.format == "parquet" and types.get("label") == "int" else None
 
 
-def label_counts(store: Store, manifest: Manifest) -> Counter[int]:
-    """Samples per label, read from the shards (Parquet: the `cls` column; tar: each `.cls` member)."""
+def label_counts(store: Store, manifest: Manifest, unreadable: list[str] | None = None) -> Counter[int]:
+    """Samples per label, read from the shards (Parquet: the `cls` column; tar: each `.cls` member).
+
+    A shard that cannot be read (deleted, truncated, no permission) is left out and described in
+    `unreadable` when given, else its error is raised.
+    """
     counts: Counter[int] = Counter()
     column = _label_column(manifest)
     if column is None:
         return counts
     for i in range(manifest.num_shards):
         shard = manifest.shard(i)
-        if manifest.format == "parquet":
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+        try:
+            counts.update(_shard_labels(store, manifest, shard, column))
+        except (ShardifyError, OSError) as exc:
+            if unreadable is None:
+                raise
+            text = str(exc) if isinstance(exc, ShardifyError) else f"{type(exc).__name__}: {exc.strerror or exc}"
+            unreadable.append(f"{store.url_of(shard.path)}: cannot read ({redact(text)})")
+    return counts
 
-            # A BufferReader, not io.BytesIO: pyarrow's threaded read of a Python file object can abort
-            # the interpreter at exit ("terminate called without an active exception").
-            table = pq.read_table(pa.BufferReader(store.read(shard.path)), columns=[column])
-            counts.update(v for v in table.column(column).to_pylist() if v is not None)
-            continue
-        index = parse_index(store.read(shard.index_path or "", expect_size=shard.index_bytes),
-                            url=store.url_of(shard.index_path or ""))
-        # Members are read in file order through one handle, so remote stores stream (readahead).
-        with store.fs.open(store.path(shard.path), "rb") as f:
-            for sample in index.samples:
-                for m in sample.members:
-                    if m.ext == "cls":
-                        f.seek(m.offset)
-                        text = f.read(m.size).strip()
-                        counts[int(text) if text.isdigit() else -1] += 1
+
+def _shard_labels(store: Store, manifest: Manifest, shard: Any, column: str) -> Counter[int]:
+    counts: Counter[int] = Counter()
+    if manifest.format == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        # A BufferReader, not io.BytesIO: pyarrow's threaded read of a Python file object can abort
+        # the interpreter at exit ("terminate called without an active exception").
+        table = pq.read_table(pa.BufferReader(store.read(shard.path)), columns=[column])
+        counts.update(v for v in table.column(column).to_pylist() if v is not None)
+        return counts
+    index = parse_index(store.read(shard.index_path or "", expect_size=shard.index_bytes),
+                        url=store.url_of(shard.index_path or ""))
+    # Members are read in file order through one handle, so remote stores stream (readahead).
+    with store.fs.open(store.path(shard.path), "rb") as f:
+        for sample in index.samples:
+            for m in sample.members:
+                if m.ext == "cls":
+                    f.seek(m.offset)
+                    text = f.read(m.size).strip()
+                    counts[int(text) if text.isdigit() else -1] += 1
     return counts
 
 
@@ -122,11 +140,22 @@ def skipped_table(m: Manifest, max_rows: int) -> Table:
     return t
 
 
-def print_inspect(store: Store, m: Manifest, console: Console, *, max_rows: int = 20, labels: bool = True) -> None:
-    """Print every table; the label histogram reads the labels from the shards (skip with labels=False)."""
+def print_inspect(store: Store, m: Manifest, console: Console, *, max_rows: int = 20, labels: bool = True) -> list[str]:
+    """Print every table; the label histogram reads the labels from the shards (skip with labels=False).
+
+    Returns the shards that could not be read for the histogram (it counts the others), each said
+    on the console with what to do."""
     console.print(summary_table(store, m))
     console.print(shards_table(store, m, max_rows))
+    unreadable: list[str] = []
     if labels and _label_column(m) is not None:
-        console.print(labels_table(m, label_counts(store, m)))
+        console.print(labels_table(m, label_counts(store, m, unreadable)))
     if m.skipped:
         console.print(skipped_table(m, max_rows))
+    for line in unreadable:
+        console.print(f"PROBLEM {line}", markup=False, highlight=False)
+    if unreadable:
+        console.print(f"{len(unreadable)} shard(s) could not be read (the label histogram leaves them out); "
+                      f"run `shardify verify {store.url}`, then restore them or rewrite the dataset",
+                      markup=False, highlight=False)
+    return unreadable

@@ -72,7 +72,7 @@ def _verify_tar(store: Store, m: Manifest, i: int, max_pixels: int) -> list[Prob
     if data is None:
         return problems
     try:
-        actual = build_index(io.BytesIO(data))
+        actual = build_index(io.BytesIO(data), url=url)
     except ShardifyError as exc:
         return [*problems, Problem(url, "", str(exc))]
     if len(actual) != shard.num_samples:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import random
 import time
 from collections.abc import Sequence
@@ -119,6 +120,9 @@ def prepare_destination(dest: Store, overwrite: bool) -> int:
     shardify writes (files of others are refused, never touched); the new version goes beside
     the old one, whose shards stay readable until the grace period of gc has passed.
     """
+    if dest.is_local and dest.fs and os.path.isfile(dest._root):  # noqa: SLF001 - list() would call it empty
+        raise SourceError(f"{dest.url} is a file, not a folder: a dataset is a folder (prefix) of shards and a "
+                          "manifest; choose another destination, or remove the file")
     existing = dest.list()
     if not existing:
         return 1

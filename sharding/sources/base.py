@@ -18,7 +18,7 @@ from dataio.decode.images import IMAGE_EXTS
 from dataio.errors import ShardifyError
 from dataio.format.manifest import Field
 
-TABLE_EXTS = (".csv", ".jsonl", ".ndjson", ".parquet", ".pq")
+TABLE_EXTS = (".csv", ".tsv", ".tab", ".jsonl", ".ndjson", ".parquet", ".pq")
 
 
 class SourceError(ShardifyError):

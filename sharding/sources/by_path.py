@@ -39,6 +39,8 @@ def open_source(
 def _open(src: str, *, storage: Any, image_column: str | None, label_column: str | None, key_column: str | None,
           key: str, label_names: Sequence[str] | None, follow_symlinks: bool) -> Source:
     shown = redact(src, storage.secrets if storage else ())
+    if src.lower().endswith(COMPRESSED_TAR_EXTS):
+        raise _compressed_tars(shown)
     if "{" in src or src.endswith(".tar"):
         paths = expand_braces(src)
         parent = _common_parent(paths)
@@ -62,6 +64,8 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
         tars = sorted(e.name for e in os.scandir(path) if e.is_file() and e.name.endswith(".tar"))
         if tars:
             return open_tars(Store(path, storage), tars, shown)
+        if any(e.name.lower().endswith(COMPRESSED_TAR_EXTS) for e in os.scandir(path) if e.is_file()):
+            raise _compressed_tars(shown)
         tables = _table_files(Store(path, storage).list())
         if tables:  # a Hugging Face export: data/train-0000N-of-0000M.parquet
             return open_table([os.path.join(path, t) for t in tables], image_column=image_column,
@@ -78,12 +82,23 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
     tars = [n for n in listed if n.endswith(".tar") and "/" not in n]
     if tars:
         return open_tars(store, tars, shown)
+    if any(n.lower().endswith(COMPRESSED_TAR_EXTS) and "/" not in n for n in listed):
+        raise _compressed_tars(shown)
     tables = _table_files(listed)
     if tables:
         return open_table([f"{store.raw_url}/{t}" for t in tables], image_column=image_column,
                           label_column=label_column, key_column=key_column, key=key, storage=storage,
                           description=shown, label_names=label_names)
     return open_folder(src, key=key, storage=storage, label_names=label_names)  # ROOT/CLASS/IMAGE in object storage
+
+
+COMPRESSED_TAR_EXTS = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+
+
+def _compressed_tars(shown: str) -> SourceError:
+    """Compressed shards cannot be read at member offsets (re-sharding seeks to each sample)."""
+    return SourceError(f"{shown}: compressed tar shards ({', '.join(COMPRESSED_TAR_EXTS)}) are not read as a source: "
+                       "decompress them first (e.g. `gunzip -k FILE.tar.gz`) and pass the .tar files")
 
 
 def _common_parent(paths: list[str]) -> str:

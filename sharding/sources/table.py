@@ -62,6 +62,8 @@ def _read_table(path: str, storage: Any = None) -> Any:
             source = pa.BufferReader(RemoteFiles(storage).read(path))
         if lower.endswith(".csv"):
             return pcsv.read_csv(source)
+        if lower.endswith((".tsv", ".tab")):
+            return pcsv.read_csv(source, parse_options=pcsv.ParseOptions(delimiter="\t"))
         if lower.endswith((".jsonl", ".ndjson")):
             return pjson.read_json(source)
         return pq.read_table(source, memory_map=not is_url(path))
@@ -135,8 +137,14 @@ class TableSource(Source):
             if not rel:
                 raise SourceError(f"{where}: column {self.image_column!r} has neither bytes nor a path in this row")
             value = rel
+        if not str(value).strip():
+            raise SourceError(f"{where}: column {self.image_column!r} is empty; give the image's path or URL")
         target = resolve(self.path, str(value))
-        return files.read(target), target, str(value)
+        try:
+            return files.read(target), target, str(value)
+        except OSError as exc:
+            raise SourceError(f"{where}: {target}: cannot read ({exc.strerror or exc}); fix the path "
+                              "(relative paths are relative to the table's folder)") from None
 
     def load(self, refs: Sequence[Ref]) -> Iterator[tuple[Ref, RawSample | Exception]]:
         rows = self._rows([r.loc for r in refs])
@@ -153,7 +161,8 @@ class TableSource(Source):
                     image, where, origin = self._image_of(ref.loc, value, files)
                     ext = ext_of_bytes(image) or _ext_of_name(origin) or "jpg"
             except (ShardifyError, OSError) as exc:
-                target = resolve(self.path, str(row.get(self.image_column))) if self.image_kind == "path" else where
+                value = str(row.get(self.image_column) or "").strip()
+                target = resolve(self.path, value) if self.image_kind == "path" and value else where
                 text = str(exc) if isinstance(exc, ShardifyError) else f"{target}: cannot read ({exc})"
                 return SampleLoadError(text, where=target)
             extras = {c: row[c] for c in self.extra_columns}
@@ -211,7 +220,7 @@ def _scan_images(table: Any, column: str, kind: str, path: str, storage: Any) ->
     """(estimated size, image extensions, path-like names for --key path) of every row's image."""
     values = table.column(column).to_pylist()
     if kind == "path":
-        targets = [resolve(path, str(v)) if v else "" for v in values]
+        targets = [resolve(path, str(v)) if v and str(v).strip() else "" for v in values]
         sizes = RemoteFiles(storage).sizes(targets)
         exts = {_ext_of_name(str(v)) or "jpg" for v in values if v}
         return sizes, exts, [_url_path(str(v or "")) for v in values]

@@ -15,6 +15,7 @@ from sharding.sources.base import (
     IMAGE_EXT_SET,
     RawSample,
     Ref,
+    SampleLoadError,
     Source,
     SourceError,
     normalize_ext,
@@ -61,6 +62,11 @@ class TarSource(Source):
                     continue
                 image_ext = min((e for e in fields if _is_image_ext(e)), key=_image_rank, default=None)
                 image = fields.pop(image_ext) if image_ext else None
+                if image is None and self.image_exts:
+                    yield ref, SampleLoadError(
+                        f"{where}: sample {ref.key!r} has no image member (it has {sorted(fields)}) while the "
+                        "source's other samples have one; add its image", where=f"{where}#{ref.key}")
+                    continue
                 fields.pop("cls", None)
                 yield ref, RawSample(ref.key, ref.label, image_ext, image, fields, f"{where} sample {ref.key}",
                                      origin=f"{self.names[shard]}#{ref.key}")
@@ -101,7 +107,7 @@ def open_tars(store: Store, names: list[str], description: str) -> TarSource:
     for shard, name in enumerate(names):
         seen: set[str] = set()
         with store.fs.open(store.path(name), "rb") as f:
-            index = build_index(f)
+            index = build_index(f, url=store.url_of(name))
             for sample in index.samples:
                 members = {m.ext: (m.offset, m.size) for m in sample.members}
                 if sample.key in seen:

@@ -1,0 +1,108 @@
+"""Data made elsewhere, as a new user brings it: each case once failed unclearly or silently.
+
+Every refusal names the file (and row or sample key) and what to do, exits 2, and publishes no
+manifest; whatever is written is complete.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.sharding.conftest import make_image_folder, manifest_of, run
+
+
+def _fails(capsys, *args: object, code: int = 2) -> str:
+    assert run(*args) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def _jpeg(seed: int = 0) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 12), (seed * 40 % 256, 80, 160)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w") as t:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_truncated_source_tar_is_named(tmp_path: Path, capsys) -> None:
+    whole = _tar(tmp_path / "whole.tar", [(f"k{i}.{e}", d) for i in range(6) for e, d in (("jpg", _jpeg(i)), ("cls", b"1"))])
+    cut = tmp_path / "cut-000000.tar"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2 + 100])
+    err = _fails(capsys, "write", cut, tmp_path / "ds", "--quiet")
+    assert "cut-000000.tar" in err and "truncated" in err  # was "tar: tar is truncated ..."
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_tar_sample_without_its_image_is_refused_or_skipped(tmp_path: Path, capsys) -> None:
+    src = _tar(tmp_path / "src.tar", [("a.jpg", _jpeg(1)), ("a.cls", b"0"), ("lonely.cls", b"1"),
+                                      ("b.jpg", _jpeg(2)), ("b.cls", b"1")])
+    err = _fails(capsys, "write", src, tmp_path / "ds", "--quiet")
+    assert "src.tar" in err and "'lonely'" in err and "no image" in err and "--on-error skip" in err
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+    assert run("write", src, tmp_path / "ds2", "--quiet", "--on-error", "skip") == 0
+    m = manifest_of(tmp_path / "ds2")
+    assert m["num_samples"] == 2 and [s["key"] for s in m["skipped"]] == ["lonely"]
+
+
+@pytest.mark.parametrize("name", ["shards.tar.gz", "shards.tgz"])
+def test_compressed_tars_say_to_decompress(tmp_path: Path, capsys, name: str) -> None:
+    whole = _tar(tmp_path / "w.tar", [("a.jpg", _jpeg()), ("a.cls", b"0")])
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / name).write_bytes(gzip.compress(whole.read_bytes()))
+    for src in (tmp_path / "src" / name, tmp_path / "src"):  # the file, or a folder of them
+        err = _fails(capsys, "write", src, tmp_path / "ds", "--quiet")
+        assert "compressed tar" in err and "gunzip" in err and str(src) in err
+
+
+def test_tsv_table_with_paths_relative_to_its_folder(tmp_path: Path) -> None:
+    folder = make_image_folder(tmp_path / "t" / "imgs", per_class=2, classes=("a",))
+    rows = "".join(f"imgs/a/{p.name}\t{'x' if i else 'y'}\n" for i, p in enumerate(sorted((folder / "a").iterdir())))
+    (tmp_path / "t" / "list.tsv").write_text("image\tlabel\n" + rows)
+    assert run("write", tmp_path / "t" / "list.tsv", tmp_path / "ds", "--quiet") == 0
+    m = manifest_of(tmp_path / "ds")
+    assert m["num_samples"] == 2 and m["label_names"] == ["x", "y"]
+
+
+def test_table_rows_with_an_empty_or_missing_image_name_the_row(tmp_path: Path, capsys) -> None:
+    make_image_folder(tmp_path / "t" / "imgs", per_class=1, classes=("a",))
+    (tmp_path / "t" / "t.csv").write_text("image,label\nimgs/a/img0.png,cat\n,dog\nimgs/nothere.jpg,cat\n")
+    err = _fails(capsys, "write", tmp_path / "t" / "t.csv", tmp_path / "ds", "--quiet")
+    assert "t.csv row 1" in err and "'image' is empty" in err  # was: "t/: cannot read (Is a directory)"
+    assert run("write", tmp_path / "t" / "t.csv", tmp_path / "ds2", "--quiet", "--on-error", "skip") == 0
+    reasons = [s["reason"] for s in manifest_of(tmp_path / "ds2")["skipped"]]
+    assert "row 1" in reasons[0] and "row 2" in reasons[1] and "nothere.jpg" in reasons[1]
+
+
+def test_destination_that_is_a_file(image_folder: Path, tmp_path: Path, capsys) -> None:
+    dest = tmp_path / "afile"
+    dest.write_text("mine")
+    err = _fails(capsys, "write", image_folder, dest, "--quiet")
+    assert str(dest) in err and "is a file" in err  # was "[Errno 20] Not a directory: .../versions"
+    assert dest.read_text() == "mine"
+
+
+def test_inspect_with_a_deleted_shard_names_it_and_fails(image_folder: Path, tmp_path: Path, capsys) -> None:
+    dest = tmp_path / "ds"
+    assert run("write", image_folder, dest, "--quiet", "--max-samples-per-shard", 8) == 0
+    (dest / "shards" / "shard-000001.tar").unlink()
+    capsys.readouterr()
+    assert run("inspect", dest) == 1  # was a bare "[Errno 2] No such file or directory" with exit 2
+    out = capsys.readouterr().out
+    assert "shard-000001.tar" in out and "cannot read" in out and "shardify verify" in out
+    assert "label histogram" in out
