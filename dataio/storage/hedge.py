@@ -2,10 +2,10 @@
 
 Object stores have stragglers: one request in many waits seconds while the rest take tens of
 milliseconds. A ranged read still running after `k` times the recent median for its size (at
-least a floor in ms, lower for small reads) gets a second, identical request; whichever finishes first is used and the
-other is abandoned (its thread ends when its request does; nothing waits for it). Hedges are
-bounded by a budget, a share of all requests, so a store that is slow everywhere is not asked
-twice for everything. Counters are per process; loader workers report them with each batch.
+least a floor in ms, lower for small reads) gets a second, identical request; whichever finishes
+first is used and the other is abandoned (its thread ends when its request does; nothing waits
+for it). Hedges are bounded by a budget, a share of all requests, so a store that is slow
+everywhere is not asked twice for everything. Counters are per process; loader workers report them with each batch.
 """
 
 from __future__ import annotations
@@ -64,7 +64,6 @@ class HedgePolicy:
             raise ValueError(f"max_hedges must be >= 1, got {self.max_hedges}")
         if self.burst < 0 or self.min_history < 1:
             raise ValueError("burst must be >= 0 and min_history >= 1")
-
 
     def floor_s(self, size: int) -> float:
         """The least hedge threshold of a read of `size` bytes: small_floor_ms (at most floor_ms) up to
@@ -157,11 +156,10 @@ class Hedger:
         # client's start-up (session, credentials, connections): only their time after it is
         # recorded (the first read's not at all), and a cold read's clock starts here.
         self._ready_at: float | None = None
-        # A straggler is slow while the store answers others: a read is hedged only once one of its
-        # peers has finished after it started (a read started after it, or about when it did: its
-        # burst, e.g. a window's reads submitted together, of which it may be the last), or when it
-        # is alone; never when every read is slow together (a busy store or machine), where a
-        # second request only adds load.
+        # A straggler is slow while the store answers others: a read is hedged once a read that
+        # started after it has finished (or when it is alone), else only at twice its threshold
+        # (the last read of a burst has no younger one); not while many reads are slow together
+        # (a busy store or machine), where a second request for each only adds load.
         self._started = 0  # reads started so far (each read's number is its place in this count)
         self._newest_done = -1  # the highest number of a finished read
         self._in_flight = 0
@@ -172,10 +170,9 @@ class Hedger:
 
     def threshold_s(self, size: int) -> float | None:
         """Seconds after which a read of `size` bytes is hedged: k x its size class's recent median (at
-        least the class's 90th percentile);
-        for a size seen too rarely, k x an upper estimate from reads of about its size, else from
-        other sizes (at most cold_ms); cold_ms
-        while there is too little history at all (None: not hedged)."""
+        least the class's 90th percentile); for a size seen too rarely, k x an upper estimate from
+        reads of about its size, else from other sizes (at most cold_ms); cold_ms while there is no
+        history at all (None: not hedged). Never below the floor for the size."""
         p = self.policy
         cold_s = None if p.cold_ms is None else max(p.cold_ms, p.floor_ms) / 1000
         h = self.history
