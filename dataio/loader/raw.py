@@ -331,10 +331,16 @@ class RawStream:
         return w
 
     def _read_ahead(self) -> None:
+        ahead = self._ahead
+        if isinstance(ahead, Future) and self._direct is None and ahead.done() and ahead.exception() is None \
+                and ahead.result() is None:
+            self._ahead = None  # no spare buffer then: try again
         if self._ahead is not None or self._next_window >= len(self.plan.windows):
             return
         if self._direct is None:
-            self._ahead = self._start(ahead=True)
+            # In an I/O thread: the next window's indexes and sidecars (small requests, one of which
+            # may stall) are fetched beside this window's batches, not before the next batch.
+            self._ahead = self.io.submit(lambda: self._start(ahead=True))
         elif self.io.lone:  # the next window's indexes parsed in an I/O thread, beside this one's reads
             self._next_window += 1
             self._ahead = self.io.submit(self._lay_out, self._next_window - 1)
@@ -410,10 +416,10 @@ class RawStream:
         if self._direct is not None:
             self._direct.close()
         if isinstance(self._ahead, Future):
-            if not self._ahead.cancel():
+            ahead, self._ahead = self._ahead, None
+            if not ahead.cancel():
                 with contextlib.suppress(Exception):  # the stream is being dropped
-                    self._ahead.result()
-            self._ahead = None
+                    self._ahead = ahead.result()  # a window read ahead: its reads and buffer below
         for w in (self._ahead, self._cur):
             if w is None or w.buf is None:
                 continue
