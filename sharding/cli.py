@@ -241,6 +241,10 @@ def _write(args: argparse.Namespace) -> int:
           + f"; version {report.version}"
           + (f"; removed {len(report.removed)} object(s) of versions retired more than the grace ago"
              if report.removed else ""))
+    unlabeled = [r.key for r in source.refs if r.label is None] if source.has_labels else []
+    if unlabeled:  # said, never silent: a loader gives these label -1
+        print(f"note: {len(unlabeled)} sample(s) have no label (e.g. {unlabeled[0]!r}: no .cls member or an empty "
+              "label cell); loaders give them label -1: fix the source, or mask label < 0 in training")
     return 0
 
 

@@ -67,7 +67,7 @@ class TarSource(Source):
                         f"{where}: sample {ref.key!r} has no image member (it has {sorted(fields)}) while the "
                         "source's other samples have one; add its image", where=f"{where}#{ref.key}")
                     continue
-                fields.pop("cls", None)
+                fields.pop(label_ext(fields) or "cls", None)
                 yield ref, RawSample(ref.key, ref.label, image_ext, image, fields, f"{where} sample {ref.key}",
                                      origin=f"{self.names[shard]}#{ref.key}")
         finally:
@@ -86,16 +86,43 @@ def _image_rank(ext: str) -> int:
     return IMAGE_FIELD_ORDER.index(last) if last in IMAGE_FIELD_ORDER else len(IMAGE_FIELD_ORDER)
 
 
+def label_ext(exts: Any) -> str | None:
+    """The member holding a sample's label: `cls`, else its one compound `X.cls` (a key with dots,
+    `a.b.c.jpg` + `a.b.c.cls`, is key `a` with members `b.c.jpg` and `b.c.cls`, as WebDataset splits)."""
+    exts = list(exts)
+    if "cls" in exts:
+        return "cls"
+    compound = [e for e in exts if e.lower().endswith(".cls")]
+    return compound[0] if len(compound) == 1 else None
+
+
 def _tar_label(store: Store, name: str, handle: Any, members: dict[str, tuple[int, int]], key: str) -> int | None:
-    if "cls" not in members:
+    ext = label_ext(members)
+    if ext is None:
         return None
-    offset, size = members["cls"]
+    offset, size = members[ext]
     handle.seek(offset)
     text = handle.read(size).decode(errors="replace").strip()
     try:
         return int(text)
     except ValueError:
-        raise SourceError(f"{store.url_of(name)}: sample {key!r}: .cls holds {text[:20]!r}, not an integer label") from None
+        raise SourceError(f"{store.url_of(name)}: sample {key!r}: .{ext} holds {text[:20]!r}, not an integer label; "
+                          "write integer class numbers in .cls members") from None
+
+
+def _grouped(index: Any, url: str) -> list[tuple[str, dict[str, tuple[int, int]]]]:
+    """(key, {ext: (offset, size)}) per sample, in order of first appearance. Members of one key are
+    gathered even when not consecutive (`tar cf s.tar *.jpg *.cls` puts every image first); a key
+    with the same extension twice is refused: its samples cannot be told apart."""
+    samples: dict[str, dict[str, tuple[int, int]]] = {}
+    for sample in index.samples:
+        members = samples.setdefault(sample.key, {})
+        for m in sample.members:
+            if m.ext in members:
+                raise SourceError(f"{url}: sample key {sample.key!r} has two {m.ext!r} members in this shard; its "
+                                  "samples cannot be told apart: give each sample its own key")
+            members[m.ext] = (m.offset, m.size)
+    return list(samples.items())
 
 
 def open_tars(store: Store, names: list[str], description: str) -> TarSource:
@@ -105,23 +132,16 @@ def open_tars(store: Store, names: list[str], description: str) -> TarSource:
     extra: dict[str, None] = {}
     full_keys: list[str] = []  # as in the tar, directories included
     for shard, name in enumerate(names):
-        seen: set[str] = set()
         with store.fs.open(store.path(name), "rb") as f:
-            index = build_index(f, url=store.url_of(name))
-            for sample in index.samples:
-                members = {m.ext: (m.offset, m.size) for m in sample.members}
-                if sample.key in seen:
-                    raise SourceError(f"{store.url_of(name)}: sample key {sample.key!r} appears twice in this shard; "
-                                      "its samples cannot be told apart")
-                seen.add(sample.key)
-                label = _tar_label(store, name, f, members, sample.key)
+            for key, members in _grouped(build_index(f, url=store.url_of(name)), store.url_of(name)):
+                label = _tar_label(store, name, f, members, key)
                 image = sorted((e for e in members if _is_image_ext(e)), key=_image_rank)[:1]
                 exts.update(image)
-                extra.update((e, None) for e in members if e not in image and e != "cls")
+                extra.update((e, None) for e in members if e not in image and e != label_ext(members))
                 size = sum(s for _, s in members.values())
                 locs = tuple((e, o, s) for e, (o, s) in members.items())
-                refs.append(Ref(sample.key.rsplit("/", 1)[-1], label, (shard, locs), size, len(members)))
-                full_keys.append(sample.key)
+                refs.append(Ref(key.rsplit("/", 1)[-1], label, (shard, locs), size, len(members)))
+                full_keys.append(key)
     if not refs:
         raise SourceError(f"{description}: the tar shards hold no samples")
     refs = _unique_keys(refs, full_keys, names)

@@ -106,3 +106,37 @@ def test_inspect_with_a_deleted_shard_names_it_and_fails(image_folder: Path, tmp
     out = capsys.readouterr().out
     assert "shard-000001.tar" in out and "cannot read" in out and "shardify verify" in out
     assert "label histogram" in out
+
+
+def test_tar_with_images_first_then_labels_regroups_by_key(tmp_path: Path) -> None:
+    # `tar cf s.tar *.jpg *.cls`: a sample's members are not consecutive (was "key appears twice")
+    members = [(f"k{i}.jpg", _jpeg(i)) for i in range(3)] + [(f"k{i}.cls", str(i).encode()) for i in range(3)]
+    src = _tar(tmp_path / "split.tar", members)
+    assert run("write", src, tmp_path / "ds", "--quiet") == 0
+    with tarfile.open(tmp_path / "ds" / "shards" / "shard-000000.tar") as t:
+        names = t.getnames()
+        assert names == ["k0.jpg", "k0.cls", "k1.jpg", "k1.cls", "k2.jpg", "k2.cls"]
+        assert [t.extractfile(f"k{i}.cls").read() for i in range(3)] == [b"0", b"1", b"2"]
+
+
+def test_tar_key_with_the_same_extension_twice_is_refused(tmp_path: Path, capsys) -> None:
+    src = _tar(tmp_path / "dup.tar", [("a.jpg", _jpeg(1)), ("a.cls", b"0"), ("b.jpg", _jpeg(2)), ("a.jpg", _jpeg(3))])
+    err = _fails(capsys, "write", src, tmp_path / "ds", "--quiet")
+    assert "dup.tar" in err and "'a'" in err and "two 'jpg' members" in err
+
+
+def test_keys_with_dots_keep_their_label(tmp_path: Path) -> None:
+    # WebDataset splits at the first dot: key `img`, members `v1.2.jpg` and `v1.2.cls` (label was lost: -1)
+    src = _tar(tmp_path / "dots.tar", [("img.v1.2.jpg", _jpeg(1)), ("img.v1.2.cls", b" 3\n"),
+                                       ("b.jpg", _jpeg(2)), ("b.cls", b"1")])
+    assert run("write", src, tmp_path / "ds", "--quiet") == 0
+    with tarfile.open(tmp_path / "ds" / "shards" / "shard-000000.tar") as t:
+        assert t.getnames() == ["img.v1.2.jpg", "img.cls", "b.jpg", "b.cls"]
+        assert t.extractfile("img.cls").read() == b"3"
+
+
+def test_unlabeled_samples_are_said(tmp_path: Path, capsys) -> None:
+    src = _tar(tmp_path / "some.tar", [("a.jpg", _jpeg(1)), ("a.cls", b"0"), ("b.jpg", _jpeg(2))])
+    assert run("write", src, tmp_path / "ds", "--quiet") == 0
+    out = capsys.readouterr().out
+    assert "1 sample(s) have no label" in out and "'b'" in out and "-1" in out
