@@ -71,7 +71,10 @@ def _import_library(kind: str) -> None:
 
     from benchmarks import loader_peers  # noqa: F401
 
-    names = {"shardify": ["dataio"], "shardify-dali": ["dataio", "nvidia.dali"], "webdataset": ["webdataset"],
+    # dataio's loader is a lazy attribute (`import dataio` stays light for the CLI): import what
+    # `from dataio import make_loader` imports, as `import webdataset` imports its whole loader.
+    loader = ["dataio", "dataio.loader.shard_loader"]
+    names = {"shardify": loader, "shardify-dali": [*loader, "nvidia.dali"], "webdataset": ["webdataset"],
              "streaming": ["streaming", "torchvision"], "litdata": ["litdata", "torchvision"],
              "imagefolder": ["torchvision"]}
     for name in names.get(kind, []):
