@@ -207,6 +207,7 @@ def _check_reachable(store: Store) -> None:
 def _write(args: argparse.Namespace) -> int:
     from sharding.overlap import check_overlap
     from sharding.progress import Progress
+    from sharding.sources.base import IMAGE_EXT_SET
     from sharding.sources.by_path import open_source
     from sharding.writer import WriteConfig, write_dataset
 
@@ -241,6 +242,11 @@ def _write(args: argparse.Namespace) -> int:
           + f"; version {report.version}"
           + (f"; removed {len(report.removed)} object(s) of versions retired more than the grace ago"
              if report.removed else ""))
+    ignored = getattr(source, "ignored", None)
+    if ignored:  # an image format we do not take (.heic, .avif, ...) must not vanish unsaid
+        print(f"note: left out {sum(ignored.values())} file(s) that are not images by their extension: "
+              + ", ".join(f"{ext} x{n}" for ext, n in sorted(ignored.items(), key=lambda kv: -kv[1])[:8])
+              + f" (images: {', '.join(sorted(IMAGE_EXT_SET))}); convert the ones you need")
     unlabeled = [r.key for r in source.refs if r.label is None] if source.has_labels else []
     if unlabeled:  # said, never silent: a loader gives these label -1
         print(f"note: {len(unlabeled)} sample(s) have no label (e.g. {unlabeled[0]!r}: no .cls member or an empty "

@@ -81,9 +81,13 @@ class Source:
         raise NotImplementedError
 
 
+_EXT_ALIASES = {"jpeg": "jpg", "jpe": "jpg", "jfif": "jpg", "jif": "jpg", "tiff": "tif"}
+
+
 def normalize_ext(ext: str) -> str:
+    """Lower case, no dot, one name per format (`.JPEG`, `.jfif` -> `jpg`; `.tiff` -> `tif`)."""
     ext = ext.lower().lstrip(".")
-    return "jpg" if ext == "jpeg" else ("tif" if ext == "tiff" else ext)
+    return _EXT_ALIASES.get(ext, ext)
 
 
 IMAGE_EXT_SET = {normalize_ext(e) for e in IMAGE_EXTS}

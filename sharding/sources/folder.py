@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dataio.errors import ShardifyError
@@ -27,6 +28,7 @@ from sharding.sources.remote import RemoteFiles, is_url, list_sizes
 class FolderSource(Source):
     root: str  # a local directory or a URL prefix (s3://bucket/raw-images)
     storage: Any = None
+    ignored: dict[str, int] = field(default_factory=dict)  # files left out (not images): count by extension
 
     def load(self, refs: Sequence[Ref]) -> Iterator[tuple[Ref, RawSample | Exception]]:
         files = RemoteFiles(self.storage)
@@ -45,12 +47,18 @@ class FolderSource(Source):
         yield from zip(refs, files.map(one, list(refs)))
 
 
+# Files an OS leaves in folders: never images, not worth a note.
+_OS_FILES = frozenset({"thumbs.db", "desktop.ini", "icon\r"})
+
+
 def _scan_images(directory: str, *, follow_symlinks: bool = True,
-                 seen: tuple[set[tuple[int, int]], set[tuple[int, int]]] | None = None) -> list[tuple[str, int]]:
+                 seen: tuple[set[tuple[int, int]], set[tuple[int, int]]] | None = None,
+                 ignored: Counter[str] | None = None) -> list[tuple[str, int]]:
     """(path relative to `directory`, size) of every image file below it, sorted; follows ImageFolder.
 
     Symlinked directories are followed once (each real directory and each real file is taken
-    once, by device and inode, so loops end) or, with follow_symlinks=False, not at all.
+    once, by device and inode, so loops end) or, with follow_symlinks=False, not at all. Files
+    left out for their extension are counted by extension in `ignored` (hidden and OS files not).
     `seen` (directories, files) is shared across calls so a file reachable from two classes
     counts once.
     """
@@ -75,8 +83,12 @@ def _scan_images(directory: str, *, follow_symlinks: bool = True,
                 if e.is_dir(follow_symlinks=follow_symlinks):
                     subdirs.append(e.path)
                     continue
-                if e.is_dir() or normalize_ext(os.path.splitext(e.name)[1]) not in IMAGE_EXT_SET:
-                    continue  # a symlinked directory not followed, or not an image
+                if e.is_dir():
+                    continue  # a symlinked directory not followed
+                if normalize_ext(os.path.splitext(e.name)[1]) not in IMAGE_EXT_SET:
+                    if ignored is not None and e.name.lower() not in _OS_FILES:
+                        ignored[os.path.splitext(e.name)[1].lower() or e.name] += 1
+                    continue
                 fst = e.stat()
             except OSError:
                 found.append((os.path.relpath(e.path, directory), 0))  # unreadable: load() reports it
@@ -93,6 +105,7 @@ def open_folder(root: str, *, key: str = "index", storage: Any = None, follow_sy
     """ImageFolder layout: ROOT/CLASS/.../IMAGE (a directory or a URL prefix); labels index the
     sorted class folder names, or `label_names` when given. Keys are scan numbers (`000042`), or
     with key="path" the relative paths (see path_keys)."""
+    ignored: Counter[str] = Counter()
     if is_url(root):
         classes, items = _scan_remote(root, storage)
     else:
@@ -105,7 +118,8 @@ def open_folder(root: str, *, key: str = "index", storage: Any = None, follow_sy
         seen: tuple[set[tuple[int, int]], set[tuple[int, int]]] = (fence, set())
         for label, name in enumerate(classes):
             items += [(os.path.join(name, rel), size, label)
-                      for rel, size in _scan_images(os.path.join(root, name), follow_symlinks=follow_symlinks, seen=seen)]
+                      for rel, size in _scan_images(os.path.join(root, name), follow_symlinks=follow_symlinks,
+                                                    seen=seen, ignored=ignored)]
     if label_names is not None and classes:
         classes, items = _relabel(root, classes, items, tuple(label_names))
     if not classes:
@@ -115,15 +129,16 @@ def open_folder(root: str, *, key: str = "index", storage: Any = None, follow_sy
         )
     if not items:
         raise SourceError(
-            f"{redact(root)}: the class folders {classes[:5]} hold no images with extensions {sorted(IMAGE_EXT_SET)}; "
-            "put the images in ROOT/CLASS_NAME/"
+            f"{redact(root)}: the class folders {classes[:5]} hold no images with extensions {sorted(IMAGE_EXT_SET)}"
+            + (f" (other files: {', '.join(f'{e} x{n}' for e, n in ignored.most_common(5))}: convert them)"
+               if ignored else "") + "; put the images in ROOT/CLASS_NAME/"
         )
     width = key_width(len(items))
     keys = path_keys([rel for rel, _, _ in items]) if key == "path" else [f"{i:0{width}d}" for i in range(len(items))]
     refs = [Ref(k, label, rel, size) for k, (rel, size, label) in zip(keys, items)]
     exts = tuple(sorted({normalize_ext(os.path.splitext(rel)[1]) for rel, _, _ in items}))
     return FolderSource(description=redact(root), refs=refs, label_names=tuple(classes), image_exts=exts,
-                        root=root.rstrip("/"), storage=storage)
+                        root=root.rstrip("/"), storage=storage, ignored=dict(ignored))
 
 
 def _relabel(root: str, classes: list[str], items: list[tuple[str, int, int]],

@@ -140,3 +140,20 @@ def test_unlabeled_samples_are_said(tmp_path: Path, capsys) -> None:
     assert run("write", src, tmp_path / "ds", "--quiet") == 0
     out = capsys.readouterr().out
     assert "1 sample(s) have no label" in out and "'b'" in out and "-1" in out
+
+
+def test_files_left_out_are_said_and_jfif_is_jpeg(tmp_path: Path, capsys) -> None:
+    src = make_image_folder(tmp_path / "src", per_class=2, classes=("a", "b"))
+    (src / "a" / "x.jfif").write_bytes(_jpeg(5))  # Windows' name for a JPEG: was silently left out
+    for name in ("IMG_1.HEIC", "IMG_2.heic", "notes.txt", "Thumbs.db", ".DS_Store"):
+        (src / "b" / name).write_bytes(b"\0" * 8)
+    assert run("write", src, tmp_path / "ds", "--quiet", "--key", "path") == 0
+    out = capsys.readouterr().out
+    assert ".heic x2" in out and ".txt x1" in out and "Thumbs" not in out and "DS_Store" not in out
+    with tarfile.open(tmp_path / "ds" / "shards" / "shard-000000.tar") as t:
+        assert "a/x.jpg" in t.getnames()
+    only = tmp_path / "heic" / "c"
+    only.mkdir(parents=True)
+    (only / "p.heic").write_bytes(b"\0" * 8)
+    err = _fails(capsys, "write", tmp_path / "heic", tmp_path / "ds2", "--quiet")
+    assert "hold no images" in err and ".heic x1" in err
