@@ -247,6 +247,10 @@ def _write(args: argparse.Namespace) -> int:
         print(f"note: left out {sum(ignored.values())} file(s) that are not images by their extension: "
               + ", ".join(f"{ext} x{n}" for ext, n in sorted(ignored.items(), key=lambda kv: -kv[1])[:8])
               + f" (images: {', '.join(sorted(IMAGE_EXT_SET))}); convert the ones you need")
+    columns = getattr(source, "extra_columns", None)
+    if columns is not None and not source.has_labels:  # a table: its label column may have another name
+        print(f"note: no label column (none named label, cls, class, target or category); the samples are "
+              f"unlabeled: pass --label-column NAME (one of {list(columns)[:8]}) to label them")
     unlabeled = [r.key for r in source.refs if r.label is None] if source.has_labels else []
     if unlabeled:  # said, never silent: a loader gives these label -1
         print(f"note: {len(unlabeled)} sample(s) have no label (e.g. {unlabeled[0]!r}: no .cls member or an empty "

@@ -18,6 +18,7 @@ from dataio.decode.images import probe, read_header
 from dataio.errors import ShardifyError
 from dataio.format.manifest import Field
 from sharding.sources.base import (
+    IMAGE_EXT_SET,
     RawSample,
     Ref,
     SampleLoadError,
@@ -197,6 +198,26 @@ def _pick_column(columns: list[str], asked: str | None, guesses: tuple[str, ...]
     return next((lower[g] for g in guesses if g in lower), None)
 
 
+def _looks_like_images(table: Any, sample_rows: int = 64) -> str | None:
+    """The first column whose first non-empty values are all image paths/URLs (by extension) or
+    image bytes (by header): a table whose image column has another name (`img_path`) must not be
+    written without its images."""
+    head = table.slice(0, sample_rows)
+    for name in table.column_names:
+        kind = _field_type(table.schema.field(name).type)
+        values = [v for v in head.column(name).to_pylist() if v not in (None, "", b"")]
+        if not values or kind not in ("str", "bytes", "json"):
+            continue
+        if kind == "str" and all(_ext_of_name(v.strip()) in IMAGE_EXT_SET for v in values):
+            return name
+        if kind == "bytes" and all(read_header(v) is not None for v in values):
+            return name
+        if kind == "json" and all(isinstance(v, dict) and v.get("bytes") and read_header(v["bytes"]) is not None
+                                  for v in values):
+            return name
+    return None
+
+
 def _image_kind(table: Any, column: str, path: str) -> str:
     arrow_type = table.schema.field(column).type
     children = image_struct_fields(arrow_type)
@@ -250,6 +271,8 @@ def open_table(path: str | Sequence[str], *, image_column: str | None, label_col
     if table.num_rows == 0:
         raise SourceError(f"{path}: the table has no rows; nothing to write")
     image_col = _pick_column(columns, image_column, _IMAGE_COLUMN_GUESSES, "image", "--image-column", path)
+    if image_col is None and image_column is None:
+        image_col = _looks_like_images(table)
     label_col = _pick_column(columns, label_column, _LABEL_COLUMN_GUESSES, "label", "--label-column", path)
     key_col = _pick_column(columns, key_column, (), "key", "--key-column", path)
     kind, exts, sizes, names = None, set(), [0] * table.num_rows, [""] * table.num_rows

@@ -157,3 +157,13 @@ def test_files_left_out_are_said_and_jfif_is_jpeg(tmp_path: Path, capsys) -> Non
     (only / "p.heic").write_bytes(b"\0" * 8)
     err = _fails(capsys, "write", tmp_path / "heic", tmp_path / "ds2", "--quiet")
     assert "hold no images" in err and ".heic x1" in err
+
+
+def test_table_image_column_of_another_name_is_found_and_a_missing_label_said(tmp_path: Path, capsys) -> None:
+    make_image_folder(tmp_path / "t" / "imgs", per_class=2, classes=("a",))
+    (tmp_path / "t" / "list.csv").write_text("img_path,y\nimgs/a/img0.png,cat\nimgs/a/img1.jpg,dog\n")
+    assert run("write", tmp_path / "t" / "list.csv", tmp_path / "ds", "--quiet") == 0  # images were left out
+    out = capsys.readouterr().out
+    assert "--label-column" in out and "'y'" in out
+    with tarfile.open(tmp_path / "ds" / "shards" / "shard-000000.tar") as t:
+        assert t.getnames() == ["000000.png", "000000.json", "000001.jpg", "000001.json"]
