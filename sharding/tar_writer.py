@@ -57,7 +57,7 @@ def _tarfile_header(name: str, size: int) -> bytes:
     try:
         header = info.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict")
     except ValueError as exc:
-        raise ValueError(f"tar member name {name!r} does not fit a ustar header ({exc}); use shorter keys") from None
+        raise ValueError(f"tar member name {name!r} does not fit a ustar header ({exc}); use shorter keys (--key index, the default, numbers them)") from None
     assert len(header) == TAR_BLOCK, "ustar header of a plain name is one block"
     return header
 

@@ -14,6 +14,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import xxhash
+
 from dataio.decode.images import IMAGE_EXTS
 from dataio.errors import ShardifyError
 from dataio.format.manifest import Field
@@ -112,7 +114,7 @@ def path_keys(rels: Sequence[str]) -> list[str]:
         base = stem.rsplit("/", 1)[-1]
         if "." in base:
             stem = stem[: len(stem) - len(base) + base.rindex(".")]
-        key = re.sub(r"/+", "/", _UNSAFE_KEY_CHARS.sub("_", stem)).strip("/") or "_"
+        key = _fit_tar_header(re.sub(r"/+", "/", _UNSAFE_KEY_CHARS.sub("_", stem)).strip("/") or "_", rel)
         unique, n = key, 1
         while unique in seen:
             n += 1
@@ -120,6 +122,24 @@ def path_keys(rels: Sequence[str]) -> list[str]:
         seen.add(unique)
         keys.append(unique)
     return keys
+
+
+# A tar member name must fit ustar's header: up to 155 bytes of directories, then a name of up to
+# 100 (KEY.EXT, plus a `_N` when keys collide); stock readers and DALI take nothing longer.
+_MAX_KEY_DIR, _MAX_KEY_NAME = 150, 80
+
+
+def _fit_tar_header(key: str, rel: str) -> str:
+    """`key` as it is when short enough, else its long parts cut and ended by a hash of `rel` (stable)."""
+    folder, _, name = key.rpartition("/")
+    if len(folder) <= _MAX_KEY_DIR and len(name) <= _MAX_KEY_NAME:
+        return key
+    digest = f"{xxhash.xxh3_64_intdigest(rel.encode('utf-8', 'surrogateescape')):016x}"[:10]
+    if len(name) > _MAX_KEY_NAME:
+        name = f"{name[: _MAX_KEY_NAME - 11]}_{digest}"
+    if len(folder) > _MAX_KEY_DIR:
+        folder = f"{folder[: _MAX_KEY_DIR - 11].rstrip('/')}_{digest}"
+    return f"{folder}/{name}" if folder else name
 
 
 def key_width(n: int) -> int:

@@ -167,3 +167,22 @@ def test_table_image_column_of_another_name_is_found_and_a_missing_label_said(tm
     assert "--label-column" in out and "'y'" in out
     with tarfile.open(tmp_path / "ds" / "shards" / "shard-000000.tar") as t:
         assert t.getnames() == ["000000.png", "000000.json", "000001.jpg", "000001.json"]
+
+
+def test_deep_long_paths_give_keys_that_fit_a_tar_header(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from sharding.sources.base import path_keys
+
+    deep = tmp_path / "src" / "c" / "/".join(["d" * 60] * 4)  # --key path failed: "does not fit a ustar header"
+    deep.mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(deep / ("x" * 150 + ".jpg"))
+    Image.new("RGB", (8, 8)).save(deep / ("x" * 150 + ".png"))
+    assert run("write", tmp_path / "src", tmp_path / "ds", "--quiet", "--key", "path") == 0
+    with tarfile.open(tmp_path / "ds" / "shards" / "shard-000000.tar") as t:
+        names = [n for n in t.getnames() if not n.endswith(".cls")]
+    assert len(names) == 2 and len(set(names)) == 2
+    assert run("verify", tmp_path / "ds") == 0
+    keys = path_keys(["a/" + "y" * 200 + ".jpg", "a/" + "y" * 200 + ".png", "b/short.jpg"])
+    assert keys[2] == "b/short" and len(set(keys)) == 3 and all(len(k.rsplit("/", 1)[-1]) <= 83 for k in keys)
+    assert keys == path_keys(["a/" + "y" * 200 + ".jpg", "a/" + "y" * 200 + ".png", "b/short.jpg"])  # stable
