@@ -173,8 +173,15 @@ class TableSource(Source):
 
 
 def resolve(table: str, value: str) -> str:
-    """A path from the table: a URL as it is, else relative to the table's own directory (or URL)."""
-    if is_url(value) or os.path.isabs(value):
+    """A path from the table: a URL as it is, else relative to the table's own directory (or URL).
+
+    Windows paths (`imgs\\a.jpg`, a table made there) take `/`; `file://` URLs become paths."""
+    if value.startswith("file://"):
+        return value.removeprefix("file://")
+    if is_url(value):
+        return value
+    value = value.replace("\\", "/")
+    if os.path.isabs(value):
         return value
     if is_url(table):
         return posixpath.join(posixpath.dirname(table), value)

@@ -186,3 +186,13 @@ def test_deep_long_paths_give_keys_that_fit_a_tar_header(tmp_path: Path) -> None
     keys = path_keys(["a/" + "y" * 200 + ".jpg", "a/" + "y" * 200 + ".png", "b/short.jpg"])
     assert keys[2] == "b/short" and len(set(keys)) == 3 and all(len(k.rsplit("/", 1)[-1]) <= 83 for k in keys)
     assert keys == path_keys(["a/" + "y" * 200 + ".jpg", "a/" + "y" * 200 + ".png", "b/short.jpg"])  # stable
+
+
+def test_table_made_on_windows_with_bom_crlf_and_backslashes(tmp_path: Path) -> None:
+    folder = make_image_folder(tmp_path / "t" / "imgs", per_class=2, classes=("a",))
+    first = (folder / "a" / "img0.png").as_uri()
+    text = f"\ufeffimage,label\r\nimgs\\a\\img1.jpg,cat\r\n{first},dog\r\n"  # was: "imgs\a\img1.jpg: cannot read"
+    (tmp_path / "t" / "win.csv").write_bytes(text.encode("utf-8"))
+    assert run("write", tmp_path / "t" / "win.csv", tmp_path / "ds", "--quiet") == 0
+    m = manifest_of(tmp_path / "ds")
+    assert m["num_samples"] == 2 and m["label_names"] == ["cat", "dog"]
