@@ -27,6 +27,8 @@ it, so those batches may be kept for as long as the caller likes.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -103,7 +105,34 @@ def active_ring() -> SlabRing | None:
 def _new_storage(num_bytes: int, shared: bool) -> torch.UntypedStorage:
     if shared:
         return torch.UntypedStorage._new_shared(num_bytes)
-    return torch.UntypedStorage(num_bytes)
+    return huge_pages(torch.UntypedStorage(num_bytes))
+
+
+_HUGE_PAGE = 2 << 20
+_madvise: Any = None
+
+
+def huge_pages(storage: torch.UntypedStorage) -> torch.UntypedStorage:
+    """Ask for transparent huge pages on a fresh, not yet written, long-lived storage of at least a
+    few MB (a pooled batch buffer): its first writes then fault ~15 times for 27 MB instead of ~7,000
+    (4 ms instead of 16 here). Linux with THP in "madvise" or "always" mode; elsewhere nothing."""
+    global _madvise
+    if storage.nbytes() < 2 * _HUGE_PAGE or not sys.platform.startswith("linux"):
+        return storage
+    if _madvise is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).madvise
+            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+            _madvise = fn
+        except (OSError, AttributeError):
+            _madvise = False
+    if _madvise:
+        start = storage.data_ptr()
+        first = -(-start // _HUGE_PAGE) * _HUGE_PAGE  # whole huge pages inside the storage only
+        last = (start + storage.nbytes()) // _HUGE_PAGE * _HUGE_PAGE
+        if last > first:
+            _madvise(first, last - first, 14)  # MADV_HUGEPAGE; a refusal (EINVAL: no THP) changes nothing
+    return storage
 
 
 def _fresh(num_bytes: int, shared: bool) -> torch.Tensor:
@@ -139,7 +168,7 @@ class StoragePool:
             else:
                 if free:  # too small: a larger one takes the smallest free one's place
                     self._storages.pop(min(free, key=lambda i: self._storages[i].nbytes()))
-                storage = torch.UntypedStorage(max(MIN_SLAB_BYTES, int(num_bytes * GROWTH)))
+                storage = huge_pages(torch.UntypedStorage(max(MIN_SLAB_BYTES, int(num_bytes * GROWTH))))
                 if len(self._storages) < self.max_storages:
                     self._storages.append(storage)
             # Under the lock: the tensor's reference marks the storage taken for the other threads.
