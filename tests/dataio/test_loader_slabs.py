@@ -131,3 +131,16 @@ def test_the_storage_pool_never_hands_out_what_someone_still_holds():
     del kept
     pool.release()  # what nobody holds goes; `again` is still held
     assert pool.num_storages == 1 and pool.allocate(10).data_ptr() != again.data_ptr()
+
+
+def test_huge_pages_keeps_the_storage_as_it_is():
+    import torch
+
+    from dataio.loader.slabs import huge_pages
+
+    for num_bytes in (100, 9 << 20):  # below and above the huge-page size
+        storage = torch.UntypedStorage(num_bytes)
+        assert huge_pages(storage) is storage and storage.nbytes() == num_bytes
+        t = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (num_bytes,))
+        t.fill_(7)
+        assert int(t.sum()) == 7 * num_bytes
