@@ -24,6 +24,7 @@ from dataio.decode.images import (
     JPEG_MAGIC,
     check_pixels,
     jpeg_header,
+    pil_pixel_limit,
 )
 from dataio.decode.transforms import CropBox, center_crop, jpeg_scale_denom, random_resized_crop
 from dataio.errors import CorruptSampleError, ImageTooLargeError
@@ -191,7 +192,8 @@ class CpuDecoder:
 
     def _via_pil(self, data: bytes, seed: int, key: str, url: str) -> tuple[np.ndarray, bool]:
         try:
-            img = Image.open(io.BytesIO(data))
+            with pil_pixel_limit(self.config.max_pixels):  # a raised limit is ours to enforce, not PIL's
+                img = Image.open(io.BytesIO(data))
         except Image.DecompressionBombError:
             raise _too_large(url, key, "more pixels than PIL's own limit") from None
         except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data

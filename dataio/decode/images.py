@@ -7,9 +7,12 @@ how large the image claims to be.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
+import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,29 @@ _JPEG_MODES = {"YCbCr": "RGB", "RGB": "RGB", "Gray": "L", "CMYK": "CMYK", "YCCK"
 # PNG IHDR colour type -> PIL's mode at 8 bits; 16-bit images get their own names (not 8-bit RGB).
 _PNG_MODES = {0: "L", 2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
 _PNG_MODES_16 = {0: "I;16", 2: "RGB;16", 4: "LA;16", 6: "RGBA;16"}
+
+
+_PIL_LIMIT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def pil_pixel_limit(max_pixels: int) -> Iterator[None]:
+    """PIL's own bomb check (Image.open refuses above twice Image.MAX_IMAGE_PIXELS) raised to
+    `max_pixels` while inside, so a limit raised above PIL's default is ours to enforce, not PIL's.
+
+    Below PIL's threshold nothing changes (ours fires first). Above it the change is process-wide,
+    so holders take a lock, and the old value comes back on exit."""
+    if max_pixels <= DEFAULT_MAX_PIXELS:
+        yield
+        return
+    with _PIL_LIMIT_LOCK:
+        old = Image.MAX_IMAGE_PIXELS
+        if old is not None and old < max_pixels:
+            Image.MAX_IMAGE_PIXELS = max_pixels  # PIL warns above this and refuses above twice it
+        try:
+            yield
+        finally:
+            Image.MAX_IMAGE_PIXELS = old
 
 
 def order_image_fields(names: Any) -> tuple[str, ...]:
@@ -105,14 +131,14 @@ def probe(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = "", k
         with warnings.catch_warnings():
             # PIL's warning threshold is its own global; our max_pixels decides below.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
+            with pil_pixel_limit(max_pixels), Image.open(io.BytesIO(data)) as img:
                 width, height = img.size
                 fmt = (img.format or "").lower()
     except Image.DecompressionBombError:
         raise ImageTooLargeError(
-            f"{url}: sample {key!r}: image exceeds twice PIL's pixel limit (Image.MAX_IMAGE_PIXELS); "
-            "refusing to decode (decompression bomb?)",
-            url=url, key=key,
+            f"{url}: sample {key!r}: image declares more than twice the pixel limit of {max_pixels} "
+            "(decompression bomb?); refusing to decode it; raise max_pixels (--max-pixels) only if you "
+            "trust this data", url=url, key=key,
         ) from None
     except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
         raise CorruptSampleError(
@@ -144,7 +170,7 @@ def validate(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = ""
     if fmt == "jpeg" and _jpeg_decodes(data):
         return fmt, width, height
     try:  # PIL is the judge: formats and JPEG variants simplejpeg does not take (CMYK, ...)
-        with Image.open(io.BytesIO(data)) as img:
+        with pil_pixel_limit(max_pixels), Image.open(io.BytesIO(data)) as img:
             img.load()
     except Exception as exc:  # noqa: BLE001
         raise CorruptSampleError(
@@ -203,7 +229,7 @@ def downscale(data: bytes, max_side: int, *, max_pixels: int = DEFAULT_MAX_PIXEL
     scale = max_side / max(width, height)
     size = (max(1, round(width * scale)), max(1, round(height * scale)))
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with pil_pixel_limit(max_pixels), Image.open(io.BytesIO(data)) as img:
             img.draft("RGB", size)  # JPEG: decode at a reduced DCT scale first
             out = img.convert("RGB" if ext == "jpg" else img.mode).resize(size, Image.Resampling.LANCZOS)
     except Exception as exc:  # noqa: BLE001

@@ -111,3 +111,26 @@ def test_a_limit_above_pils_own_warning_threshold_is_honoured():
     assert probe(data, max_pixels=200_000_000)[1:] == (10_000, 10_000)
     with pytest.raises(ImageTooLargeError, match="exceeds the limit"):
         probe(data, max_pixels=50_000_000)
+
+
+def _gif_screen(width: int, height: int) -> bytes:
+    """A GIF whose logical screen is width x height, holding one 1x1 image: tiny bytes, huge header."""
+    screen = b"GIF89a" + struct.pack("<HHBBB", width, height, 0x80, 0, 0) + b"\x00\x00\x00\xff\xff\xff"
+    return screen + b"," + struct.pack("<HHHHB", 0, 0, 1, 1, 0) + b"\x02\x02\x44\x01\x00;"
+
+
+def test_a_limit_above_twice_pils_own_is_honoured_by_writer_and_decoder():
+    from dataio.decode.cpu import CpuDecoder, DecodeConfig
+
+    # 15000 x 15000 = 225M pixels: past PIL's hard error (2 x 89.5M), which refused it even when
+    # max_pixels allowed it (PIL reads a GIF's size itself: no fast header path).
+    data = _gif_screen(15_000, 15_000)
+    with pytest.raises(ImageTooLargeError, match="limit of 89478485"):
+        probe(data, url=URL, key=KEY)
+    assert probe(data, max_pixels=300_000_000) == ("gif", 15_000, 15_000)
+    assert validate(data, max_pixels=300_000_000)[1:] == (15_000, 15_000)
+    with pytest.raises(ImageTooLargeError):
+        CpuDecoder(DecodeConfig(size=8)).decode(data, seed=0, key=KEY, url=URL)
+    out = CpuDecoder(DecodeConfig(size=8, max_pixels=300_000_000)).decode(data, seed=0, key=KEY, url=URL)
+    assert out.shape[-2:] == (8, 8)
+    assert Image.MAX_IMAGE_PIXELS == DEFAULT_MAX_PIXELS  # PIL's global is given back
