@@ -48,6 +48,7 @@ class FirstBatch:
         self._state: PlanState | None = None
         self._stream: WorkerStream | None = None  # slot 0's stream from _state, batch 0 only
         self.made = 0  # first batches made here so far
+        self._sender: _InThread | None = None  # the thread sending the workers' tickets, the last one started
 
     def head(self, state: PlanState) -> int:
         """Batches the main process makes at the start of an iteration from `state`: 1 when slot
@@ -73,21 +74,27 @@ class FirstBatch:
             if not stream.finished:  # it raised (a corrupt sample): stop its reads here
                 stream.close()
 
-    def then_workers(self, start: PlanState, head: int, dataloader: Any, *, pin_memory: bool) -> Iterator[Any]:
+    def then_workers(self, start: PlanState, head: int, dataloader: Any, *, pin_memory: bool,
+                     is_current: Callable[[], bool]) -> Iterator[Any]:
         """The iteration's first batch made here with every core, then the workers' batches.
 
         The workers get their tickets only once it is made, from a thread so that the first batch
         does not wait for them: torch's DataLoader waits until every worker is up (milliseconds
-        after a fork, seconds after a spawn) before it sends any ticket.
+        after a fork, seconds after a spawn) before it sends any ticket. `is_current()` is False
+        once the loader has started a newer iteration, which took the DataLoader over.
         """
         first = self.make(start)
-        sender = _InThread(lambda: iter(dataloader))
+        if self._sender is not None:  # an earlier iteration left unfinished, its tickets maybe still going out
+            self._sender.join()
+        sender = self._sender = _InThread(lambda: iter(dataloader))
         try:
             yield _pinned(first) if pin_memory else first
         except GeneratorExit:  # the caller left after the first batch
             sender.join()  # the DataLoader iterator is used by one thread at a time
             raise
         batches = sender.result()
+        if not is_current():
+            raise RuntimeError("this loader started a newer iteration; an old iterator cannot continue")
         for _ in range(head):
             next(batches)  # worker 0's None for the batch made here
         yield from batches
@@ -105,6 +112,8 @@ class FirstBatch:
 
     def close(self) -> None:
         """Stop the stream's reads (a bet on a state the iteration did not start from)."""
+        if self._sender is not None:
+            self._sender.join()
         if self._stream is not None:
             self._stream.close()
         self._state, self._stream = None, None

@@ -308,7 +308,9 @@ class ShardLoader:
             batches = self._threads.iterate(self._token, start, steps, lambda: sampler.released_below)
             return self._deliver(batches, self._token, steps)
         if head:
-            first = self._first.then_workers(start, head, self._get_dataloader(), pin_memory=self.config.pin_memory)
+            token = self._token
+            first = self._first.then_workers(start, head, self._get_dataloader(), pin_memory=self.config.pin_memory,
+                                             is_current=lambda: token == self._token)
             return self._deliver(first, self._token, steps)
         return self._deliver(self._get_dataloader(), self._token, steps)
 

@@ -128,3 +128,16 @@ def test_spawned_workers_take_over_after_the_first_batch(dataset) -> None:
     spawned, made = summaries(dataset, epochs=1, multiprocessing_context="spawn", **options)
     forked, _ = summaries(dataset, epochs=1, early_start=False, **options)
     assert spawned == forked and made == 1
+
+
+def test_a_new_iteration_while_an_old_one_holds_its_first_batch(dataset) -> None:
+    """An iterator left open after its first batch (not closed) and a new iteration started."""
+    options = dict(batch_size=4, tail="pad", num_workers=2)
+    full, _ = summaries(dataset, epochs=1, **options)
+    with make_loader(dataset, image_size=8, **options) as loader:
+        old = iter(loader)
+        first = batch_summary(next(old))
+        rest = [batch_summary(b) for b in loader]  # continues after the one batch delivered
+        with pytest.raises(RuntimeError, match="newer iteration"):
+            next(old)
+    assert [first, *rest] == full[0]
