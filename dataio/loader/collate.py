@@ -22,6 +22,7 @@ from dataio.decode.images import pick_image
 from dataio.errors import CorruptSampleError
 from dataio.loader.fields import (
     FieldError,
+    batch_fields,
     collate_values,
     field_kinds,
     kind_of,
@@ -113,6 +114,7 @@ def label_of(sample: dict[str, Any], field: str = LABEL_FIELD) -> int:
 def default_collate(
     samples: Sequence[dict[str, Any]], *, images: torch.Tensor | None,
     image_fields: tuple[str, ...] = (), kinds: dict[str, str] | None = None, label: str = LABEL_FIELD,
+    expected: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Keys, labels, the decoded images (N, 3, H, W), and every other field as its kind's column
     (see dataio.loader.fields): a field some samples lack is None (empty bytes) for them.
@@ -126,7 +128,8 @@ def default_collate(
     }
     if images is not None:
         batch["image"] = images
-    names = dict.fromkeys(k for s in samples for k in s if k not in _META_KEYS and k != label)
+    # `expected` (fields.batch_fields): a field no sample of this batch holds is still a column
+    names = dict.fromkeys([*(k for s in samples for k in s if k not in _META_KEYS and k != label), *expected])
     for name in names:
         if images is not None and name in image_fields:
             continue  # decoded: the bytes stay in the worker
@@ -191,8 +194,10 @@ def assemble(
             samples = [{**s, "image": images[i]} for i, s in enumerate(samples)]
         batch = job.collate([as_bytes(s) for s in samples])
     else:
+        expected = () if job.mixture is not None else batch_fields(job.manifest, job.fields, job.image_fields,
+                                                                    decoded=job.decode is not None)
         batch = default_collate(samples, images=images, image_fields=job.image_fields,
-                                kinds=kinds, label=label)
+                                kinds=kinds, label=label, expected=expected)
     if isinstance(batch, dict):
         ids = [int(s["__id__"]) for s in samples]
         if job.mixture is not None:  # each sample's source index (substitutes included), from its id

@@ -35,6 +35,16 @@ def label_field(manifest: Manifest) -> str:
     return "label" if "cls" not in types and types.get("label") == "int" else "cls"
 
 
+def batch_fields(manifest: Manifest, fields: tuple[str, ...] | None, image_fields: tuple[str, ...],
+                 decoded: bool) -> tuple[str, ...]:
+    """The fields every default batch of one dataset carries, whether or not its samples hold them
+    (a batch whose samples all lack one gets None / empty items, never a missing key): the read
+    fields but the label, and the image fields too unless images are decoded."""
+    label = label_field(manifest)
+    return tuple(f.name for f in manifest.fields if (fields is None or f.name in fields) and f.name != label
+                 and not (decoded and f.name in image_fields))
+
+
 def kind_of(name: str, field_type: str | None) -> str:
     """How a field reaches the batch, from its manifest type, else its (WebDataset) extension."""
     if field_type == "image":

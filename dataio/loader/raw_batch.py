@@ -31,6 +31,7 @@ from dataio.loader.collate import (
 )
 from dataio.loader.fields import (
     FieldError,
+    batch_fields,
     collate_values,
     field_kinds,
     kind_of,
@@ -139,7 +140,12 @@ class BatchBuilder:
                 return self._general(items, exts, offsets, sizes, ranks, ids, mask, number, read_s)
             batch[name] = collate_values(kind, values, pack_bytes)
         mixture = self.owner.job.mixture
-        if mixture is None:
+        if mixture is None:  # a field no sample of this batch holds is still a column (as in collate)
+            job = self.owner.job
+            for name in batch_fields(self.manifest, job.fields, job.image_fields, decoded=job.decode is not None):
+                if name not in batch:
+                    kind = self.kinds.get(name) or kind_of(name, None)
+                    batch[name] = collate_values(kind, [None] * len(ids), pack_bytes)
             batch["__shard__"], batch["__position__"] = shard_positions(self.manifest, ids)
         else:  # each sample's source, and where it lies in that source, from its global id
             source, shard, position = mixture.sources_of(ids)

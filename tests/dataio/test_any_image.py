@@ -152,3 +152,23 @@ def test_bad_json_names_the_key_or_is_skipped(tmp_path) -> None:
     for decode in ("cpu", None):
         (batch,) = one_epoch(store.raw_url, batch_size=4, image_size=8, decode=decode, on_corrupt="skip")
         assert batch["mask"].sum() == 3 and "k1" not in batch["__key__"] and batch["json"] == [{}] * 4
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_every_batch_carries_every_field_even_when_its_samples_lack_it(tmp_path, num_workers) -> None:
+    # A field only some samples hold was missing from the batches whose samples all lacked it:
+    # batch["json"] raised KeyError mid-epoch (tar and Parquet, RAW and decoded, alike).
+    jpg, png = IMAGES["jpeg_rgb"][1], IMAGES["png_rgba"][1]
+    samples = [(f"k{i}", [("jpg" if i % 4 else "png", jpg if i % 4 else png), ("cls", b"1")]
+                + ([("json", b'{"i": 0}')] if i == 0 else [])) for i in range(8)]
+    store = Store(str(tmp_path / "ds"))
+    write_members(store, [samples], (Field(name="jpg", type="image"), Field(name="png", type="image"),
+                                     Field(name="cls", type="int"), Field(name="json", type="json")))
+    for decode in (None, "cpu", "dali"):
+        batches = one_epoch(store.raw_url, batch_size=2, image_size=8, decode=decode, num_workers=num_workers)
+        assert len(batches) == 4
+        for batch in batches:
+            assert batch["json"] == ([{"i": 0}, None] if "k0" in batch["__key__"] else [None, None])
+            if decode is None:
+                assert isinstance(batch["jpg"], PackedBytes) and isinstance(batch["png"], PackedBytes)
+                assert batch["png"].to_list() == [png if k in ("k0", "k4") else b"" for k in batch["__key__"]]
