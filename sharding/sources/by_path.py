@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from dataio.errors import ShardifyError
 from dataio.storage.store import Store, redact
 from sharding.sources.base import (
     IMAGE_EXT_SET,
@@ -59,7 +60,7 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
                 raise SourceError(f"{path}: not a table ({', '.join(TABLE_EXTS)}) nor a .tar shard")
             return open_table(path, image_column=image_column, label_column=label_column, key_column=key_column,
                               key=key, storage=storage, label_names=label_names)
-        if os.path.isfile(os.path.join(path, "manifest.json")):
+        if _is_dataset(Store(path, storage)):
             return open_dataset(Store(path, storage), shown)
         tars = sorted(e.name for e in os.scandir(path) if e.is_file() and e.name.endswith(".tar"))
         if tars:
@@ -76,7 +77,7 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
         return open_table(src, image_column=image_column, label_column=label_column, key_column=key_column,
                           key=key, storage=storage, label_names=label_names)
     store = Store(src, storage)
-    if store.exists("manifest.json"):
+    if _is_dataset(store):
         return open_dataset(store, shown)
     listed = store.list()
     tars = [n for n in listed if n.endswith(".tar") and "/" not in n]
@@ -90,6 +91,18 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
                           label_column=label_column, key_column=key_column, key=key, storage=storage,
                           description=shown, label_names=label_names)
     return open_folder(src, key=key, storage=storage, label_names=label_names)  # ROOT/CLASS/IMAGE in object storage
+
+
+def _is_dataset(store: Store) -> bool:
+    """A shardify dataset: its manifest.json names itself so (another tool's manifest.json beside a
+    folder's images or tables does not make the folder a dataset)."""
+    if not store.exists("manifest.json"):
+        return False
+    try:
+        head = store.read("manifest.json", 0, min(store.size("manifest.json"), 4096))  # the version key comes first
+    except ShardifyError:
+        return True  # unreadable: open_dataset says why
+    return b'"shardify_manifest"' in bytes(head)
 
 
 COMPRESSED_TAR_EXTS = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")

@@ -196,3 +196,11 @@ def test_table_made_on_windows_with_bom_crlf_and_backslashes(tmp_path: Path) -> 
     assert run("write", tmp_path / "t" / "win.csv", tmp_path / "ds", "--quiet") == 0
     m = manifest_of(tmp_path / "ds")
     assert m["num_samples"] == 2 and m["label_names"] == ["cat", "dog"]
+
+
+def test_another_tools_manifest_json_does_not_make_a_folder_a_dataset(image_folder: Path, tmp_path: Path) -> None:
+    (image_folder / "manifest.json").write_text('{"name": "my photos", "version": 2}')  # was "not a shardify manifest"
+    assert run("write", image_folder, tmp_path / "ds", "--quiet") == 0
+    assert manifest_of(tmp_path / "ds")["num_samples"] == 24
+    assert run("write", tmp_path / "ds", tmp_path / "again", "--quiet") == 0  # a real dataset still re-shards
+    assert manifest_of(tmp_path / "again")["num_samples"] == 24
