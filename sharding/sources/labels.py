@@ -7,6 +7,7 @@ stored as 4).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -48,7 +49,15 @@ def read_label_names(text: str) -> tuple[str, ...]:
 
 def to_labels(values: Sequence[Any], where: str, column: str,
               names: Sequence[str] | None = None) -> tuple[list[int | None], tuple[str, ...] | None]:
-    """Integer labels, and the label names if the column held names (or `names` was given)."""
+    """Integer labels, and the label names if the column held names (or `names` was given).
+
+    A missing label (null, or NaN: how pandas writes a missing value) is None."""
+    values = [None if isinstance(v, float) and math.isnan(v) else v for v in values]
+    bad = next(((row, v) for row, v in enumerate(values)
+                if isinstance(v, float) and not v.is_integer()), None)
+    if bad is not None:
+        raise SourceError(f"{where} row {bad[0]}: label {bad[1]!r} in column {column!r} is not a whole number; "
+                          "labels are class numbers (0, 1, ...) or class names")
     if names is not None:
         return _by_names(values, where, column, tuple(names)), tuple(names)
     present = [(row, v) for row, v in enumerate(values) if v is not None]

@@ -204,3 +204,20 @@ def test_another_tools_manifest_json_does_not_make_a_folder_a_dataset(image_fold
     assert manifest_of(tmp_path / "ds")["num_samples"] == 24
     assert run("write", tmp_path / "ds", tmp_path / "again", "--quiet") == 0  # a real dataset still re-shards
     assert manifest_of(tmp_path / "again")["num_samples"] == 24
+
+
+def test_pandas_style_label_columns_nan_is_missing_and_fractions_are_refused(tmp_path: Path, capsys) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sharding.sources.labels import to_labels
+
+    jpg = _jpeg(1)
+    # pandas writes integer labels with a gap as float64 with NaN: was "mixes integer labels with other strings"
+    pq.write_table(pa.table({"image": [jpg, jpg, jpg], "label": [0.0, float("nan"), 1.0]}), tmp_path / "t.parquet")
+    assert run("write", tmp_path / "t.parquet", tmp_path / "ds", "--quiet") == 0
+    assert "1 sample(s) have no label" in capsys.readouterr().out
+    assert to_labels(["cat", float("nan"), "dog"], "t", "label") == ([0, None, 1], ("cat", "dog"))  # not a class 'nan'
+    pq.write_table(pa.table({"image": [jpg, jpg], "label": [0.0, 1.5]}), tmp_path / "f.parquet")
+    err = _fails(capsys, "write", tmp_path / "f.parquet", tmp_path / "ds2", "--quiet")
+    assert "f.parquet row 1" in err and "1.5" in err and "not a whole number" in err
