@@ -27,6 +27,7 @@ HISTORY = 64  # recent latencies kept per size class
 SMALL_BYTES = 64 << 10  # reads up to this size cost about one round trip: scaled as this size
 CROWD = 8  # late reads wait longer while more than 2 of them, and 1 in CROWD of the reads in flight, are late
 TAIL_QUANTILE = 0.9  # a read is not hedged before this quantile of its size class's recent latencies
+RECHECK_S = 0.1  # a waiting read's hedge time is computed again at least this often
 NEAR = 4  # reads within this factor of a size estimate its time when its own class has too few
 LARGE_BYTES = 16 << 20  # reads from this size on (a reader's largest pieces) get the whole floor_ms
 
@@ -308,8 +309,9 @@ class Hedger:
             at = self._hedge_at(size, start)
             now = time.perf_counter()
             # Until some read has finished, or once past the hedge time but not a straggler yet,
-            # look again every 50 ms.
-            timeout = 0.05 if at is None or now >= at else at - now
+            # look again every 50 ms; before it, at least every RECHECK_S: the first reads of a
+            # process start under the cold prior, and the history that arrives meanwhile lowers it.
+            timeout = 0.05 if at is None or now >= at else min(at - now, RECHECK_S)
             done, _ = wait([first], timeout=timeout)
             if done:
                 return False  # _record (or, if it failed, call) marks the client ready

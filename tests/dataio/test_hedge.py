@@ -218,3 +218,22 @@ def test_one_hedger_per_store_and_policy_in_a_process():
     assert shared_hedger("test|shared", policy) is not shared_hedger("test|other", policy)
     assert shared_hedger("test|shared", HedgePolicy(k=4)) is not shared_hedger("test|shared", policy)
     assert shared_hedger("test|shared", HedgePolicy(k=4)).history is shared_hedger("test|shared", policy).history
+
+
+def test_a_read_started_under_the_cold_prior_is_hedged_once_history_arrives():
+    # The first reads of a process start with no history (threshold cold_ms); the reads that finish
+    # meanwhile lower the threshold, and a waiting straggler is hedged then, not at cold_ms.
+    hedger = Hedger(HedgePolicy(k=3, floor_ms=20, small_floor_ms=20, min_history=2, cold_ms=5000))
+    hedger._record(100, 0.01)  # the client is ready; one read so far
+    hedger.history.recent.clear()
+    hedger.history.by_class.clear()
+    fn, _ = _reads({0: 3.0})  # the first read stalls 3 s
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        stalled = pool.submit(hedger.call, fn, 100)
+        time.sleep(0.2)
+        for _ in range(3):
+            hedger._record(100, 0.01)  # other reads finish in 10 ms: the threshold drops to 30 ms
+        assert stalled.result(timeout=2.5) == 1  # hedged well before cold_ms (5 s), the hedge won
+    assert hedger.stats.hedged == 1
