@@ -247,6 +247,12 @@ def _write(args: argparse.Namespace) -> int:
         print(f"note: left out {sum(ignored.values())} file(s) that are not images by their extension: "
               + ", ".join(f"{ext} x{n}" for ext, n in sorted(ignored.items(), key=lambda kv: -kv[1])[:8])
               + f" (images: {', '.join(sorted(IMAGE_EXT_SET))}); convert the ones you need")
+    if ignored is not None and source.label_names:  # an image folder: a class without images keeps its number
+        used = {r.label for r in source.refs}
+        empty = [n for i, n in enumerate(source.label_names) if i not in used]
+        if empty:
+            print(f"note: class folder(s) {empty[:5]} hold no images; their labels are kept (numbered among the "
+                  "sorted class names) with no samples")
     columns = getattr(source, "extra_columns", None)
     if columns is not None and not source.has_labels:  # a table: its label column may have another name
         print(f"note: no label column (none named label, cls, class, target or category); the samples are "

@@ -221,3 +221,11 @@ def test_pandas_style_label_columns_nan_is_missing_and_fractions_are_refused(tmp
     pq.write_table(pa.table({"image": [jpg, jpg], "label": [0.0, 1.5]}), tmp_path / "f.parquet")
     err = _fails(capsys, "write", tmp_path / "f.parquet", tmp_path / "ds2", "--quiet")
     assert "f.parquet row 1" in err and "1.5" in err and "not a whole number" in err
+
+
+def test_an_empty_class_folder_is_said_and_keeps_its_number(tmp_path: Path, capsys) -> None:
+    src = make_image_folder(tmp_path / "src", per_class=2, classes=("a", "c"))
+    (src / "b").mkdir()
+    assert run("write", src, tmp_path / "ds", "--quiet") == 0
+    assert "['b'] hold no images" in capsys.readouterr().out
+    assert manifest_of(tmp_path / "ds")["label_names"] == ["a", "b", "c"]
