@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dataio import forksafe
 from dataio.errors import ShardFormatError
 from dataio.format.checksums import FIX, bad_chunk
 from dataio.format.manifest import Manifest
@@ -138,7 +139,8 @@ class ParquetReader:
                 raise ShardFormatError(f"{url}: Parquet footer length {need} exceeds the file; rewrite the dataset")
             tail = self.store.read(rel, size - need, size)
         try:
-            md = pq.ParquetFile(SparseFile(size, [(size - len(tail), tail)], url=url)).metadata
+            with forksafe.busy():
+                md = pq.ParquetFile(SparseFile(size, [(size - len(tail), tail)], url=url)).metadata
         except (pa.ArrowException, OSError) as exc:
             raise ShardFormatError(f"{url}: unreadable Parquet footer ({exc}); rewrite the dataset") from None
         groups = tuple(md.row_group(g).num_rows for g in range(md.num_row_groups))
@@ -284,7 +286,8 @@ class ParquetReader:
         """', keys K1..K2' of a row group when its (fetched, intact) key column decodes, else ''."""
         try:
             source = SparseFile(self.manifest.shard_num_bytes[seg.shard], chunks)
-            keys = pq.ParquetFile(source, metadata=md).read_row_group(group, columns=["__key__"]).column(0)
+            with forksafe.busy():
+                keys = pq.ParquetFile(source, metadata=md).read_row_group(group, columns=["__key__"]).column(0)
             return f", keys {keys[0].as_py()!r}..{keys[len(keys) - 1].as_py()!r}"
         except (pa.ArrowException, OSError, KeyError, IndexError, ValueError):
             return ""
@@ -299,8 +302,10 @@ class ParquetReader:
             return []
         source = SparseFile(self.manifest.shard_num_bytes[seg.shard], payload.chunks, url=url)
         try:
-            pf = pq.ParquetFile(source, metadata=payload.metadata)
-            table = pf.read_row_groups(list(payload.groups), columns=self.projected_columns(payload.metadata), use_threads=False)
+            with forksafe.busy():
+                pf = pq.ParquetFile(source, metadata=payload.metadata)
+                table = pf.read_row_groups(list(payload.groups), columns=self.projected_columns(payload.metadata),
+                                           use_threads=False)
         except (pa.ArrowException, OSError) as exc:
             raise ShardFormatError(f"{url}: cannot decode row groups {list(payload.groups)} ({exc}); rewrite the dataset") from None
         table = table.slice(seg.start - payload.first_row, seg.stop - seg.start)

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dataio import forksafe
 from dataio.readers.base import SizedRawFile
 from dataio.readers.page_check import PageCheck
 
@@ -105,13 +106,15 @@ class SliceStreams:
         with self._lock:
             stream = self._open.pop((shard, group), None)
         if stream is None or stream.next_row > start:
-            pf = pq.ParquetFile(open_file(), metadata=metadata, buffer_size=PAGE_BUFFER_BYTES, pre_buffer=False)
-            stream = _Stream(pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns,
-                                             use_threads=False), 0)
+            with forksafe.busy():
+                pf = pq.ParquetFile(open_file(), metadata=metadata, buffer_size=PAGE_BUFFER_BYTES, pre_buffer=False)
+                stream = _Stream(pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns,
+                                                 use_threads=False), 0)
         pieces = []
         row = stream.next_row
         while row < stop:
-            batch = stream.pending if stream.pending is not None else next(stream.batches, None)
+            with forksafe.busy():
+                batch = stream.pending if stream.pending is not None else next(stream.batches, None)
             stream.pending = None
             if batch is None:
                 break
