@@ -128,7 +128,8 @@ class S3Server(_Endpoint):
         if port is not None and not 1024 <= port <= _MAX_PORT - len(_PORT_NAMES):
             raise ValueError(f"port must be in 1024..{_MAX_PORT - len(_PORT_NAMES)} (gRPC takes port+10000)")
         self.key = key or f"shardify{secrets.token_hex(6)}"
-        self.secret = secret or secrets.token_urlsafe(24)
+        # A secret never starts with "-": passed as `--secret-key VALUE`, argparse would take it for an option.
+        self.secret = secret or "s" + secrets.token_urlsafe(24)
         self._want_port = port
         self._data_dir = data_dir
         self._startup_timeout_s = startup_timeout_s
