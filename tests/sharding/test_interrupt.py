@@ -78,33 +78,12 @@ def test_kill_9_leaves_no_manifest_and_no_partial_shard(big_folder: Path, tmp_pa
     assert run("write", big_folder, dest, "--overwrite", "--quiet", "--max-samples-per-shard", 400) == 0
 
 
-def test_ctrl_c_leaves_no_manifest(big_folder: Path, tmp_path: Path) -> None:
-    dest = tmp_path / "ds"
-    proc = _start_write(big_folder, dest)
+def _ctrl_c(src: Path, dest: Path, *, after_shards: int, delay_s: float = 0.0) -> tuple[int, bytes]:
+    """Start a write, wait for `after_shards` shards (and `delay_s`), send SIGINT to the whole process
+    group as a terminal does on Ctrl-C; (exit code, stderr) once it and its workers are gone."""
+    proc = _start_write(src, dest)
     try:
-        _wait_for_shards(proc, dest, 3)
-        workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole group
-        _, err = proc.communicate(timeout=30)
-        _wait_gone(workers)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    assert proc.returncode == 130
-    assert b"interrupted" in err and b"Traceback" not in err
-    _assert_no_partial_dataset(dest)
-
-
-
-@pytest.mark.parametrize("delay_s", [0.0, 0.05, 0.2])
-def test_ctrl_c_at_any_moment_exits_130_without_a_traceback(big_folder: Path, tmp_path: Path, delay_s: float) -> None:
-    # The moment matters: a worker may be closing a generator (a finalizer swallows exceptions) or
-    # just forked; only the main process decides, and no "Exception ignored" traceback is printed.
-    dest = tmp_path / "ds"
-    proc = _start_write(big_folder, dest)
-    try:
-        _wait_for_shards(proc, dest, 1)
+        _wait_for_shards(proc, dest, after_shards)
         time.sleep(delay_s)
         workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
         os.killpg(proc.pid, signal.SIGINT)
@@ -114,9 +93,24 @@ def test_ctrl_c_at_any_moment_exits_130_without_a_traceback(big_folder: Path, tm
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-    assert proc.returncode == 130, err.decode()
+    return proc.returncode, err
+
+
+def test_ctrl_c_leaves_no_manifest(big_folder: Path, tmp_path: Path) -> None:
+    code, err = _ctrl_c(big_folder, tmp_path / "ds", after_shards=3)
+    assert code == 130
+    assert b"interrupted" in err and b"Traceback" not in err
+    _assert_no_partial_dataset(tmp_path / "ds")
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.05, 0.2])
+def test_ctrl_c_at_any_moment_exits_130_without_a_traceback(big_folder: Path, tmp_path: Path, delay_s: float) -> None:
+    # The moment matters: a worker may be closing a generator (a finalizer swallows exceptions) or
+    # just forked; only the main process decides, and no "Exception ignored" traceback is printed.
+    code, err = _ctrl_c(big_folder, tmp_path / "ds", after_shards=1, delay_s=delay_s)
+    assert code == 130, err.decode()
     assert b"interrupted" in err and b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
-    _assert_no_partial_dataset(dest)
+    _assert_no_partial_dataset(tmp_path / "ds")
 
 
 def test_sigint_to_the_workers_alone_is_ignored(tmp_path: Path) -> None:
