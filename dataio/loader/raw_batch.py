@@ -112,7 +112,7 @@ class BatchBuilder:
     def build(self, parts: Sequence[Part], number: int) -> dict[str, Any]:
         exts = tuple(dict.fromkeys(e for p in parts for e in p.exts))
         # Every part aligned on the union of fields: [F, B] arrays, and each sample's part.
-        offsets, sizes, ranks = (np.concatenate([_aligned(p, getattr(p, name), exts) for p in parts], axis=1)
+        offsets, sizes, ranks = (np.concatenate([aligned_fields(p, getattr(p, name), exts) for p in parts], axis=1)
                                  for name in ("offsets", "sizes", "ranks"))
         owner_of = np.concatenate([np.full(len(p.ids), i, dtype=np.int64) for i, p in enumerate(parts)])
         ids, mask = np.concatenate([p.ids for p in parts]), np.concatenate([p.mask for p in parts])
@@ -225,8 +225,9 @@ class _Items:
         return PackedBytes(data, torch.from_numpy(out_offsets))
 
 
-def _aligned(part: Part, values: np.ndarray, exts: tuple[str, ...]) -> np.ndarray:
-    """values ([len(part.exts), k]) on the rows of `exts`, -1 for fields the part lacks."""
+def aligned_fields(part: Any, values: np.ndarray, exts: tuple[str, ...]) -> np.ndarray:
+    """values ([len(part.exts), k]) on the rows of `exts`, -1 for fields the part lacks (a Part, or
+    raw_direct's rows: anything with `exts`)."""
     if part.exts == exts:
         return values
     out = np.full((len(exts), values.shape[1]), -1, dtype=np.int64)

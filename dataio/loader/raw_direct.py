@@ -31,7 +31,7 @@ import xxhash
 
 from dataio.batch import PackedBytes
 from dataio.loader.collate import _new_uint8
-from dataio.loader.raw_batch import Part
+from dataio.loader.raw_batch import Part, aligned_fields
 from dataio.readers.tar_raw import read_span_into
 
 MAX_OPEN_FILES = 32  # per stream: a window spans a few shards
@@ -79,7 +79,7 @@ class Rows:
         if len(parts) == 1:
             return parts[0]
         exts = tuple(dict.fromkeys(e for p in parts for e in p.exts))
-        aligned = {name: np.concatenate([_aligned(p, getattr(p, name), exts) for p in parts], axis=1)
+        aligned = {name: np.concatenate([aligned_fields(p, getattr(p, name), exts) for p in parts], axis=1)
                    for name in ("offsets", "sizes", "ranks")}
         flat = {name: np.concatenate([getattr(p, name) for p in parts])
                 for name in ("keys", "ids", "mask", "shards", "positions", "starts", "ends", "sums", "checked")}
@@ -287,12 +287,3 @@ def _matches(iov: list[memoryview], want: int) -> bool:
     for v in iov:
         h.update(v)
     return h.intdigest() == want
-
-
-def _aligned(rows: Rows, values: np.ndarray, exts: tuple[str, ...]) -> np.ndarray:
-    if rows.exts == exts:
-        return values
-    out = np.full((len(exts), values.shape[1]), -1, dtype=np.int64)
-    for f, ext in enumerate(rows.exts):
-        out[exts.index(ext)] = values[f]
-    return out

@@ -27,6 +27,7 @@ from dataio.plan.mix import (
 from dataio.plan.plan import shard_offsets
 from dataio.plan.types import PlanConfig, WorkerSlot
 from tests.dataio.plan_harness import configs
+from tests.dataio.test_interleave import prefix_table
 from tests.dataio.resume_harness import check_resume, check_same_topology_resume
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -184,12 +185,8 @@ def test_counts_add_up_by_largest_remainder(mixture, global_batch):
 def assert_smooth(order: MixEpoch | Interleave, counts: np.ndarray) -> float:
     """Brute force over every prefix: within order.max_deviation of the shares, draws in order,
     prefix_counts right; returns the largest deviation seen."""
-    n, total = len(counts), int(counts.sum())
-    source, k = order.locate(np.arange(total))
-    cum = np.zeros((total + 1, n), dtype=np.int64)
-    for s in range(n):
-        cum[1:, s] = np.cumsum(source == s)
-        assert np.array_equal(k[source == s], np.arange(counts[s]))  # each source's draws in order
+    total = int(counts.sum())
+    cum = prefix_table(order, counts)  # also checks each source's draws are in order
     share = counts / max(total, 1)
     deviation = np.abs(cum - np.arange(total + 1)[:, None] * share[None, :]).max(initial=0.0)
     assert deviation <= order.max_deviation + 1e-9
