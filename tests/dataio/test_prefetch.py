@@ -204,6 +204,7 @@ def test_a_group_comes_in_finishing_order_so_a_straggler_holds_one_slot():
         out.append(request)
         if len(out) == 5:
             slow.set()  # the other five of group 0 came past the straggler on 3 threads
-    assert sorted(out[:6]) == [(0, i) for i in range(6)] and out[:5] == [(0, i) for i in (0, 2, 3, 4, 5)]
+    # the five quick ones finish on 3 threads in whatever order the scheduler gives; the straggler comes last
+    assert sorted(out[:5]) == [(0, i) for i in (0, 2, 3, 4, 5)] and out[5] == (0, 1)
     assert sorted(out[6:]) == [(1, 6), (1, 7), (1, 8)]  # groups in order
     assert prefetch_threads() == []
