@@ -182,6 +182,9 @@ NOTES = """
   verify_checksums=True (the default) hashes every sample read.
 - page cache: the tar shards read front to back into one reused 16 MiB buffer in one process:
   the machine's ceiling for RAW bytes, in samples/s.
+- Warm page cache: before each run the harness reads that loader's own files once, untimed (this
+  VM's memory manager evicts files between runs, so a first epoch would otherwise be partly a disk
+  benchmark, unequally across loaders). "epoch 1" is then the loader's own first-pass cost.
 - Peak PSS is the whole process tree (main + workers), sampled every 0.25 s.
 - 2 cores shared with other engineers' jobs (load column): wall-clock rates move with that load,
   ratios less because runs are interleaved; "samples per CPU-s" divides by the CPU time of the

@@ -83,14 +83,15 @@ class TarReader:
         return self._indexes.get_or_load(shard, lambda: self._load_index(shard))
 
     def _load_index(self, shard: int) -> TarIndex:
-        """The index, checked; with verify_checksums its checksum sidecar too, fetched side by side
-        (both are small: a shard's start then costs one round trip, not two in a row)."""
+        """The index, checked; with verify_checksums from object storage its checksum sidecar too,
+        fetched side by side (both are small: a shard's start then costs one round trip, not two in
+        a row; a local file system has no round trip worth a thread)."""
         check_shard_size(self.store, self.manifest, shard, on_read=True)  # fetch's reads pass object_size
-        if self.sample_sums_expected(shard) and self._sums.get(shard) is None:
+        if not self.store.is_local and self.sample_sums_expected(shard) and self._sums.get(shard) is None:
             with ThreadPoolExecutor(1, thread_name_prefix=THREAD_NAME_PREFIX) as pool:
                 sums = pool.submit(self._sums_of, shard)
                 index = self._index_of(shard)
-                self._sums.get_or_load(shard, lambda: SampleSums.of(sums.result(), index.samples))
+                self._sums.get_or_load(shard, lambda: SampleSums.of_index(sums.result(), index))
             return index
         return self._index_of(shard)
 
@@ -158,7 +159,7 @@ class TarReader:
         spans; None: it has none."""
         if not self.manifest.sums_checksums or not self.manifest.sums_checksums[shard]:
             return None
-        return self._sums.get_or_load(shard, lambda: SampleSums.of(self._sums_of(shard), self.index(shard).samples))
+        return self._sums.get_or_load(shard, lambda: SampleSums.of_index(self._sums_of(shard), self.index(shard)))
 
     def _sums_of(self, shard: int) -> list[int]:
         """The shard's sidecar, fetched, checked against the manifest and parsed."""

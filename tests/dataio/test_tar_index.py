@@ -7,6 +7,8 @@ import tarfile
 
 import pytest
 import webdataset as wds
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dataio import ShardFormatError
 from dataio.format.tar_index import (
@@ -15,9 +17,11 @@ from dataio.format.tar_index import (
     Member,
     TarIndex,
     build_index,
+    _parse_lines,
     parse_index,
     split_member_name,
 )
+from dataio.readers.tar_raw import _columns_by_sample, columns_of
 
 
 def _samples(num: int) -> list[dict[str, bytes]]:
@@ -164,3 +168,56 @@ def test_parse_accepts_dali_style_lines():
     index = parse_index(b"v1.2 2\njpg 512 10 k1.jpg cls 1536 1 k1.cls\n\njpg 2560 5 k2.jpg\n")
     assert index.samples[0] == IndexedSample("k1", (Member("jpg", 512, 10), Member("cls", 1536, 1)))
     assert index.span(0, 2) == (512, 2565)
+
+
+# ---- the columnar parse (parse_index's fast path) against the line parser, its reference
+_NAME = st.text(alphabet="ab.0/_-", min_size=1, max_size=6)
+_LINE_MEMBERS = st.lists(st.tuples(st.sampled_from(["jpg", "cls", "json", "png"]), st.integers(0, 2**40),
+                                   st.integers(0, 2**31)), min_size=1, max_size=4)
+
+
+@st.composite
+def _index_texts(draw) -> bytes:
+    """Index texts, mostly well formed (keys with dots and directories, samples alike or not, a
+    field twice in a sample), some not (doubled or trailing spaces, blank lines, CR, signs, a
+    wrong count, a name without KEY.EXT)."""
+    lines = []
+    for _ in range(draw(st.integers(0, 6))):
+        key = draw(_NAME)
+        lines.append(" ".join(f"{e} {o} {z} {key}.{e}" for e, o, z in draw(_LINE_MEMBERS)))
+    count = len(lines) + draw(st.sampled_from([0, 0, 0, 0, 1]))
+    text = "\n".join([f"v1.2 {count}", *lines]) + "\n"
+    damage = draw(st.sampled_from([None] * 6 + ["  ", " \n", "\n\n", "\r\n", " +", "_", "x.", "\t"]))
+    if damage is not None and lines:
+        at = draw(st.integers(len(f"v1.2 {count}\n"), len(text) - 1))
+        text = text[:at] + damage + text[at:]
+    return text.encode()
+
+
+@settings(max_examples=400, deadline=None)
+@given(_index_texts())
+def test_the_columnar_parse_agrees_with_the_line_parser(data):
+    try:
+        want = _parse_lines(data, url="u")
+    except ShardFormatError as exc:
+        with pytest.raises(ShardFormatError) as got:
+            parse_index(data, url="u")
+        assert str(got.value) == str(exc)  # the same message: the line parser names the fault
+        return
+    got = parse_index(data, url="u")
+    assert got == want and got.samples == want.samples
+    if len(want):
+        assert got.span(0, len(got)) == want.span(0, len(want))
+        for fields in (None, ("jpg",), ("cls", "jpg"), ("nothing",)):
+            a, b = columns_of(got, fields), _columns_by_sample(want, fields)
+            assert a.exts == b.exts and list(a.keys) == list(b.keys)
+            assert (a.offsets == b.offsets).all() and (a.sizes == b.sizes).all() and (a.ranks == b.ranks).all()
+
+
+def test_a_parsed_index_makes_no_object_per_sample_until_asked():
+    text = b"v1.2 2\njpg 512 10 k1.jpg cls 1536 1 k1.cls\njpg 2560 5 k2.jpg cls 3584 1 k2.cls\n"
+    index = parse_index(text)
+    assert index._samples is None and len(index) == 2 and index.span(0, 2) == (512, 3585)
+    assert list(index.columns.starts) == [512, 2560] and list(index.columns.ends) == [1537, 3585]
+    assert index.samples[1] == IndexedSample("k2", (Member("jpg", 2560, 5), Member("cls", 3584, 1)))
+    assert parse_index(index.dumps()) == index
