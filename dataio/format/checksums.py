@@ -104,6 +104,10 @@ class SampleSums:
     starts: np.ndarray
     ends: np.ndarray
 
+    @property
+    def nbytes(self) -> int:
+        return self.sums.nbytes + self.starts.nbytes + self.ends.nbytes
+
     @classmethod
     def of_index(cls, sums: Sequence[int], index: TarIndex) -> SampleSums:
         """For a whole shard: the spans come from the index's columns (no loop per sample)."""

@@ -16,6 +16,9 @@ import numpy as np
 from dataio.errors import ShardFormatError
 
 INDEX_VERSION = "v1.2"
+# Memory per key (a short str and its list slot), per IndexedSample and per Member object: estimates
+# for caches' byte bounds (CPython 3.11, 64-bit).
+_KEY_BYTES, _SAMPLE_BYTES, _MEMBER_BYTES = 64, 120, 140
 TAR_BLOCK = 512
 
 
@@ -76,6 +79,15 @@ class TarIndex:
             self._columns = IndexColumns.of(self._samples)  # type: ignore[arg-type]
         return self._columns
 
+    @property
+    def nbytes(self) -> int:
+        """About how much memory the index holds (for a cache's byte bound)."""
+        n = len(self)
+        total = self._columns.nbytes if self._columns is not None else 0
+        if self._samples is not None:
+            total += n * (_SAMPLE_BYTES + _MEMBER_BYTES * len(self._samples[0].members) if n else 0)
+        return total
+
     def __len__(self) -> int:
         if self._samples is not None:
             return len(self._samples)
@@ -121,6 +133,11 @@ class IndexColumns:
     member_size: np.ndarray  # int64 [M]
     starts: np.ndarray  # int64 [n]
     ends: np.ndarray  # int64 [n]
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.member_sample, self.member_ext, self.member_offset, self.member_size, self.starts, self.ends)
+        return sum(a.nbytes for a in arrays) + _KEY_BYTES * len(self.keys)
 
     @classmethod
     def build(cls, keys: list[str], ext_names: list[str], counts: np.ndarray, offsets: np.ndarray,

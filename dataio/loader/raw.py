@@ -36,8 +36,8 @@ from dataio.loader.raw_direct import DirectReader, Rows, ShardSource, will_need
 from dataio.plan.mix import MixState, plan_mix_worker
 from dataio.plan.plan import plan_worker
 from dataio.plan.types import PlanState
-from dataio.readers.base import LruCache, shard_offsets, split_segment
-from dataio.readers.tar import INDEX_CACHE_SHARDS
+from dataio.readers.base import LruCache, nbytes_of, shard_offsets, split_segment
+from dataio.readers.tar import INDEX_CACHE_BYTES, INDEX_CACHE_SHARDS
 from dataio.readers.tar_raw import TarColumns, columns_of, read_span_into
 
 IO_THREAD_PREFIX = "dataio-raw-io"
@@ -88,7 +88,7 @@ class RawIo:
         self._free: list[np.ndarray] = []
         self._ahead = 0
         self._pool: ThreadPoolExecutor | None = None
-        self.columns = LruCache(INDEX_CACHE_SHARDS)
+        self.columns = LruCache(INDEX_CACHE_SHARDS, max_bytes=INDEX_CACHE_BYTES, size_of=nbytes_of)
 
     def submit(self, fn: Any, *args: Any) -> Future:
         with self._lock:

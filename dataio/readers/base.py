@@ -112,22 +112,36 @@ def proportional_bytes(manifest: Manifest, shard: int, num_samples: int) -> int:
     return -(-manifest.shard_num_bytes[shard] * num_samples // total)
 
 
-class LruCache:
-    """A small thread-safe LRU map for per-shard metadata (indexes, Parquet footers)."""
+def nbytes_of(value: Any) -> int:
+    """An entry's size for an LruCache's byte bound: its `nbytes` (indexes, columns, checksums)."""
+    return int(value.nbytes)
 
-    def __init__(self, capacity: int) -> None:
+
+class LruCache:
+    """A small thread-safe LRU map for per-shard metadata (indexes, Parquet footers), bounded in
+    entries and, with `size_of`, in bytes: `max_bytes` holds however many samples a shard has (the
+    entry bound alone would let 64 indexes of million-sample shards take gigabytes). The entry
+    used last is always kept, even alone over the budget."""
+
+    def __init__(self, capacity: int, *, max_bytes: int | None = None,
+                 size_of: Callable[[Any], int] | None = None) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
-        self.capacity = capacity
+        self.capacity, self.max_bytes, self.size_of = capacity, max_bytes, size_of
         self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._sizes: dict[Any, int] = {}
+        self.num_bytes = 0
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         # A lock does not pickle, and each process (worker) loads its own metadata anyway.
-        return {"capacity": self.capacity}
+        return {"capacity": self.capacity, "max_bytes": self.max_bytes, "size_of": self.size_of}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["capacity"])  # type: ignore[misc]
+        self.__init__(state["capacity"], max_bytes=state.get("max_bytes"), size_of=state.get("size_of"))  # type: ignore[misc]
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get(self, key: Any) -> Any:
         with self._lock:
@@ -141,11 +155,15 @@ class LruCache:
         value = self.get(key)
         if value is None:
             value = load()
+            size = self.size_of(value) if self.size_of is not None else 0
             with self._lock:
-                self._items[key] = value
+                self.num_bytes += size - self._sizes.get(key, 0)
+                self._items[key], self._sizes[key] = value, size
                 self._items.move_to_end(key)
-                while len(self._items) > self.capacity:
-                    self._items.popitem(last=False)
+                while len(self._items) > self.capacity or (
+                        self.max_bytes is not None and self.num_bytes > self.max_bytes and len(self._items) > 1):
+                    old, _ = self._items.popitem(last=False)
+                    self.num_bytes -= self._sizes.pop(old)
         return value
 
 

@@ -27,6 +27,7 @@ from dataio.readers.base import (
     check_fields,
     check_segment,
     check_shard_size,
+    nbytes_of,
     proportional_bytes,
     shard_offsets,
 )
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     from dataio.storage.cache import DiskCache
 
 INDEX_CACHE_SHARDS = 64
+# A cache of indexes (and one of checksums, one of RAW columns) holds at most this much: shards
+# with many small samples keep fewer indexes, so memory does not grow with samples per shard.
+INDEX_CACHE_BYTES = 32 * 2**20
 THREAD_NAME_PREFIX = "dataio-tar-sums"
 
 
@@ -74,9 +78,9 @@ class TarReader:
         self.verify_index = verify_index
         self.cache = cache
         self._offsets = shard_offsets(manifest)
-        self._indexes = LruCache(INDEX_CACHE_SHARDS)
+        self._indexes = LruCache(INDEX_CACHE_SHARDS, max_bytes=INDEX_CACHE_BYTES, size_of=nbytes_of)
         self.verify_checksums = verify_checksums and manifest.has_read_checksums
-        self._sums = LruCache(INDEX_CACHE_SHARDS)
+        self._sums = LruCache(INDEX_CACHE_SHARDS, max_bytes=INDEX_CACHE_BYTES, size_of=nbytes_of)
 
     def index(self, shard: int) -> TarIndex:
         """The shard's index, fetched once and checked against the manifest."""

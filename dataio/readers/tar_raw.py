@@ -39,6 +39,12 @@ class TarColumns:
     sizes: np.ndarray  # int64 [F, n]
     ranks: np.ndarray  # int64 [F, n]
 
+    @property
+    def nbytes(self) -> int:
+        """About how much memory the columns hold (the keys' str objects counted, as they may
+        outlive the index they came from)."""
+        return self.offsets.nbytes + self.sizes.nbytes + self.ranks.nbytes + 72 * len(self.keys)
+
 
 def columns_of(index: TarIndex, fields: tuple[str, ...] | None) -> TarColumns:
     """The index's members as columns, projected to `fields` (None: every field): numpy over the

@@ -266,3 +266,63 @@ def test_is_transient_knows_what_s3fs_botocore_and_aiohttp_raise():
 
     for exc, transient in _client_errors():
         assert is_transient(exc) is transient, repr(exc)
+
+
+# ---- metadata caches: bounded in entries and in bytes, thread-safe, pickled empty
+class _Sized:
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+def test_a_cache_keeps_its_byte_budget_and_the_entry_used_last():
+    from dataio.readers.base import LruCache, nbytes_of
+
+    cache = LruCache(64, max_bytes=100, size_of=nbytes_of)
+    for key in range(5):
+        cache.get_or_load(key, lambda: _Sized(30))
+    assert len(cache) == 3 and cache.num_bytes == 90 and cache.get(1) is None and cache.get(4) is not None
+    cache.get(2)  # used: now the newest but one
+    cache.get_or_load(9, lambda: _Sized(30))
+    assert cache.get(3) is None and cache.get(2) is not None  # the least recently used went
+    big = cache.get_or_load("big", lambda: _Sized(1000))  # over the whole budget: kept, alone
+    assert len(cache) == 1 and cache.get("big") is big and cache.num_bytes == 1000
+    clone = pickle.loads(pickle.dumps(cache))
+    assert len(clone) == 0 and clone.max_bytes == 100
+    clone.get_or_load(1, lambda: _Sized(60))
+    clone.get_or_load(2, lambda: _Sized(60))
+    assert len(clone) == 1  # the bound survived the pickle
+
+
+def test_a_cache_shared_by_threads_stays_within_its_bounds():
+    import threading
+
+    from dataio.readers.base import LruCache, nbytes_of
+
+    cache = LruCache(8, max_bytes=10_000, size_of=nbytes_of)
+
+    def use(seed: int) -> None:
+        for i in range(2000):
+            key = (seed * 7919 + i * 31) % 50
+            assert cache.get_or_load(key, lambda: _Sized(1000 + key)).nbytes == 1000 + key
+
+    threads = [threading.Thread(target=use, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(cache) <= 8 and cache.num_bytes <= 10_000
+    assert cache.num_bytes == sum(1000 + k for k in cache._items)  # the count matches what is held
+
+
+def test_the_index_caches_hold_shards_of_many_small_samples_by_bytes(local, monkeypatch):
+    import dataio.readers.tar as tar_module
+
+    store, manifest, _ = local
+    monkeypatch.setattr(tar_module, "INDEX_CACHE_BYTES", 1)  # every index over the budget: one kept
+    reader = TarReader(store, manifest, verify_checksums=True)
+    for shard in (0, 2, 3):
+        assert reader.index(shard) is reader.index(shard)
+        reader.sample_sums(shard)
+    assert len(reader._indexes) == 1 and len(reader._sums) == 1
+    first = read(reader, Seg(0, 0, 7))
+    assert [s["__key__"] for s in first] == [s["__key__"] for s in read(TarReader(store, manifest), Seg(0, 0, 7))]
