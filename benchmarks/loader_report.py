@@ -89,7 +89,7 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str]]:
         if ours and low:
             add(f"peak PSS, {task.upper()}, shardify under the peers' torch <= the lowest peer",
                 f"{ours['peak_pss_mib']:.0f} vs {low[0]} {low[1]:.0f} MiB", ours["peak_pss_mib"] <= low[1])
-    big, small = _shardify(res, "raw", "local x4"), raw
+    big, small = _shardify(res, "raw", "local x4"), _shardify(res, "raw", "local")  # one mode, two sizes
     if big and small:
         grow = big["peak_pss_mib"] / small["peak_pss_mib"]
         add("peak PSS flat as the dataset grows 4x (within 10%)", f"{grow:.2f}x", grow <= 1.10)
