@@ -290,7 +290,9 @@ def _inspect(args: argparse.Namespace) -> int:
             with open(args.urls, "w", encoding="utf-8") as f:
                 f.write(lines)
         return 0
-    unreadable = print_inspect(store, manifest, Console(), max_rows=args.max_rows, labels=not args.no_labels)
+    # Piped or redirected: wide enough that no column is squeezed and no path shortened.
+    console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
+    unreadable = print_inspect(store, manifest, console, max_rows=args.max_rows, labels=not args.no_labels)
     return 1 if unreadable else 0
 
 

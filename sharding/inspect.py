@@ -102,8 +102,9 @@ def shards_table(store: Store, m: Manifest, max_rows: int) -> Table:
     t = Table(title=f"shards ({m.num_shards})")
     for name in ("#", "path", "samples", "bytes", "checksum", "index" if m.format == "tar" else "row groups"):
         # Paths never wrap or shorten: people copy them into other commands.
-        t.add_column(name, justify="right" if name in ("#", "samples", "bytes") else "left",
-                     no_wrap=name in ("path", "index", "checksum"), overflow="fold")
+        short = name in ("#", "samples", "bytes")  # never squeezed to nothing on a narrow terminal
+        t.add_column(name, justify="right" if short else "left", no_wrap=name in ("path", "index", "checksum"),
+                     overflow="fold", min_width=max(len(name), 5) if short else None)
     show = list(range(m.num_shards))
     if len(show) > max_rows:
         show = show[: max_rows // 2] + [-1] + show[-(max_rows - max_rows // 2) :]

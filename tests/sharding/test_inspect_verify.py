@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,20 @@ def test_inspect_shows_shards_fields_labels_and_skipped(dataset: Path, capsys) -
     for text in (fmt, "shards (3)", "shard-000002", "jpg:image", "cls:int", "label histogram", "ant", "bee",
                  "cat", "33.3%", "skipped samples (1)", "broken.jpg"):
         assert text in out, text
+
+
+def test_inspect_piped_shows_every_shard_path_whole_and_every_column(dataset: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80"}  # a narrow terminal's width must not squeeze a piped table
+    out = subprocess.run([sys.executable, "-m", "sharding.cli", "inspect", str(dataset)], capture_output=True,
+                         text=True, timeout=120, env=env).stdout
+    m = read_manifest(Store(str(dataset)))
+    for i in range(m.num_shards):
+        row = next(line for line in out.splitlines() if m.shard(i).path in line)  # the whole path, on one line
+        assert m.shard(i).index_path in row and f" {m.shard(i).num_samples} " in row and m.shard(i).checksum in row
+    assert "samples" in out and "bytes" in out
 
 
 @pytest.mark.parametrize("dataset", ["tar", "parquet"], indirect=True)
