@@ -112,6 +112,12 @@ def proportional_bytes(manifest: Manifest, shard: int, num_samples: int) -> int:
     return -(-manifest.shard_num_bytes[shard] * num_samples // total)
 
 
+# A cache of per-shard metadata (tar indexes, checksums, RAW columns, Parquet footers) holds at most
+# this much: shards with many small samples keep fewer entries, so memory does not grow with the
+# samples per shard.
+METADATA_CACHE_BYTES = 32 * 2**20
+
+
 def nbytes_of(value: Any) -> int:
     """An entry's size for an LruCache's byte bound: its `nbytes` (indexes, columns, checksums)."""
     return int(value.nbytes)

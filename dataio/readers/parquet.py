@@ -28,6 +28,7 @@ from dataio.errors import ShardFormatError
 from dataio.format.checksums import FIX, bad_chunk
 from dataio.format.manifest import Manifest
 from dataio.readers.base import (
+    METADATA_CACHE_BYTES,
     LruCache,
     Sample,
     SegmentLike,
@@ -47,6 +48,12 @@ if TYPE_CHECKING:
     from dataio.storage.cache import DiskCache
 
 FOOTER_CACHE_SHARDS = 64
+
+
+def footer_bytes(metadata: Any) -> int:
+    """About the memory a parsed footer holds (a few times its serialized size), for the cache's
+    byte bound: a footer of thousands of row groups and columns is megabytes."""
+    return 4 * int(metadata.serialized_size)
 TAIL_BYTES = 64 * 1024
 # pyarrow coalesces reads across holes of up to 8 KiB; merging wider gaps keeps its reads inside ours.
 MERGE_GAP_BYTES = 64 * 1024
@@ -116,7 +123,7 @@ class ParquetReader:
         self.fields = check_fields(manifest, fields)
         self.cache = cache
         self._offsets = shard_offsets(manifest)
-        self._footers = LruCache(FOOTER_CACHE_SHARDS)
+        self._footers = LruCache(FOOTER_CACHE_SHARDS, max_bytes=METADATA_CACHE_BYTES, size_of=footer_bytes)
         self.slice_bytes = slice_bytes
         self._slices = SliceStreams()
         self.verify_checksums = verify_checksums and manifest.has_read_checksums

@@ -20,6 +20,7 @@ from dataio.format.checksums import FIX, SampleSums, parse_sums, sums_bytes, sum
 from dataio.format.manifest import Manifest, checksum_bytes
 from dataio.format.tar_index import IndexedSample, TarIndex, parse_index
 from dataio.readers.base import (
+    METADATA_CACHE_BYTES,
     LruCache,
     Sample,
     SegmentLike,
@@ -37,9 +38,7 @@ if TYPE_CHECKING:
     from dataio.storage.cache import DiskCache
 
 INDEX_CACHE_SHARDS = 64
-# A cache of indexes (and one of checksums, one of RAW columns) holds at most this much: shards
-# with many small samples keep fewer indexes, so memory does not grow with samples per shard.
-INDEX_CACHE_BYTES = 32 * 2**20
+INDEX_CACHE_BYTES = METADATA_CACHE_BYTES  # the index, checksum and RAW column caches' byte bound
 THREAD_NAME_PREFIX = "dataio-tar-sums"
 
 

@@ -86,6 +86,19 @@ def test_footer_is_read_once_per_shard(local):
     assert len(tails) == 1
 
 
+def test_footers_are_cached_within_a_byte_budget(local, monkeypatch):
+    import dataio.readers.parquet as parquet_module
+
+    store, manifest, samples = local
+    monkeypatch.setattr(parquet_module, "METADATA_CACHE_BYTES", 1)  # every footer over the budget: one kept
+    reader = make_reader(store, manifest)
+    for shard in (0, 3, 0):
+        assert read(reader, Seg(shard, 0, 2)) == samples[shard][0:2]
+    assert len(reader._footers) == 1
+    tails = [r for r in store.ranges if r[2] == manifest.shard_num_bytes[0]]
+    assert len(tails) == 2  # shard 0's footer was let go for shard 3's, and read again
+
+
 def test_reader_pickles_for_worker_processes(local):
     store, manifest, samples = local
     reader = make_reader(store, manifest)
