@@ -6,6 +6,8 @@ fallback); throughput ratios are in benchmarks/results_faults.md and never asser
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tools.faults import run_suite, to_markdown
@@ -21,4 +23,18 @@ def test_short_fault_suite_is_correct(s3_server, tmp_path):
     # The faults were really injected (a fault-free run proves nothing).
     for r in rows:
         if r.group == "loader" and r.scenario != "epoch through no fault":
-            assert "0 503s, 0 resets, 0 truncated, 0 hung, 0 stalled" not in r.note, text
+            assert sum(injected(r.note).values()) > 0, text
+
+
+def injected(note: str) -> dict[str, int]:
+    """The proxy's fault counts in a row's note ("proxy: 74 requests, 10 503s, 0 resets, ...")."""
+    counts = {kind: int(n) for n, kind in re.findall(r"\b(\d+) (503s|resets|truncated|hung|stalled)\b", note)}
+    assert len(counts) == 5, note
+    return counts
+
+
+def test_injected_reads_each_count_whole():
+    # "10 503s" holds the text "0 503s": a substring test took ten 503s for none (a CI failure)
+    note = "proxy: 74 requests, 10 503s, 0 resets, 0 truncated, 0 hung, 0 stalled"
+    assert injected(note) == {"503s": 10, "resets": 0, "truncated": 0, "hung": 0, "stalled": 0}
+    assert sum(injected(note.replace("10 503s", "0 503s")).values()) == 0
