@@ -39,11 +39,13 @@ def prepare_image(sample: RawSample, config: WriteConfig) -> tuple[str, bytes]:
 
 
 def _sample_error(ref: Ref, exc: Exception, where: str) -> CorruptSampleError:
-    return CorruptSampleError(
-        f"{redact(str(exc))}; fix or delete it, or rerun with --on-error skip to leave such samples out "
-        "(they are listed in the manifest's 'skipped')",
-        url=where, key=ref.key,
-    )
+    message = redact(str(exc))
+    if "--on-error skip" in message:  # the check's own advice says it already: add only where skips go
+        advice = " (skipped samples are listed in the manifest's 'skipped')"
+    else:
+        advice = ("; fix or delete it, or rerun with --on-error skip to leave such samples out "
+                  "(they are listed in the manifest's 'skipped')")
+    return CorruptSampleError(message + advice, url=where, key=ref.key)
 
 
 def _tar_members(sample: RawSample) -> list[tuple[str, bytes]]:

@@ -127,6 +127,9 @@ def read_header(data: Any, *, fast_only: bool = False) -> ImageHeader | None:
 
 def probe(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = "", key: str = "") -> tuple[str, int, int]:
     """(format, width, height) from the header only; raises CorruptSampleError / ImageTooLargeError."""
+    if not data:
+        raise CorruptSampleError(f"{url}: sample {key!r}: not a readable image: it is empty (0 bytes); "
+                                 "re-export it or write with --on-error skip", url=url, key=key)
     try:
         with warnings.catch_warnings():
             # PIL's warning threshold is its own global; our max_pixels decides below.
@@ -151,7 +154,7 @@ def probe(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, url: str = "", k
 
 def _describe(exc: Exception) -> str:
     """PIL's message without the in-memory file's repr (`<_io.BytesIO object at 0x...>`)."""
-    text = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "the data", str(exc))
+    text = re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))
     return f"{type(exc).__name__}: {text}"
 
 

@@ -52,6 +52,17 @@ def test_corrupt_image_fails_with_path_and_fix(image_folder: Path, tmp_path: Pat
     assert not (tmp_path / "ds" / "manifest.json").exists()
 
 
+@pytest.mark.parametrize("content", [b"", b"not an image at all"], ids=["empty", "garbage"])
+def test_unreadable_image_is_named_once_with_one_piece_of_advice(image_folder: Path, tmp_path: Path, capsys,
+                                                                  content: bytes) -> None:
+    bad = image_folder / "cat" / "zz_bad.jpg"
+    bad.write_bytes(content)
+    err = _fails(capsys, "write", image_folder, tmp_path / "ds", "--validate", "header")
+    assert str(bad) in err and err.count("--on-error skip") == 1 and "BytesIO" not in err
+    assert ("empty (0 bytes)" in err) == (content == b"")
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
 def test_unknown_column(tmp_path: Path, capsys) -> None:
     (tmp_path / "t.csv").write_text("path,label\na.jpg,1\n")
     err = _fails(capsys, "write", tmp_path / "t.csv", tmp_path / "ds", "--label-column", "klass")
