@@ -162,7 +162,10 @@ class TarReader:
         spans; None: it has none."""
         if not self.manifest.sums_checksums or not self.manifest.sums_checksums[shard]:
             return None
-        return self._sums.get_or_load(shard, lambda: SampleSums.of_index(self._sums_of(shard), self.index(shard)))
+        # The index first: loading it fetches the sidecar alongside (object storage), which the
+        # lookup below then finds; fetching the sidecar first fetched it twice (then again with the index).
+        index = self.index(shard)
+        return self._sums.get_or_load(shard, lambda: SampleSums.of_index(self._sums_of(shard), index))
 
     def _sums_of(self, shard: int) -> list[int]:
         """The shard's sidecar, fetched, checked against the manifest and parsed."""

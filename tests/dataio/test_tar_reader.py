@@ -326,3 +326,23 @@ def test_the_index_caches_hold_shards_of_many_small_samples_by_bytes(local, monk
     assert len(reader._indexes) == 1 and len(reader._sums) == 1
     first = read(reader, Seg(0, 0, 7))
     assert [s["__key__"] for s in first] == [s["__key__"] for s in read(TarReader(store, manifest), Seg(0, 0, 7))]
+
+
+@pytest.mark.parametrize("first", ["sample_sums", "index"])
+def test_object_storage_fetches_a_shards_index_and_sidecar_once(first, monkeypatch):
+    # Whichever is asked for first, a shard's index and checksum sidecar are one GET each (side by
+    # side); asking for the checksums first used to fetch the sidecar twice.
+    store = Store(f"memory://ds-{uuid.uuid4().hex[:8]}")
+    write_tar_dataset(store, [3, 5])
+    reader = TarReader(store, read_manifest(store), verify_checksums=True)
+    reads: list[str] = []
+    original = Store.read
+
+    def counting(self, path, *args, **kwargs):
+        reads.append(path)
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "read", counting)
+    getattr(reader, first)(1)
+    reader.sample_sums(1), reader.index(1)
+    assert sorted(p.rsplit(".", 1)[-1] for p in reads) == ["idx", "sums"], reads
