@@ -131,19 +131,41 @@ def test_a_read_that_waited_for_the_starting_client_counts_from_when_it_was_read
 def test_reads_slow_together_are_not_hedged_until_a_younger_one_finishes():
     hedger = Hedger(HedgePolicy(k=2, floor_ms=10, min_history=2, cold_ms=None))
     for _ in range(2):
-        hedger._record(100, 0.1)  # threshold 200 ms: the reads below pass it, not twice it
-    # 330 ms: between two of a late read's looks (at 200, 250, 300, 350 ms), so the four finish
-    # together as far as the hedger can see.
-    delays = {0: 0.33, 1: 0.33, 2: 0.33, 3: 0.33, 4: 2.0, 5: 0.05}
-    fn, calls = _reads(delays)
+        hedger._record(100, 0.5)  # threshold 1 s
+    release = threading.Event()
+    crowd, _ = _reads({})  # numbers the reads
+
+    def slow_together() -> int:
+        n = crowd()
+        release.wait(20)  # four reads slow together (a busy store): held until released together
+        return n
+
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(4) as pool:
-        together = [pool.submit(hedger.call, fn, 100) for _ in range(4)]  # all 3x the median, together
-        assert sorted(f.result() for f in together) == [0, 1, 2, 3]
-        assert hedger.stats.hedged == 0  # a busy store: nobody overtaken, no second requests
-        straggler = pool.submit(hedger.call, fn, 100)  # call 4: 2 s, the only read in flight
-    assert straggler.result() == 5 and hedger.stats.hedged == 1  # hedged alone; the hedge won
+        start = time.perf_counter()
+        together = [pool.submit(hedger.call, slow_together, 100) for _ in range(4)]
+        deadline = time.monotonic() + 10
+        while hedger._overdue < 4 and time.monotonic() < deadline:  # all four past their hedge time (1 s)
+            time.sleep(0.01)
+        # A late read not overtaken would be hedged at twice its threshold (2 s); four late together
+        # only at four times it (4 s). Look in between: with a wide margin either way on a loaded machine.
+        time.sleep(max(0.0, start + 2.5 - time.perf_counter()))
+        overdue, hedged_while_late = hedger._overdue, hedger.stats.hedged
+        release.set()
+        assert len({f.result() for f in together}) == 4
+        assert overdue == 4 and hedged_while_late == 0  # a busy store: nobody overtaken, no second requests
+        # (Released together, they finish within microseconds; which finish first, and whether the
+        # last of them is then overtaken, is the scheduler's: hedges from here on are not counted.)
+        assert hedger._overdue == 0 and hedger._in_flight == 0  # the crowd is gone with its reads
+        hedger.history.recent.clear()
+        hedger.history.by_class.clear()
+        for _ in range(2):
+            hedger._record(100, 0.1)  # threshold 200 ms again
+        hedged = hedger.stats.hedged
+        fn, _ = _reads({0: 2.0})
+        straggler = pool.submit(hedger.call, fn, 100)  # 2 s, the only read in flight
+        assert straggler.result() == 1 and hedger.stats.hedged == hedged + 1  # hedged alone; the hedge won
 
 
 def test_a_size_never_seen_is_hedged_from_other_sizes_scaled_up_and_history_is_shared():
