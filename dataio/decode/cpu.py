@@ -277,8 +277,9 @@ def _to_rgb(img: Image.Image) -> Image.Image:
 
 def _corrupt(url: str, key: str, what: str, exc: BaseException) -> CorruptSampleError:
     return CorruptSampleError(
-        f"{url}: sample {key!r}: {what} ({type(exc).__name__}: {exc}); replace or drop this sample, "
-        "or choose the loader's skip policy for corrupt samples", url=url, key=key)
+        f"{url}: sample {key!r}: {what} ({type(exc).__name__}: {exc}); replace or drop this sample "
+        "(shardify write --on-error skip leaves such files out), or pass on_corrupt='skip' to the loader "
+        "to substitute it", url=url, key=key)
 
 
 def _too_large(url: str, key: str, what: str) -> ImageTooLargeError:

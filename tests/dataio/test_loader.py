@@ -185,8 +185,10 @@ def corrupt_dataset(tmp_path_factory) -> tuple[str, str]:
 def test_corrupt_sample_raises_naming_url_and_key(corrupt_dataset) -> None:
     url, bad_key = corrupt_dataset
     with make_loader(url, batch_size=4, num_workers=1, image_size=8) as loader:
-        with pytest.raises(CorruptSampleError, match=f"shard-000001.tar.*{bad_key}"):
+        with pytest.raises(CorruptSampleError, match=f"shard-000001.tar.*{bad_key}") as info:
             list(loader)
+    # The advice is the loader's own switch (a loader user has no --on-error flag to pass).
+    assert "on_corrupt='skip'" in str(info.value)
 
 
 def test_corrupt_sample_skipped_keeps_equal_steps(corrupt_dataset) -> None:
