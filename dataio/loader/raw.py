@@ -192,7 +192,7 @@ class RawStream:
         self._sources: dict[int, ShardSource] = {}
         # Local shards are read straight into each batch (raw_direct.py): no window buffers.
         self._direct = DirectReader(packs=self._builder.packs, source_of=self._sources.__getitem__,
-                                    submit=io.submit if io.lone else None) if _all_local(owner.reader) else None
+                                    submit=io.submit if io.lone else None) if all_local(owner.reader) else None
         self.finished = False
 
     # --- reading windows ----------------------------------------------------------------
@@ -318,7 +318,7 @@ class RawStream:
         if old is not None and old.buf is not None:
             self.io.give(old.buf, ahead=old.ahead)
         w, self._ahead = self._ahead, None
-        if isinstance(w, Future):  # a direct layout made in an I/O thread
+        if isinstance(w, Future):  # a layout (direct) or a window's start made in an I/O thread
             w = w.result()
         if w is None:
             w = self._start(ahead=False)
@@ -346,9 +346,15 @@ class RawStream:
             self._ahead = self.io.submit(self._lay_out, self._next_window - 1)
 
     def warm_up(self) -> None:
-        """Start reading the first window (in the I/O threads); batches wait for their tickets."""
+        """Start the first window in an I/O thread (its indexes, its layout, its reads) and return at
+        once; batches wait for their tickets. Called where the iteration probably starts, before it
+        does: when the loader is built (num_workers=0, a worker process) or as a next epoch's bet."""
         if self._cur is None and self._ahead is None and self.plan.windows:
-            self._ahead = self._start(ahead=False)
+            if self._direct is not None:  # a thread of its own that ends with the layout: a loader
+                self._next_window += 1  # built and never iterated leaves no I/O threads behind
+                self._ahead = _in_thread(self._lay_out, 0)
+            else:
+                self._ahead = self.io.submit(lambda: self._start(ahead=False))
 
     # --- batches ------------------------------------------------------------------------
     def batch(self, batch_index: int) -> dict[str, Any]:
@@ -431,7 +437,22 @@ class RawStream:
         self._ahead = self._cur = None
 
 
-def _all_local(reader: Any) -> bool:
+def _in_thread(fn: Any, *args: Any) -> Future:
+    """fn(*args) in a new daemon thread; its Future."""
+    future: Future = Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - raised where the window is used
+                future.set_exception(exc)
+
+    threading.Thread(target=run, name=f"{IO_THREAD_PREFIX}-warm", daemon=True).start()
+    return future
+
+
+def all_local(reader: Any) -> bool:
     """Whether every source's shards are local files read without a disk cache (raw_direct.py)."""
     readers = getattr(reader, "readers", None) or [reader]
     return hasattr(os, "preadv") and all(r.store.is_local and r.cache is None for r in readers)

@@ -22,7 +22,7 @@ import torch
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.format.manifest import Manifest
 from dataio.loader.collate import HEDGES_KEY, assemble, hedges_since_last_batch
-from dataio.loader.raw import RawIo, RawStream, process_io, raw_fast_path
+from dataio.loader.raw import RawIo, RawStream, all_local, process_io, raw_fast_path
 from dataio.loader.slabs import SlabRing
 from dataio.plan.mix import MixState, Mixture, plan_mix_worker
 from dataio.plan.plan import plan_worker
@@ -176,11 +176,19 @@ class BatchDataset(torch.utils.data.Dataset):
         """
         self._bet(worker_id, PlanState(epoch=finished.epoch + 1), getattr(finished, "head", 0))
 
-    def _bet(self, worker_id: int, state: PlanState, head: int) -> None:
+    def bet_in_process(self, state: PlanState) -> None:
+        """num_workers=0, RAW from local files: open slot 0's stream from `state` now (the loader is
+        being built) and lay out its first window in a thread; the first iteration that starts
+        there adopts it (see `_bet`). Object storage waits for the iteration: its reads would keep
+        I/O threads (and requests) alive for a loader that may never be iterated."""
+        if raw_fast_path(self.job) and all_local(self.reader):
+            self._bet(0, state, 0, in_process=True)
+
+    def _bet(self, worker_id: int, state: PlanState, head: int, *, in_process: bool = False) -> None:
         """Open this slot's stream from `state` and read its first window in the background; a bet
         that loses (another epoch, a loaded state, another head) is dropped when the next
-        iteration's first ticket shows it. Only inside DataLoader workers."""
-        if self._spare is not None or torch.utils.data.get_worker_info() is None:
+        iteration's first ticket shows it. Inside DataLoader workers, or `in_process`."""
+        if self._spare is not None or (torch.utils.data.get_worker_info() is None and not in_process):
             return
         stream = self._stream(worker_id, state, head)
         stream.warm_up()

@@ -156,3 +156,32 @@ def test_shard_files_are_closed_when_the_iteration_ends(mixed_fields):
                 if epoch == 1 and i == 2:
                     break  # a break closes too
     assert _open_files_under(mixed_fields) == []
+
+
+def test_num_workers_0_lays_out_the_first_window_while_the_loader_is_built(mixed_fields, monkeypatch):
+    """The first window's indexes and layout are made in a thread started by make_loader; the first
+    iteration takes them instead of making them, and a start elsewhere (another epoch, a loaded
+    state) drops them and delivers exactly what a loader without early start delivers."""
+    from dataio.loader.raw import RawStream
+
+    made: list[int] = []
+    lay_out = RawStream._lay_out
+    monkeypatch.setattr(RawStream, "_lay_out", lambda self, n: made.append(n) or lay_out(self, n))
+    expected = summaries(mixed_fields, epochs=2, batch_size=4, num_workers=0, early_start=False)
+    made.clear()
+    with make_loader(mixed_fields, batch_size=4, num_workers=0, **RAW) as loader:
+        _, _, stream = loader._dataloader.dataset._spare  # the bet on epoch 0 from its start
+        stream._ahead.result(timeout=30)
+        assert made == [0]  # laid out before any batch was asked for
+        got = [[batch_summary(b) for b in loader]]
+        assert made.count(0) == 1  # not again: the iteration adopted it
+        loader.set_epoch(1)
+        got.append([batch_summary(b) for b in loader])
+    assert got == expected
+    with make_loader(mixed_fields, batch_size=4, num_workers=0, **RAW) as loader:
+        loader.set_epoch(1)  # the bet (epoch 0) loses: dropped at the first ticket
+        assert [batch_summary(b) for b in loader] == expected[1]
+    with make_loader(mixed_fields, batch_size=4, num_workers=0, **RAW) as loader:
+        state = make_loader(mixed_fields, batch_size=4, num_workers=0, early_start=False, **RAW).state_dict()
+        loader.load_state_dict(state)
+        assert [batch_summary(b) for b in loader] == expected[0]

@@ -20,7 +20,7 @@ from tools.faults import rank_pid
 pytestmark = [pytest.mark.slow]
 
 SHARDS = [60, 45, 75]  # 180 samples, uneven shards
-FAKE = {"FAKE_COMPUTE_S": "0.04"}  # a known minimum step time, so a kill lands mid-epoch
+FAKE = {"FAKE_COMPUTE_S": "0.08"}  # a known minimum step time, so a kill lands mid-epoch (~1 s of margin)
 
 
 @pytest.fixture(scope="module")
