@@ -285,7 +285,7 @@ class DaliDecoder:
         mask = batch.get("mask")
         mask = torch.ones(n, dtype=torch.bool) if mask is None else mask.clone()
         if bad:
-            batch[SKIPPED_KEY] = list(batch.get(SKIPPED_KEY, [])) + self._substitute(job, images, mask, bad)
+            batch[SKIPPED_KEY] = list(batch.get(SKIPPED_KEY, [])) + self._substitute(job, batch, images, mask, bad)
         batch["image"], batch["mask"] = images, mask
         batch["decode_s"] = float(batch.get("decode_s", 0.0)) + job.dali_s + time.perf_counter() - start
         return batch
@@ -311,8 +311,10 @@ class DaliDecoder:
             images[i] = torch.from_numpy(arr)
         return bad
 
-    def _substitute(self, job: _Job, images: torch.Tensor, mask: torch.Tensor, bad: list[int]) -> list[str]:
-        """Replace each corrupt row by the next good one (cyclically), masked out, as the CPU path does."""
+    def _substitute(self, job: _Job, batch: dict[str, Any], images: torch.Tensor, mask: torch.Tensor,
+                    bad: list[int]) -> list[str]:
+        """Replace each corrupt row of the output `batch` by the next good one (cyclically), masked
+        out, as the CPU path does; the skipped samples' descriptions."""
         keys = job.batch["__key__"]
         good = [i for i in range(len(job.items)) if i not in set(bad)]
         if not good:
@@ -321,17 +323,37 @@ class DaliDecoder:
                 "nothing to substitute with on_corrupt='skip': check the dataset",
                 url=self._url(job, bad[0]), key=str(keys[bad[0]]),
             )
-        for i in bad:
-            j = next((g for g in good if g > i), good[0])
+        skipped = [f"{self._url(job, i)}#{keys[i]}" for i in bad]
+        rows = {i: next((g for g in good if g > i), good[0]) for i in bad}
+        for i, j in rows.items():
             images[i] = images[j]
             mask[i] = False
-        return [f"{self._url(job, i)}#{keys[i]}" for i in bad]
+        _substitute_rows(batch, rows, len(job.items))
+        return skipped
 
     def _url(self, job: _Job, row: int) -> str:
         ids = job.batch.get("__id__")
         if self.url_of is None or ids is None:
             return ""
         return self.url_of(int(ids[row]))
+
+
+def _substitute_rows(batch: dict[str, Any], rows: dict[int, int], n: int) -> None:
+    """Row i of every per-sample entry (keys, labels, other fields) becomes row rows[i]'s, as the
+    CPU path's substitute is the whole next good sample (collate.substitute); `image` and `mask`
+    are the caller's, `__id__` stays (it names what was read)."""
+    for name, value in list(batch.items()):
+        if name in ("image", "mask", "__id__"):
+            continue
+        if isinstance(value, PackedBytes) and len(value) == n:
+            items = value.to_list()
+            batch[name] = PackedBytes.pack([items[rows.get(i, i)] for i in range(n)])
+        elif isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
+            value = batch[name] = value.clone()
+            for i, j in rows.items():
+                value[i] = value[j]
+        elif isinstance(value, list) and len(value) == n:
+            batch[name] = [value[rows.get(i, i)] for i in range(n)]
 
 
 def _image_items(batch: dict[str, Any], order: tuple[str, ...]) -> tuple[tuple[str, ...], list[np.ndarray]]:

@@ -225,6 +225,9 @@ def test_corrupt_jpeg_skipped_keeps_batch_size_and_pipeline(eval_config, depth) 
     assert outs[2]["__skipped__"] == ["file:///ds/shard-1.tar#000108"]
     assert "__skipped__" not in outs[1]
     assert torch.equal(outs[0]["image"][1], outs[0]["image"][2])  # substitute: the next good sample
+    # ... the whole sample, as the CPU path substitutes it (collate.substitute): key and label too
+    assert outs[0]["__key__"] == ["000000", "000002", "000002", "000003"]
+    assert outs[0]["label"].tolist() == [0, 2, 2, 3] and outs[2]["label"].tolist() == [1, 1]
     assert dec.num_rebuilds == 1  # the truncated JPEG failed DALI's batch once; the garbage never got there
     good = cpu_decode(eval_config, IMAGES[:4], [0, 1, 2, 3])
     assert mean_abs(outs[0]["image"][[0, 2, 3]], good[[0, 2, 3]]) < MAX_MEAN_ABS  # that batch: CPU decode
@@ -299,6 +302,25 @@ def test_loader_dali_batches_match_cpu_batches(photo_dataset) -> None:
         assert torch.equal(d["label"], c["label"]) and torch.equal(d["mask"], c["mask"])
         assert d["image"].shape == c["image"].shape == (4, 3, 64, 64) and d["image"].dtype == torch.uint8
         assert mean_abs(d["image"], c["image"]) < MAX_MEAN_ABS
+
+
+def test_loader_skips_a_corrupt_image_alike_through_dali_and_cpu(tmp_path) -> None:
+    # The substitute of a skipped sample is the whole next good sample on both paths: same keys,
+    # labels and masks (a truncated JPEG fails DALI's batch; one that is garbage never reaches it).
+    store = Store(str(tmp_path / "ds"))
+    shards = [[{"__key__": f"{i:06d}", "jpg": photo(i, (120, 90)), "cls": i % 3} for i in range(first, first + n)]
+              for first, n in ((0, 7), (7, 5))]
+    shards[0][2]["jpg"] = shards[0][2]["jpg"][: len(shards[0][2]["jpg"]) // 3]
+    shards[1][1]["jpg"] = GARBAGE
+    write_tar_samples(store, shards)
+    options = dict(batch_size=4, num_workers=1, image_size=32, train=False, seed=3, on_corrupt="skip", tail="pad")
+    got = {}
+    for decode in ("cpu", "dali"):
+        with make_loader(store.raw_url, decode=decode, **options) as loader:
+            got[decode] = [(b["__key__"], b["label"].tolist(), b["mask"].tolist()) for b in loader]
+            assert loader.stats.corrupt_skipped == 2
+    assert got["dali"] == got["cpu"]
+    assert sum(m.count(False) for _, _, m in got["cpu"]) >= 2
 
 
 def real_keys(batches: list[dict]) -> list[str]:
