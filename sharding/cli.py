@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     w = sub.add_parser("write", help="turn an image folder, a table or tar shards into a dataset")
-    w.add_argument("src", help="image folder (ROOT/CLASS/IMG), table (.csv/.jsonl/.parquet), .tar, dir of .tar, or brace pattern")
+    w.add_argument("src", help="image folder (ROOT/CLASS/IMG), table (.csv/.jsonl/.parquet), .tar (or .tar.gz, .tgz, "
+                   ".tar.bz2, .tar.xz, .tar.zst), dir of them, or brace pattern")
     w.add_argument("dest", help="dataset prefix: a local directory or a URL (s3://bucket/prefix)")
     w.add_argument("--format", choices=("tar", "parquet"), default="tar")
     w.add_argument("--overwrite", action="store_true",
@@ -228,7 +229,7 @@ def _write(args: argparse.Namespace) -> int:
     _check_reachable(dest)
     source = open_source(args.src, storage=options, image_column=args.image_column,
                          label_column=args.label_column, key_column=args.key_column, key=args.key,
-                         label_names=args.label_names, follow_symlinks=args.follow_symlinks)
+                         label_names=args.label_names, follow_symlinks=args.follow_symlinks, quiet=args.quiet)
     total = sum(r.size_bytes for r in source.refs)
     progress = Progress(total_samples=len(source.refs), total_bytes=total, what="write", quiet=args.quiet)
     try:

@@ -12,7 +12,7 @@ import time
 from typing import Any, TextIO
 
 
-def _bar_class() -> Any:
+def bar_class() -> Any:
     from tqdm import tqdm
 
     class Bar(tqdm):  # type: ignore[misc, valid-type]
@@ -36,7 +36,7 @@ class Progress:
         self._bar: Any = None
         self._bytes_bar: Any = None
         if not quiet and self.stream.isatty():
-            tqdm = _bar_class()
+            tqdm = bar_class()
             self._bar = tqdm(total=total_samples, desc=what, unit="sample", file=self.stream,
                              dynamic_ncols=True, smoothing=0.1, position=0)
             self._bytes_bar = tqdm(total=total_bytes, desc="bytes", unit="B", unit_scale=True,

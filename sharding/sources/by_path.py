@@ -15,6 +15,7 @@ from sharding.sources.base import (
     SourceError,
     normalize_ext,
 )
+from sharding.sources.compressed import is_compressed_tar
 from sharding.sources.folder import open_folder
 from sharding.sources.table import open_table
 from sharding.sources.tar import expand_braces, open_dataset, open_tars
@@ -23,26 +24,27 @@ from sharding.sources.tar import expand_braces, open_dataset, open_tars
 def open_source(
     src: str, *, storage: Any = None, image_column: str | None = None, label_column: str | None = None,
     key_column: str | None = None, key: str = "index", label_names: Sequence[str] | None = None,
-    follow_symlinks: bool = True,
+    follow_symlinks: bool = True, quiet: bool = False,
 ) -> Source:
-    """Scan SRC (a path or URL): a brace pattern / .tar / directory of .tar (re-shard), a table file, or an image folder.
+    """Scan SRC (a path or URL): a brace pattern / .tar / directory of .tar (re-shard; .tar.gz and other
+    compressed tars are decompressed to a temporary folder first), a table file, or an image folder.
 
     `label_names` fixes the order of named labels (tables, folders) or names integer ones (tars);
-    `follow_symlinks` follows symlinked directories of a local image folder once, or not at all.
+    `follow_symlinks` follows symlinked directories of a local image folder once, or not at all;
+    `quiet` leaves out the note (and progress bar) of decompressing compressed tars.
     """
     source = _open(src, storage=storage, image_column=image_column, label_column=label_column,
-                   key_column=key_column, key=key, label_names=label_names, follow_symlinks=follow_symlinks)
+                   key_column=key_column, key=key, label_names=label_names, follow_symlinks=follow_symlinks,
+                   quiet=quiet)
     if label_names is not None and source.label_names != tuple(label_names):
         source.label_names = tuple(label_names)  # tar shards: .cls integers, named by the given list
     return source
 
 
 def _open(src: str, *, storage: Any, image_column: str | None, label_column: str | None, key_column: str | None,
-          key: str, label_names: Sequence[str] | None, follow_symlinks: bool) -> Source:
+          key: str, label_names: Sequence[str] | None, follow_symlinks: bool, quiet: bool = False) -> Source:
     shown = redact(src, storage.secrets if storage else ())
-    if src.lower().endswith(COMPRESSED_TAR_EXTS):
-        raise _compressed_tars(shown)
-    if "{" in src or src.endswith(".tar"):
+    if "{" in src or src.endswith(".tar") or is_compressed_tar(src):  # compressed: decompressed first
         paths = expand_braces(src)
         parent = _common_parent(paths)
         store = Store(parent, storage)
@@ -50,7 +52,7 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
         missing = [n for n in names if not store.exists(n)]
         if missing:
             raise SourceError(f"{shown}: source shard(s) {missing[:3]} do not exist; check the path or pattern")
-        return open_tars(store, names, shown)
+        return open_tars(store, names, shown, quiet=quiet)
     if "://" not in src or src.startswith("file://"):
         path = src.removeprefix("file://")
         if not os.path.exists(path):
@@ -62,11 +64,9 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
                               key=key, storage=storage, label_names=label_names)
         if _is_dataset(Store(path, storage)):
             return open_dataset(Store(path, storage), shown)
-        tars = sorted(e.name for e in os.scandir(path) if e.is_file() and e.name.endswith(".tar"))
+        tars = sorted(e.name for e in os.scandir(path) if e.is_file() and _is_tar(e.name))
         if tars:
-            return open_tars(Store(path, storage), tars, shown)
-        if any(e.name.lower().endswith(COMPRESSED_TAR_EXTS) for e in os.scandir(path) if e.is_file()):
-            raise _compressed_tars(shown)
+            return open_tars(Store(path, storage), tars, shown, quiet=quiet)
         tables = _table_files(Store(path, storage).list())
         if tables:  # a Hugging Face export: data/train-0000N-of-0000M.parquet
             return open_table([os.path.join(path, t) for t in tables], image_column=image_column,
@@ -80,11 +80,9 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
     if _is_dataset(store):
         return open_dataset(store, shown)
     listed = store.list()
-    tars = [n for n in listed if n.endswith(".tar") and "/" not in n]
+    tars = [n for n in listed if _is_tar(n) and "/" not in n]
     if tars:
-        return open_tars(store, tars, shown)
-    if any(n.lower().endswith(COMPRESSED_TAR_EXTS) and "/" not in n for n in listed):
-        raise _compressed_tars(shown)
+        return open_tars(store, tars, shown, quiet=quiet)
     tables = _table_files(listed)
     if tables:
         return open_table([f"{store.raw_url}/{t}" for t in tables], image_column=image_column,
@@ -105,13 +103,9 @@ def _is_dataset(store: Store) -> bool:
     return b'"shardify_manifest"' in bytes(head)
 
 
-COMPRESSED_TAR_EXTS = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
-
-
-def _compressed_tars(shown: str) -> SourceError:
-    """Compressed shards cannot be read at member offsets (re-sharding seeks to each sample)."""
-    return SourceError(f"{shown}: compressed tar shards ({', '.join(COMPRESSED_TAR_EXTS)}) are not read as a source: "
-                       "decompress them first (e.g. `gunzip -k FILE.tar.gz`) and pass the .tar files")
+def _is_tar(name: str) -> bool:
+    """A tar shard, plain or compressed (.tar.gz, .tgz, .tar.bz2, .tar.xz, .tar.zst)."""
+    return name.endswith(".tar") or is_compressed_tar(name)
 
 
 def _common_parent(paths: list[str]) -> str:

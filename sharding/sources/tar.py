@@ -20,6 +20,7 @@ from sharding.sources.base import (
     SourceError,
     normalize_ext,
 )
+from sharding.sources.compressed import Decompressed, is_compressed_tar, plain_name
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -42,13 +43,20 @@ def expand_braces(pattern: str) -> list[str]:
 class TarSource(Source):
     store: Store
     names: tuple[str, ...]
+    # Where messages and sample origins say the shards are, where they differ from where they are
+    # read (compressed shards read from their decompressed copies: compressed.py).
+    urls: tuple[str, ...] = ()
+    origins: tuple[str, ...] = ()
+
+    def url_of_shard(self, shard: int) -> str:
+        return self.urls[shard] if self.urls else self.store.url_of(self.names[shard])
 
     def load(self, refs: Sequence[Ref]) -> Iterator[tuple[Ref, RawSample | Exception]]:
         handles: dict[int, Any] = {}
         try:
             for ref in refs:
                 shard, members = ref.loc
-                where = self.store.url_of(self.names[shard])
+                where = self.url_of_shard(shard)
                 try:
                     f = handles.get(shard)
                     if f is None:
@@ -69,7 +77,7 @@ class TarSource(Source):
                     continue
                 fields.pop(label_ext(fields) or "cls", None)
                 yield ref, RawSample(ref.key, ref.label, image_ext, image, fields, f"{where} sample {ref.key}",
-                                     origin=f"{self.names[shard]}#{ref.key}")
+                                     origin=f"{(self.origins or self.names)[shard]}#{ref.key}")
         finally:
             for f in handles.values():
                 f.close()
@@ -96,7 +104,7 @@ def label_ext(exts: Any) -> str | None:
     return compound[0] if len(compound) == 1 else None
 
 
-def _tar_label(store: Store, name: str, handle: Any, members: dict[str, tuple[int, int]], key: str) -> int | None:
+def _tar_label(url: str, handle: Any, members: dict[str, tuple[int, int]], key: str) -> int | None:
     ext = label_ext(members)
     if ext is None:
         return None
@@ -106,7 +114,7 @@ def _tar_label(store: Store, name: str, handle: Any, members: dict[str, tuple[in
     try:
         return int(text)
     except ValueError:
-        raise SourceError(f"{store.url_of(name)}: sample {key!r}: .{ext} holds {text[:20]!r}, not an integer label; "
+        raise SourceError(f"{url}: sample {key!r}: .{ext} holds {text[:20]!r}, not an integer label; "
                           "write integer class numbers in .cls members") from None
 
 
@@ -125,16 +133,22 @@ def _grouped(index: Any, url: str) -> list[tuple[str, dict[str, tuple[int, int]]
     return list(samples.items())
 
 
-def open_tars(store: Store, names: list[str], description: str) -> TarSource:
-    """Existing WebDataset tar shards, indexed with dataio.format.tar_index.build_index (labels from .cls)."""
+def open_tars(store: Store, names: list[str], description: str, *, quiet: bool = False) -> TarSource:
+    """Existing WebDataset tar shards, indexed with dataio.format.tar_index.build_index (labels from .cls);
+    compressed ones (.tar.gz, ...) are read from plain copies in a temporary folder (compressed.py)."""
+    urls, origins, copies = [store.url_of(n) for n in names], list(names), None
+    if any(is_compressed_tar(n) for n in names):
+        copies = Decompressed(store, names, quiet=quiet)
+        store, names = copies.store, copies.names
     refs: list[Ref] = []
     exts: set[str] = set()
     extra: dict[str, None] = {}
     full_keys: list[str] = []  # as in the tar, directories included
     for shard, name in enumerate(names):
+        url = urls[shard]
         with store.fs.open(store.path(name), "rb") as f:
-            for key, members in _grouped(build_index(f, url=store.url_of(name)), store.url_of(name)):
-                label = _tar_label(store, name, f, members, key)
+            for key, members in _grouped(build_index(f, url=url), url):
+                label = _tar_label(url, f, members, key)
                 image = sorted((e for e in members if _is_image_ext(e)), key=_image_rank)[:1]
                 exts.update(image)
                 extra.update((e, None) for e in members if e not in image and e != label_ext(members))
@@ -144,13 +158,17 @@ def open_tars(store: Store, names: list[str], description: str) -> TarSource:
                 full_keys.append(key)
     if not refs:
         raise SourceError(f"{description}: the tar shards hold no samples")
-    refs = _unique_keys(refs, full_keys, names)
+    refs = _unique_keys(refs, full_keys, [plain_name(o) for o in origins])
     has_labels = any(r.label is not None for r in refs)
     extra_fields = tuple(Field(name=e, type="json" if e == "json" else "bytes") for e in extra)
-    return TarSource(
+    source = TarSource(
         description=description, refs=refs, label_names=None, image_exts=tuple(sorted(exts)),
         extra_fields=extra_fields, has_labels=has_labels, store=store, names=tuple(names),
+        urls=tuple(urls) if copies else (), origins=tuple(origins) if copies else (),
     )
+    if copies is not None:
+        copies.keep_alive(source)  # the copies go when the source does
+    return source
 
 
 def _unique_keys(refs: list[Ref], full_keys: list[str], names: Sequence[str]) -> list[Ref]:

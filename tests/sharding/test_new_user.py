@@ -6,9 +6,13 @@ manifest; whatever is written is complete.
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
+import json
+import lzma
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -60,14 +64,46 @@ def test_tar_sample_without_its_image_is_refused_or_skipped(tmp_path: Path, caps
     assert m["num_samples"] == 2 and [s["key"] for s in m["skipped"]] == ["lonely"]
 
 
-@pytest.mark.parametrize("name", ["shards.tar.gz", "shards.tgz"])
-def test_compressed_tars_say_to_decompress(tmp_path: Path, capsys, name: str) -> None:
-    whole = _tar(tmp_path / "w.tar", [("a.jpg", _jpeg()), ("a.cls", b"0")])
+COMPRESSORS = {"tar.gz": gzip.compress, "tgz": gzip.compress, "tar.bz2": bz2.compress, "tar.xz": lzma.compress}
+
+
+@pytest.mark.parametrize("ext", sorted(COMPRESSORS))
+def test_compressed_tars_are_read_like_plain_ones(tmp_path: Path, ext: str) -> None:
+    # Compressed WebDataset shards (as webdataset itself reads them) were refused with "decompress
+    # them first": they are decompressed to a temporary folder and read as the plain tars would be.
+    shards = [[(f"s{j}k{i}.{e}", d) for i in range(3) for e, d in (("jpg", _jpeg(3 * j + i)), ("cls", b"%d" % j))]
+              for j in range(2)]
     (tmp_path / "src").mkdir()
-    (tmp_path / "src" / name).write_bytes(gzip.compress(whole.read_bytes()))
-    for src in (tmp_path / "src" / name, tmp_path / "src"):  # the file, or a folder of them
-        err = _fails(capsys, "write", src, tmp_path / "ds", "--quiet")
-        assert "compressed tar" in err and "gunzip" in err and str(src) in err
+    for j, members in enumerate(shards):
+        plain = _tar(tmp_path / f"plain-{j}.tar", members)
+        (tmp_path / "src" / f"train-{j}.{ext}").write_bytes(COMPRESSORS[ext](plain.read_bytes()))
+    assert run("write", tmp_path / "plain-{0..1}.tar", tmp_path / "want", "--quiet") == 0
+    want = manifest_of(tmp_path / "want")
+    for n, src in enumerate([tmp_path / "src", tmp_path / "src" / f"train-{{0..1}}.{ext}", tmp_path / "src" / f"train-1.{ext}"]):
+        before = set(Path(tempfile.gettempdir()).glob("shardify-untar-*"))
+        assert run("write", src, tmp_path / f"ds{n}", "--quiet") == 0
+        m = manifest_of(tmp_path / f"ds{n}")
+        expected = 6 if n < 2 else 3
+        assert m["num_samples"] == expected and m["label_names"] == want["label_names"]
+        if n < 2:
+            assert m["shards"]["checksum"] == want["shards"]["checksum"]  # the same bytes
+        assert set(Path(tempfile.gettempdir()).glob("shardify-untar-*")) <= before  # the copies are gone
+    sources = json.loads(next((tmp_path / "ds0").rglob("*.sources.json")).read_text())
+    assert f"train-0.{ext}#s0k0" in json.dumps(sources)  # provenance names the compressed file
+
+
+def test_a_damaged_compressed_tar_is_named(tmp_path: Path, capsys) -> None:
+    whole = _tar(tmp_path / "w.tar", [(f"k{i}.{e}", d) for i in range(4) for e, d in (("jpg", _jpeg(i)), ("cls", b"0"))])
+    packed = gzip.compress(whole.read_bytes())
+    (tmp_path / "cut.tar.gz").write_bytes(packed[: len(packed) // 2])
+    err = _fails(capsys, "write", tmp_path / "cut.tar.gz", tmp_path / "ds", "--quiet")
+    assert "cut.tar.gz" in err and "cannot decompress" in err and "download it again" in err
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "a.tar.gz").write_bytes(packed)
+    (tmp_path / "mixed" / "b.tar").write_bytes(whole.read_bytes())
+    err = _fails(capsys, "write", tmp_path / "mixed", tmp_path / "ds", "--quiet")
+    assert "mixes plain and compressed" in err and "b.tar" in err
 
 
 def test_tsv_table_with_paths_relative_to_its_folder(tmp_path: Path) -> None:
