@@ -66,6 +66,7 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
             return open_dataset(Store(path, storage), shown)
         tars = sorted(e.name for e in os.scandir(path) if e.is_file() and _is_tar(e.name))
         if tars:
+            _refuse_images_beside(path, tars, _first_image(path))
             return open_tars(Store(path, storage), tars, shown, quiet=quiet)
         tables = _table_files(Store(path, storage).list())
         if tables:  # a Hugging Face export: data/train-0000N-of-0000M.parquet
@@ -82,6 +83,7 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
     listed = store.list()
     tars = [n for n in listed if _is_tar(n) and "/" not in n]
     if tars:
+        _refuse_images_beside(shown, tars, next((n for n in listed if _is_image(n)), None))
         return open_tars(store, tars, shown, quiet=quiet)
     tables = _table_files(listed)
     if tables:
@@ -101,6 +103,32 @@ def _is_dataset(store: Store) -> bool:
     except ShardifyError:
         return True  # unreadable: open_dataset says why
     return b'"shardify_manifest"' in bytes(head)
+
+
+def _is_image(name: str) -> bool:
+    base = name.rsplit("/", 1)[-1]
+    return not base.startswith(".") and normalize_ext(os.path.splitext(base)[1]) in IMAGE_EXT_SET
+
+
+def _first_image(root: str) -> str | None:
+    """An image file under a local folder (beside its tars, or in its subfolders), found by a walk
+    that stops at the first; hidden folders are left out."""
+    for top, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found = next((f for f in sorted(files) if _is_image(f)), None)
+        if found is not None:
+            return os.path.relpath(os.path.join(top, found), root)
+    return None
+
+
+def _refuse_images_beside(shown: str, tars: list[str], image: str | None) -> None:
+    """A folder holding tar shards and images too: reading only the tars would leave the images
+    out without a word, so neither is read."""
+    if image is not None:
+        raise SourceError(
+            f"{shown}: holds tar shards ({len(tars)}, e.g. {tars[0]!r}) and image files too (e.g. {image!r}); a "
+            "source is one or the other: move the tars to a folder of their own (or the images), and write "
+            "each as its own dataset (one loader reads both: make_loader([a, b]))")
 
 
 def _is_tar(name: str) -> bool:

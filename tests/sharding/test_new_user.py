@@ -106,6 +106,18 @@ def test_a_damaged_compressed_tar_is_named(tmp_path: Path, capsys) -> None:
     assert "mixes plain and compressed" in err and "b.tar" in err
 
 
+def test_a_folder_with_tars_and_images_is_refused_not_half_read(tmp_path: Path, capsys) -> None:
+    # The tars were read and the class folders beside them left out without a word.
+    folder = make_image_folder(tmp_path / "src", per_class=2, classes=("a", "b"))
+    _tar(folder / "extra.tar", [("k0.jpg", _jpeg()), ("k0.cls", b"0")])
+    err = _fails(capsys, "write", folder, tmp_path / "ds", "--quiet")
+    assert "extra.tar" in err and "image files too" in err and str(folder) in err
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+    (folder / "extra.tar").rename(tmp_path / "extra.tar")
+    assert run("write", folder, tmp_path / "ds", "--quiet") == 0  # the images alone
+    assert manifest_of(tmp_path / "ds")["num_samples"] == 4
+
+
 def test_tsv_table_with_paths_relative_to_its_folder(tmp_path: Path) -> None:
     folder = make_image_folder(tmp_path / "t" / "imgs", per_class=2, classes=("a",))
     rows = "".join(f"imgs/a/{p.name}\t{'x' if i else 'y'}\n" for i, p in enumerate(sorted((folder / "a").iterdir())))
