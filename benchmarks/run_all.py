@@ -25,11 +25,22 @@ def gather() -> None:
     for name in (*ORDER, "dali"):
         f = HERE / f"results_{name}.md"
         if f.exists():
-            parts.append(f.read_text().replace("\n# ", "\n## ", 1).replace("# ", "## ", 1))
+            parts.append(_demoted(f.read_text()))
     note = HERE / "dali_gpu_note.md"
     if note.exists():
-        parts.append(note.read_text().replace("# ", "## ", 1))
+        parts.append(_demoted(note.read_text()))
     (HERE / "README.md").write_text("\n\n".join(p.strip() for p in parts) + "\n")
+
+
+def _demoted(text: str) -> str:
+    """Every heading one level down: a results file's title becomes a section of this page, its
+    sections subsections (hand-written readings live in the results files, so nothing is lost)."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        out.append("#" + line if line.startswith("#") and not fenced else line)
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
