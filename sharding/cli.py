@@ -65,6 +65,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give seconds above 0 and at most 3600")
+    return value
+
+
 def _label_names(text: str) -> tuple[str, ...]:
     from sharding.sources.labels import read_label_names
 
@@ -109,6 +119,9 @@ def _sample_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", choices=("index", "path"), default="index",
                    help="sample keys: index (000042, the scan order) or path (the relative path, sanitised: "
                         "cat/img_1 for cat/img 1.jpg; unique and the same on every re-run)")
+    p.add_argument("--journal-every", type=_positive_seconds, default=2.0, metavar="SECONDS",
+                   help="how often the write journal records the shards written so far, which an interrupted "
+                        "write resumes from (--resume; default 2)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only a summary")
     _storage_flags(p)
 
@@ -220,7 +233,8 @@ def _write(args: argparse.Namespace) -> int:
     config = WriteConfig(
         shard_size_bytes=args.shard_size, max_samples_per_shard=args.max_samples_per_shard,
         shuffle=args.shuffle, seed=args.seed, num_workers=args.workers, max_side=args.max_side,
-        max_pixels=args.max_pixels, validate=args.validate, on_error=args.on_error, **extra,
+        max_pixels=args.max_pixels, validate=args.validate, on_error=args.on_error,
+        journal_every_s=args.journal_every, **extra,
     )
     resume = getattr(args, "resume", False)
     dest = Store(args.dest, options)

@@ -29,6 +29,7 @@ class WriteConfig:
     parts_threshold: int = PARTS_THRESHOLD  # more shards than this: a JSON root + Parquet parts
     engine: str = "local"  # "local": worker processes here; "ray": Ray tasks (sharding/engine_ray.py)
     ray_address: str | None = None  # engine "ray": an existing cluster; None starts a local Ray
+    journal_every_s: float = 2.0  # the journal records confirmed shards this often: what --resume keeps
 
     def __post_init__(self) -> None:
         if self.format not in ("tar", "parquet"):
@@ -54,6 +55,8 @@ class WriteConfig:
         if self.validate not in ("structure", "full", "header"):
             raise ValueError(f"validate {self.validate!r}: choose structure (walk each file to its end "
                              "marker), full (decode every pixel) or header")
+        if not 0 < self.journal_every_s <= 3600:
+            raise ValueError("the journal interval must be above 0 and at most 3600 seconds")
         if self.on_error not in ("fail", "skip"):
             raise ValueError(f"on_error {self.on_error!r}: choose fail or skip")
 

@@ -265,7 +265,7 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
     elif not append:
         generation = prepare_destination(dest, config.overwrite)
     tasks = [t for t in tasks_of(generation) if t[0] not in done]
-    journal = Journal(dest, head or _head(source, config, generation))
+    journal = Journal(dest, head or _head(source, config, generation), flush_every_s=config.journal_every_s)
     journal.num_batches = num_batches  # a resumed journal's earlier batches stay
     journal.start()
     sink = _Journaled(progress, journal)

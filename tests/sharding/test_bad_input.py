@@ -74,6 +74,9 @@ def test_bad_flag_value(image_folder: Path, tmp_path: Path, capsys) -> None:
     assert "invalid size '12XB'" in err and "256MB" in err
     err = _fails(capsys, "write", image_folder, tmp_path / "ds", "--workers", "0")
     assert "--workers" in err
+    for seconds in ("0", "-1", "soon"):
+        err = _fails(capsys, "write", image_folder, tmp_path / "ds", "--journal-every", seconds)
+        assert "--journal-every" in err and f"invalid value '{seconds}'" in err
 
 
 def test_corrupt_manifest(image_folder: Path, tmp_path: Path, capsys) -> None:
