@@ -20,6 +20,7 @@ import sys
 import tempfile
 import weakref
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dataio.storage.store import Store
@@ -57,15 +58,14 @@ class Decompressed:
         self._finalizer = weakref.finalize(self, _remove, self.root, self._pid)
         width = len(str(max(0, len(names) - 1)))
         self.names = [f"{i:0{width}d}-{os.path.basename(plain_name(n))}" for i, n in enumerate(names)]
-        sizes = [_size_or_none(store, n) for n in names]
         try:
-            self._run(store, names, sizes, quiet)
+            self._run(store, names, quiet)
         except BaseException:
             self.remove()
             raise
         self.store = Store(self.root)
 
-    def _run(self, store: Store, names: list[str], sizes: list[int | None], quiet: bool) -> None:
+    def _run(self, store: Store, names: list[str], quiet: bool) -> None:
         bar = None
         if not quiet:
             print(f"decompressing {len(names)} compressed tar shard(s) into {self.root} (removed when done; "
@@ -73,11 +73,19 @@ class Decompressed:
             if sys.stderr.isatty():  # a bar of compressed bytes read, as `shardify write` draws its own
                 from sharding.progress import bar_class
 
+                sizes = [_size_or_none(store, n) for n in names]  # a HEAD each: only for the bar
                 bar = bar_class()(total=sum(s for s in sizes if s) or None, desc="decompress", unit="B",
                                    unit_scale=True, unit_divisor=1024, file=sys.stderr, leave=False)
-        try:
-            for name, local in zip(names, self.names):
-                _decompress(store, name, os.path.join(self.root, local), bar.update if bar else lambda n: None)
+        advance = bar.update if bar is not None else (lambda n: None)
+        try:  # a shard per core at once (zlib, bz2 and lzma release the GIL while they decompress)
+            with ThreadPoolExecutor(max(1, min(len(names), os.cpu_count() or 1))) as pool:
+                jobs = [pool.submit(_decompress, store, name, os.path.join(self.root, local), advance)
+                        for name, local in zip(names, self.names)]
+                for job in jobs:
+                    if job.exception() is not None:
+                        for other in jobs:
+                            other.cancel()
+                        raise job.exception()  # type: ignore[misc]
         finally:
             if bar is not None:
                 bar.close()
