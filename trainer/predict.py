@@ -15,7 +15,6 @@ wall (the input pipeline or the shared storage cannot feed a rank as fast as it 
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +56,10 @@ class Measured:
 
 def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], *, world_size: int = 2) -> Link:
     """Least-squares line t = a + b * bytes through all-reduce timings at `world_size` ranks, read as a
-    ring: a = 2(N-1) * latency, b = 2(N-1)/N / bandwidth. Repeats of a size are reduced to their median."""
+    ring: a = 2(N-1) * latency, b = 2(N-1)/N / bandwidth. Repeats of a size are reduced to their
+    fastest (interference on a shared machine only adds time). Where the small sizes' jitter tilts
+    the relative-error fit flat or negative, the slope is read between the smallest and largest
+    size instead; a sweep whose largest message is not the slowest cannot be fitted."""
     if world_size < 2:
         raise ValueError("an all-reduce sweep needs world_size >= 2")
     by_size: dict[float, list[float]] = {}
@@ -66,7 +68,7 @@ def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], *, world_si
     if len(by_size) < 2:
         raise ValueError("fitting latency and bandwidth needs at least two message sizes")
     xs = sorted(by_size)
-    ys = [statistics.median(by_size[x]) for x in xs]
+    ys = [min(by_size[x]) for x in xs]
     # Weighted by 1/t^2 (relative error): sizes span decades, and the small ones carry the latency.
     ws = [1.0 / max(y, 1e-12) ** 2 for y in ys]
     total = sum(ws)
@@ -75,6 +77,9 @@ def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], *, world_si
     sxx = sum(w * (x - mean_x) ** 2 for w, x in zip(ws, xs, strict=True))
     slope = sum(w * (x - mean_x) * (y - mean_y) for w, x, y in zip(ws, xs, ys, strict=True)) / sxx
     intercept = mean_y - slope * mean_x
+    if not slope > 0 and ys[-1] > ys[0]:  # jitter at the small sizes: the two ends decide
+        slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
+        intercept = ys[0] - slope * xs[0]
     if not slope > 0:
         raise ValueError(f"all-reduce time does not grow with message size (slope {slope:.3g} s/byte): "
                          "sweep bigger messages, or give --link-gbps / --link-latency-us")
