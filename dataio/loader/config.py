@@ -94,8 +94,8 @@ class LoaderConfig:
     # Worker processes start when the loader is built (each reading its first window), not at the
     # first next(); with decode="cpu" (no transform/collate hook, no reuse_buffers) each iteration's
     # first batch is decoded in this process with num_workers threads while they start
-    # (loader/first_batch.py). RAW from local files in this process (num_workers=0, reader
-    # threads): each stream's first window is laid out in a thread while the loader is built. The batches and their order are the same either
+    # (loader/first_batch.py). With num_workers=0 (RAW from local files) the first window is laid
+    # out in a thread while the loader is built. The batches and their order are the same either
     # way; False: workers start at the first iteration and make every batch.
     early_start: bool = True
 

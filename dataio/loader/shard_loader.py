@@ -239,11 +239,9 @@ class ShardLoader:
         if config.early_start and config.num_workers > 0 and not self.uses_threads:
             self._start_workers()
         elif config.early_start and config.num_workers == 0:
-            # RAW in this process: the first window's indexes and layout are made in a thread while
-            # the caller goes on (worker.py bet_in_process).
+            # RAW in this process: the first window's indexes and layout (and the first batches'
+            # memory) are made in an I/O thread while the caller goes on (worker.py bet_in_process).
             self._get_dataloader().dataset.bet_in_process(self._next_start())
-        elif config.early_start and self.uses_threads:  # each reader thread's first window, likewise
-            self._reader_threads().warm_up(self._next_start())
 
     def _start_workers(self) -> None:
         """Fork (or spawn) the worker processes now: each opens its slot's stream from where the
@@ -306,8 +304,12 @@ class ShardLoader:
         self._sampler.start(self._token, start, steps, head)
         self._active_steps = steps
         if self.uses_threads:
+            if self._threads is None:
+                c = self.config
+                self._threads = ReaderThreads(self._worker_job(), num_workers=c.num_workers,
+                                              prefetch_factor=c.prefetch_factor, pin_memory=c.pin_memory)
             sampler = self._sampler
-            batches = self._reader_threads().iterate(self._token, start, steps, lambda: sampler.released_below)
+            batches = self._threads.iterate(self._token, start, steps, lambda: sampler.released_below)
             return self._deliver(batches, self._token, steps)
         if head:
             token = self._token
@@ -352,13 +354,6 @@ class ShardLoader:
                 self._active_steps = None
             if self.config.num_workers == 0 and self._dataloader is not None:
                 self._dataloader.dataset.close()  # in-process streams: stop their prefetch threads
-
-    def _reader_threads(self) -> ReaderThreads:
-        if self._threads is None:
-            c = self.config
-            self._threads = ReaderThreads(self._worker_job(), num_workers=c.num_workers,
-                                          prefetch_factor=c.prefetch_factor, pin_memory=c.pin_memory)
-        return self._threads
 
     def _get_dataloader(self) -> torch.utils.data.DataLoader:
         if self._dataloader is None:

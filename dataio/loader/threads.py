@@ -42,17 +42,10 @@ class ReaderThreads:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
 
-    def warm_up(self, plan_state: PlanState) -> None:
-        """Lay out each thread's first window from `plan_state` now, in the background (local files;
-        worker.BatchDataset.bet_in_process); the first iteration from there takes them."""
-        for i, ds in enumerate(self.datasets):
-            ds.bet_in_process(plan_state, worker_id=i)
-
     def iterate(self, token: int, plan_state: PlanState, steps: int, released: Any) -> Iterator[Any]:
         """Batches 0..steps-1 of the iteration `token` from `plan_state`, in order; `released()` is
         the number the caller has moved past (tickets carry it, slabs.py)."""
-        if self._threads:  # an iteration still running (its end stops them): stop it first
-            self.stop()
+        self.stop()
         n = len(self.datasets)
         # prefetch_factor batches ready in all (not per thread: the threads share one process).
         depth = max(1, -(-self.prefetch_factor // n))

@@ -176,14 +176,13 @@ class BatchDataset(torch.utils.data.Dataset):
         """
         self._bet(worker_id, PlanState(epoch=finished.epoch + 1), getattr(finished, "head", 0))
 
-    def bet_in_process(self, state: PlanState, worker_id: int = 0) -> None:
-        """RAW from local files, in this process (num_workers=0, or reader thread `worker_id`): open
-        the slot's stream from `state` now (the loader is being built) and lay out its first window
-        in a thread; the first iteration that starts there adopts it (see `_bet`). Object storage
-        waits for the iteration: its reads would keep I/O threads (and requests) alive for a loader
-        that may never be iterated."""
+    def bet_in_process(self, state: PlanState) -> None:
+        """num_workers=0, RAW from local files: open slot 0's stream from `state` now (the loader is
+        being built) and lay out its first window in a thread; the first iteration that starts
+        there adopts it (see `_bet`). Object storage waits for the iteration: its reads would keep
+        I/O threads (and requests) alive for a loader that may never be iterated."""
         if raw_fast_path(self.job) and all_local(self.reader):
-            self._bet(worker_id, state, 0, in_process=True)
+            self._bet(0, state, 0, in_process=True)
 
     def _bet(self, worker_id: int, state: PlanState, head: int, *, in_process: bool = False) -> None:
         """Open this slot's stream from `state` and read its first window in the background; a bet
