@@ -255,17 +255,28 @@ def _resize(hwc: np.ndarray, size: int) -> np.ndarray:
 def _to_rgb(img: Image.Image) -> Image.Image:
     """Any PIL mode -> RGB uint8, decoding the pixels.
 
-    16-bit samples keep their top 8 bits (not a clip); alpha (RGBA, LA, palette transparency) is
-    composited on BLACK: RGB * alpha / 255, so a transparent pixel is black whatever colour it
-    stores; CMYK/YCCK JPEGs go through PIL's conversion (Adobe's inverted CMYK included).
+    16-bit samples keep their top 8 bits (not a clip), and so do 32-bit integer ones (mode I: the
+    top 8 of the file's bits per sample, 16 where the file says 16); floating-point samples (mode F)
+    in [0, 1] are scaled by 255, others clipped to 0-255 (NaN is 0); alpha (RGBA, LA, palette
+    transparency) is composited on BLACK: RGB * alpha / 255, so a transparent pixel is black
+    whatever colour it stores; CMYK/YCCK JPEGs go through PIL's conversion (Adobe's inverted CMYK
+    included).
     """
     if img.mode == "RGB":
         img.load()
         return img
     if img.mode.startswith("I;16") or img.mode in ("I", "F"):
         arr = np.asarray(img)
-        arr = (arr.astype(np.uint32) >> 8) if img.mode.startswith("I;16") else np.clip(arr, 0, 255)
-        return Image.fromarray(arr.astype(np.uint8), "L").convert("RGB")
+        if img.mode.startswith("I;16"):
+            arr = arr.astype(np.uint32) >> 8
+        elif img.mode == "I":
+            arr = np.clip(arr.astype(np.int64), 0, None) >> (_bits_per_sample(img) - 8)
+        else:
+            arr = np.nan_to_num(arr.astype(np.float64), nan=0.0, posinf=255.0, neginf=0.0)
+            if arr.size and arr.max() <= 1.0:  # the [0, 1] convention of float images
+                arr = arr * 255.0
+            arr = np.clip(np.rint(arr), 0, 255)
+        return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "L").convert("RGB")
     if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (img.mode == "P" and "transparency" in img.info) \
             or (img.mode in ("L", "RGB", "1") and "transparency" in img.info):
         rgba = np.asarray(img.convert("RGBA"))  # (H, W, 4) uint8; premultiplied modes converted by PIL
@@ -273,6 +284,15 @@ def _to_rgb(img: Image.Image) -> Image.Image:
         rgb = (rgba[:, :, :3].astype(np.uint16) * alpha + 127) // 255  # over black, rounded
         return Image.fromarray(rgb.astype(np.uint8), "RGB")
     return img.convert("RGB")
+
+
+def _bits_per_sample(img: Image.Image) -> int:
+    """A mode-I image's bits per sample as its file states them (TIFF tag 258), else 32."""
+    tags = getattr(img, "tag_v2", None)
+    bits = tags.get(258) if tags is not None else None
+    if isinstance(bits, tuple):
+        bits = bits[0] if bits else None
+    return int(bits) if isinstance(bits, int) and 8 <= bits <= 32 else 32
 
 
 def _corrupt(url: str, key: str, what: str, exc: BaseException) -> CorruptSampleError:

@@ -105,6 +105,19 @@ def test_16bit_png_keeps_its_range():
     assert np.all(out == 100)
 
 
+@pytest.mark.parametrize("pixels, want", [
+    (np.full((40, 40), 0.5, np.float32), 128),  # float in [0, 1]: scaled by 255 (was clipped: 0 or 1)
+    (np.full((40, 40), 77.0, np.float32), 77),  # float beyond 1: a 0-255 scale, kept
+    (np.full((40, 40), 300.0, np.float32), 255),  # clipped
+    (np.full((40, 40), 0x40 << 24, np.int32), 64),  # 32-bit integer: its top 8 bits (was clipped to 255)
+])
+def test_float_and_32bit_tiffs_keep_their_range(pixels, want):
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="TIFF")
+    out = CpuDecoder(DecodeConfig(size=16, train=False)).decode(buf.getvalue(), seed=0)
+    assert np.all(out == want)
+
+
 @pytest.mark.parametrize("decoder", DECODERS)
 def test_same_seed_same_pixels_and_seeds_vary(decoder):
     data = _jpeg(240, 320)
