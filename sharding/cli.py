@@ -243,7 +243,8 @@ def _write(args: argparse.Namespace) -> int:
     _check_reachable(dest)
     source = open_source(args.src, storage=options, image_column=args.image_column,
                          label_column=args.label_column, key_column=args.key_column, key=args.key,
-                         label_names=args.label_names, follow_symlinks=args.follow_symlinks, quiet=args.quiet)
+                         label_names=args.label_names, follow_symlinks=args.follow_symlinks,
+                         log=None if args.quiet else (lambda line: print(line, file=sys.stderr)))
     total = sum(r.size_bytes for r in source.refs)
     progress = Progress(total_samples=len(source.refs), total_bytes=total, what="write", quiet=args.quiet)
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dataio.errors import ShardifyError
@@ -24,25 +24,25 @@ from sharding.sources.tar import expand_braces, open_dataset, open_tars
 def open_source(
     src: str, *, storage: Any = None, image_column: str | None = None, label_column: str | None = None,
     key_column: str | None = None, key: str = "index", label_names: Sequence[str] | None = None,
-    follow_symlinks: bool = True, quiet: bool = False,
+    follow_symlinks: bool = True, log: Callable[[str], None] | None = None,
 ) -> Source:
     """Scan SRC (a path or URL): a brace pattern / .tar / directory of .tar (re-shard; .tar.gz and other
     compressed tars are decompressed to a temporary folder first), a table file, or an image folder.
 
     `label_names` fixes the order of named labels (tables, folders) or names integer ones (tars);
     `follow_symlinks` follows symlinked directories of a local image folder once, or not at all;
-    `quiet` leaves out the note (and progress bar) of decompressing compressed tars.
+    `log` takes notes for the user (decompressing compressed tars; with it, a progress bar too).
     """
     source = _open(src, storage=storage, image_column=image_column, label_column=label_column,
                    key_column=key_column, key=key, label_names=label_names, follow_symlinks=follow_symlinks,
-                   quiet=quiet)
+                   log=log)
     if label_names is not None and source.label_names != tuple(label_names):
         source.label_names = tuple(label_names)  # tar shards: .cls integers, named by the given list
     return source
 
 
 def _open(src: str, *, storage: Any, image_column: str | None, label_column: str | None, key_column: str | None,
-          key: str, label_names: Sequence[str] | None, follow_symlinks: bool, quiet: bool = False) -> Source:
+          key: str, label_names: Sequence[str] | None, follow_symlinks: bool, log: Callable[[str], None] | None = None) -> Source:
     shown = redact(src, storage.secrets if storage else ())
     if "{" in src or src.endswith(".tar") or is_compressed_tar(src):  # compressed: decompressed first
         paths = expand_braces(src)
@@ -52,7 +52,7 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
         missing = [n for n in names if not store.exists(n)]
         if missing:
             raise SourceError(f"{shown}: source shard(s) {missing[:3]} do not exist; check the path or pattern")
-        return open_tars(store, names, shown, quiet=quiet)
+        return open_tars(store, names, shown, log=log)
     if "://" not in src or src.startswith("file://"):
         path = src.removeprefix("file://")
         if not os.path.exists(path):
@@ -67,7 +67,7 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
         tars = sorted(e.name for e in os.scandir(path) if e.is_file() and _is_tar(e.name))
         if tars:
             _refuse_images_beside(path, tars, _first_image(path))
-            return open_tars(Store(path, storage), tars, shown, quiet=quiet)
+            return open_tars(Store(path, storage), tars, shown, log=log)
         tables = _table_files(Store(path, storage).list())
         if tables:  # a Hugging Face export: data/train-0000N-of-0000M.parquet
             return open_table([os.path.join(path, t) for t in tables], image_column=image_column,
@@ -84,7 +84,7 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
     tars = [n for n in listed if _is_tar(n) and "/" not in n]
     if tars:
         _refuse_images_beside(shown, tars, next((n for n in listed if _is_image(n)), None))
-        return open_tars(store, tars, shown, quiet=quiet)
+        return open_tars(store, tars, shown, log=log)
     tables = _table_files(listed)
     if tables:
         return open_table([f"{store.raw_url}/{t}" for t in tables], image_column=image_column,

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import weakref
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -47,7 +48,7 @@ class Decompressed:
     """Plain copies of compressed tar shards in a temporary folder: `store` holds `names[i]` for
     the i-th given shard. `keep_alive(owner)` removes the folder once `owner` is gone."""
 
-    def __init__(self, store: Store, names: list[str], *, quiet: bool = False) -> None:
+    def __init__(self, store: Store, names: list[str], *, log: Callable[[str], None] | None = None) -> None:
         mixed = [n for n in names if not is_compressed_tar(n)]
         if mixed:
             raise SourceError(
@@ -59,18 +60,20 @@ class Decompressed:
         width = len(str(max(0, len(names) - 1)))
         self.names = [f"{i:0{width}d}-{os.path.basename(plain_name(n))}" for i, n in enumerate(names)]
         try:
-            self._run(store, names, quiet)
+            self._run(store, names, log)
         except BaseException:
             self.remove()
             raise
         self.store = Store(self.root)
 
-    def _run(self, store: Store, names: list[str], quiet: bool) -> None:
+    def _run(self, store: Store, names: list[str], log: Callable[[str], None] | None) -> None:
+        """`log`: the caller's channel for a note (the CLI's stderr, unless --quiet); with one, a
+        progress bar of compressed bytes read is drawn on a terminal too. Without: silent."""
         bar = None
-        if not quiet:
-            print(f"decompressing {len(names)} compressed tar shard(s) into {self.root} (removed when done; "
-                  "set TMPDIR to put it on a larger disk)", file=sys.stderr)
-            if sys.stderr.isatty():  # a bar of compressed bytes read, as `shardify write` draws its own
+        if log is not None:
+            log(f"decompressing {len(names)} compressed tar shard(s) into {self.root} (removed when done; "
+                "set TMPDIR to put it on a larger disk)")
+            if sys.stderr.isatty():  # as `shardify write` draws its own
                 from sharding.progress import bar_class
 
                 sizes = [_size_or_none(store, n) for n in names]  # a HEAD each: only for the bar

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -133,12 +133,12 @@ def _grouped(index: Any, url: str) -> list[tuple[str, dict[str, tuple[int, int]]
     return list(samples.items())
 
 
-def open_tars(store: Store, names: list[str], description: str, *, quiet: bool = False) -> TarSource:
+def open_tars(store: Store, names: list[str], description: str, *, log: Callable[[str], None] | None = None) -> TarSource:
     """Existing WebDataset tar shards, indexed with dataio.format.tar_index.build_index (labels from .cls);
     compressed ones (.tar.gz, ...) are read from plain copies in a temporary folder (compressed.py)."""
     urls, origins, copies = [store.url_of(n) for n in names], list(names), None
     if any(is_compressed_tar(n) for n in names):
-        copies = Decompressed(store, names, quiet=quiet)
+        copies = Decompressed(store, names, log=log)
         store, names = copies.store, copies.names
     refs: list[Ref] = []
     exts: set[str] = set()

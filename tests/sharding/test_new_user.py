@@ -99,6 +99,10 @@ def test_a_damaged_compressed_tar_is_named(tmp_path: Path, capsys) -> None:
     err = _fails(capsys, "write", tmp_path / "cut.tar.gz", tmp_path / "ds", "--quiet")
     assert "cut.tar.gz" in err and "cannot decompress" in err and "download it again" in err
     assert not (tmp_path / "ds" / "manifest.json").exists()
+    (tmp_path / "good.tar.gz").write_bytes(packed)
+    capsys.readouterr()
+    assert run("write", tmp_path / "good.tar.gz", tmp_path / "ok") == 0  # not --quiet: says what it does
+    assert "decompressing 1 compressed tar shard(s)" in capsys.readouterr().err
     (tmp_path / "mixed").mkdir()
     (tmp_path / "mixed" / "a.tar.gz").write_bytes(packed)
     (tmp_path / "mixed" / "b.tar").write_bytes(whole.read_bytes())
