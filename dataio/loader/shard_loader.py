@@ -239,8 +239,8 @@ class ShardLoader:
         if config.early_start and config.num_workers > 0 and not self.uses_threads:
             self._start_workers()
         elif config.early_start and config.num_workers == 0:
-            # RAW in this process: the first window's indexes and layout (and the first batches'
-            # memory) are made in an I/O thread while the caller goes on (worker.py bet_in_process).
+            # RAW in this process: the first window's indexes and layout are made in a thread while
+            # the caller goes on (worker.py bet_in_process).
             self._get_dataloader().dataset.bet_in_process(self._next_start())
 
     def _start_workers(self) -> None:
