@@ -93,7 +93,8 @@ def _run_task(task: tuple[int, str, list[Ref]]) -> ShardResult:
         w["queue"].put((num, num_bytes))
 
     try:
-        result = write_shard(task, w["source"], w["dest"], w["config"], w["layout"], report)
+        # durable=False: the parent fsyncs each batch of shards before its journal names them
+        result = write_shard(task, w["source"], w["dest"], w["config"], w["layout"], report, durable=False)
         _check_stop()  # stopped while finishing: this shard is whole, the next one is not started
         return result
     except KeyboardInterrupt:

@@ -100,14 +100,15 @@ def checked_samples(
 
 def write_shard(
     task: tuple[int, str, list[Ref]], source: Source, dest: Store, config: WriteConfig, layout: Layout,
-    report: Callable[[int, int], None],
+    report: Callable[[int, int], None], *, durable: bool = True,
 ) -> ShardResult:
-    """Load, check and write the samples of one shard; publish it (and then its index) atomically."""
+    """Load, check and write the samples of one shard; publish it (and then its index) atomically.
+    durable=False: no fsync of its files on local disk (the caller syncs them: `shard_files`)."""
     index, rel, refs = task
     skipped: list[dict[str, str]] = []
     origins: list[str] = []  # each written sample's source, for the provenance sidecar
     samples = checked_samples(source, refs, config, skipped, report)
-    with dest.open_atomic(rel) as f:
+    with dest.open_atomic(rel, durable=durable) as f:
         if config.format == "tar":
             writer: Any = TarShardWriter(f)
             for sample in samples:
@@ -127,13 +128,24 @@ def write_shard(
         dest.remove(rel)  # every sample skipped: an empty shard is no use to anyone
         return ShardResult(**common)
     # Beside the shard (and its index), never inside: stock readers see only the user's samples.
-    dest.write_bytes(sources_path(rel), dumps_sources(rel, common["checksum"], [redact(o) for o in origins]))
+    dest.write_bytes(sources_path(rel), dumps_sources(rel, common["checksum"], [redact(o) for o in origins]),
+                     durable=durable)
     if config.format == "parquet":
         return ShardResult(**common, row_groups=row_groups, row_group_checksums=row_group_checksums)
     index_rel = rel.rsplit(".", 1)[0] + ".idx"
     data = tar_index.dumps()
-    dest.write_bytes(index_rel, data)
+    dest.write_bytes(index_rel, data, durable=durable)
     sums = dumps_sums(writer.sums)
-    dest.write_bytes(sums_path(rel), sums)
+    dest.write_bytes(sums_path(rel), sums, durable=durable)
     return ShardResult(**common, index_path=index_rel, index_bytes=len(data), index_checksum=checksum_bytes(data),
                        sums_checksum=checksum_bytes(sums))
+
+
+def shard_files(result: ShardResult) -> list[str]:
+    """The files a written shard consists of: the shard, its provenance sidecar, index and checksums."""
+    if not result.num_samples:
+        return []
+    files = [result.path, sources_path(result.path)]
+    if result.index_path:
+        files += [result.index_path, sums_path(result.path)]
+    return files

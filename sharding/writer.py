@@ -50,7 +50,7 @@ from sharding.resume import (
     open_for_append,
     resume_point,
 )
-from sharding.shard import write_shard
+from sharding.shard import shard_files, write_shard
 from sharding.sources.base import Ref, Source, SourceError
 
 __all__ = ["WriteConfig", "WriteReport", "plan_shards", "prepare_destination", "write_dataset"]
@@ -183,10 +183,17 @@ class WriteReport:
 
 
 class _Journaled:
-    """The progress sink of a write, also recording every confirmed shard in the journal."""
+    """The progress sink of a write, also recording every confirmed shard in the journal.
 
-    def __init__(self, progress: Any, journal: Journal) -> None:
-        self.progress, self.journal = progress, journal
+    Local shards are written without an fsync each (the workers' time); before the journal records
+    a batch of them (every `journal_every_s`, and before the manifest), this process fsyncs their
+    files and directories at once: the fsyncs run beside the workers' writing, and a shard the
+    journal or the manifest names is always on disk."""
+
+    def __init__(self, progress: Any, journal: Journal, dest: Store) -> None:
+        self.progress, self.journal, self.dest = progress, journal, dest
+        self._unsynced: list[str] = []
+        journal.before_flush = self.sync
 
     def update(self, *args: Any) -> None:
         self.progress.update(*args)
@@ -194,7 +201,12 @@ class _Journaled:
     def log_shard(self, result: ShardResult) -> None:
         self.progress.log_shard(result)
         if result.num_samples:
+            self._unsynced += shard_files(result)
             self.journal.add(asdict(result))
+
+    def sync(self) -> None:
+        files, self._unsynced = self._unsynced, []
+        self.dest.make_durable(files)
 
 
 def _head(source: Source, config: WriteConfig, generation: int) -> JournalHead:
@@ -230,7 +242,7 @@ def _run(tasks: list[tuple[int, str, list[Ref]]], source: Source, dest: Store, c
     if config.num_workers == 1 or len(tasks) == 1:
         results = []
         for task in tasks:
-            results.append(write_shard(task, source, dest, config, layout, sink.progress.update))
+            results.append(write_shard(task, source, dest, config, layout, sink.progress.update, durable=False))
             sink.log_shard(results[-1])
         return results
     return run_parallel(tasks, source, dest, config, layout, sink)
@@ -268,7 +280,7 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
     journal = Journal(dest, head or _head(source, config, generation), flush_every_s=config.journal_every_s)
     journal.num_batches = num_batches  # a resumed journal's earlier batches stay
     journal.start()
-    sink = _Journaled(progress, journal)
+    sink = _Journaled(progress, journal, dest)
     try:
         results = _run(tasks, source, dest, config, layout, sink)
         manifest = _manifest([*done.values(), *results], source, config, layout)

@@ -313,8 +313,10 @@ class Journal:
     `flush_every_s` (and at the end), so the files written grow with the shards, not their square."""
 
     def __init__(self, store: Store, head: JournalHead, *, flush_every_s: float = 2.0,
-                 clock: Any = time.time) -> None:
+                 clock: Any = time.time, before_flush: Any = None) -> None:
+        # before_flush(): called before a batch is recorded, to make its shards durable first
         self.store, self.head, self.flush_every_s, self.clock = store, head, flush_every_s, clock
+        self.before_flush = before_flush
         self.pending: list[dict[str, Any]] = []
         self.num_batches = 0
         self.last_flush_s = clock()
@@ -333,6 +335,8 @@ class Journal:
     def flush(self) -> None:
         if not self.pending:
             return
+        if self.before_flush is not None:
+            self.before_flush()  # a shard the journal names must survive a power cut
         body = json.dumps({"shards": self.pending}, separators=(",", ":"), default=list).encode()
         self.store.write_bytes(batch_name(self.head.version, self.num_batches), body)
         self.num_batches += 1

@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, BinaryIO, TypeVar
 
@@ -269,13 +269,30 @@ class Store:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(path)
 
-    def write_bytes(self, rel: str, data: bytes) -> None:
+    def write_bytes(self, rel: str, data: bytes, *, durable: bool = True) -> None:
         """Publish `data` at `rel` atomically: readers see the old object or the whole new one."""
-        with self.open_atomic(rel) as f:
+        with self.open_atomic(rel, durable=durable) as f:
             f.write(data)
 
+    def make_durable(self, rels: Sequence[str]) -> None:
+        """Local disk: fsync the files `rels` (written with durable=False) and their directories,
+        so they and their renames survive a power cut; object stores confirm each write already."""
+        if not self.is_local:
+            return
+        directories: dict[str, None] = {}
+        for rel in rels:
+            path = self.path(rel)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            directories[os.path.dirname(path) or "."] = None
+        for directory in directories:
+            _fsync_directory(directory)
+
     @contextlib.contextmanager
-    def open_atomic(self, rel: str) -> Iterator[BinaryIO]:
+    def open_atomic(self, rel: str, *, durable: bool = True) -> Iterator[BinaryIO]:
         """A writer whose bytes appear at `rel` only if the block exits cleanly and the store confirms them.
 
         Local disk: a hidden temporary name in the same directory, fsync, rename, fsync of the
@@ -285,9 +302,11 @@ class Store:
         MD5 of its bytes), then a HEAD must show the expected size and, where the store gives an
         ETag of the usual form, the one computed from the bytes sent (MD5 for one PUT, MD5 of the
         parts' MD5s and "-N" for N parts). Anything else raises StorageError naming the URL.
+        durable=False (local disk): no fsync; the caller makes a batch of such files durable at once
+        with `make_durable` before anything refers to them (the writer: before its journal does).
         """
         if self.is_local:
-            with self._open_local_atomic(rel) as f:
+            with self._open_local_atomic(rel, durable=durable) as f:
                 yield f
             return
         with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
@@ -295,7 +314,7 @@ class Store:
             self._upload_confirmed(rel, spool)
 
     @contextlib.contextmanager
-    def _open_local_atomic(self, rel: str) -> Iterator[BinaryIO]:
+    def _open_local_atomic(self, rel: str, *, durable: bool = True) -> Iterator[BinaryIO]:
         path = self.path(rel)
         directory, name = os.path.split(path)
         os.makedirs(directory or ".", exist_ok=True)
@@ -304,9 +323,11 @@ class Store:
             with open(tmp, "w+b") as f:  # readable too: a writer may read back what it wrote
                 yield f
                 f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    os.fsync(f.fileno())
             os.replace(tmp, path)
-            _fsync_directory(directory or ".")  # the rename itself survives a power cut
+            if durable:
+                _fsync_directory(directory or ".")  # the rename itself survives a power cut
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)

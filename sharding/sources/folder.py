@@ -44,7 +44,40 @@ class FolderSource(Source):
             ext = normalize_ext(os.path.splitext(ref.loc)[1])
             return RawSample(ref.key, ref.label, ext, data, {}, path, origin=ref.loc)
 
-        yield from zip(refs, files.map(one, list(refs)))
+        if is_url(self.root):  # object storage: requests in flight on threads (latency bound)
+            yield from zip(refs, files.map(one, list(refs)))
+            return
+        yield from zip(refs, _read_ahead_local(one, refs, self.root))
+
+
+READ_AHEAD_FILES = 32  # local files the kernel is asked to read ahead of the one being read
+
+
+def _read_ahead_local(one: Any, refs: Sequence[Ref], root: str) -> Iterator[RawSample | Exception]:
+    """`one(ref)` for local files in this thread, the kernel told to read the next files ahead
+    (posix_fadvise WILLNEED: a cold disk reads them while this one is checked and written). Reading
+    in threads, as for object storage, cost a thread hand-off per file: on a warm page cache more
+    than the read itself (a write of 10k 100 KB images took 0.65 s per 2k samples that way, 0.40
+    in this thread)."""
+    base = root.removeprefix("file://")
+    hint = hasattr(os, "posix_fadvise")
+    for ref in refs[:READ_AHEAD_FILES] if hint else ():
+        _will_need(os.path.join(base, ref.loc))
+    for i, ref in enumerate(refs):
+        if hint and i + READ_AHEAD_FILES < len(refs):
+            _will_need(os.path.join(base, refs[i + READ_AHEAD_FILES].loc))
+        yield one(ref)
+
+
+def _will_need(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # the read reports it
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
 
 
 # Files an OS leaves in folders: never images, not worth a note.

@@ -165,3 +165,38 @@ def test_resume_after_kill_9_gives_the_uninterrupted_dataset(tmp_path) -> None:
     assert run("write", folder, whole, *flags) == 0
     a, b = manifest_of(dest), manifest_of(whole)
     assert a["shards"] == b["shards"] and a["num_samples"] == 1200
+
+
+def test_every_shard_is_on_disk_before_the_journal_or_the_manifest_names_it(image_folder, tmp_path,
+                                                                             monkeypatch) -> None:
+    # Workers write shards without an fsync each; the writing process fsyncs every batch of them
+    # (files and their directories) before its journal records them, and so before the manifest.
+    import os
+
+    from dataio.format.versions import Journal
+
+    synced: set[str] = set()
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.add(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    recorded: list[list[str]] = []
+    flush = Journal.flush
+
+    def checking_flush(self) -> None:
+        files = [os.path.realpath(tmp_path / "ds" / f) for row in self.pending
+                 for f in (row["path"], row["index_path"], row["path"].replace(".tar", ".sums"),
+                           row["path"].replace(".tar", ".sources.json"))]
+        flush(self)
+        missing = [f for f in files if f not in synced]
+        assert not missing, missing  # each was fsynced before the batch naming it was written
+        assert {os.path.dirname(f) for f in files} <= synced  # and its directory (the rename)
+        recorded.append(files)
+
+    monkeypatch.setattr(Journal, "flush", checking_flush)
+    assert run("write", image_folder, tmp_path / "ds", "--workers", 1, "--max-samples-per-shard", 2,
+               "--quiet") == 0
+    assert sum(len(files) for files in recorded) == 4 * len(manifest_of(tmp_path / "ds")["shards"]["path"])
