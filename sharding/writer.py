@@ -18,6 +18,7 @@ import os
 import random
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -185,14 +186,15 @@ class WriteReport:
 class _Journaled:
     """The progress sink of a write, also recording every confirmed shard in the journal.
 
-    Local shards are written without an fsync each (the workers' time); before the journal records
-    a batch of them (every `journal_every_s`, and before the manifest), this process fsyncs their
-    files and directories at once: the fsyncs run beside the workers' writing, and a shard the
-    journal or the manifest names is always on disk."""
+    Local shards are written without an fsync each (the workers' time); this process fsyncs each
+    one's files and directory in a thread as its result arrives (beside the workers' writing),
+    and before the journal records a batch (every `journal_every_s`, and before the manifest) it
+    waits for those fsyncs: a shard the journal or the manifest names is always on disk."""
 
     def __init__(self, progress: Any, journal: Journal, dest: Store) -> None:
         self.progress, self.journal, self.dest = progress, journal, dest
-        self._unsynced: list[str] = []
+        self._syncing: list[Future] = []
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="shardify-fsync") if dest.is_local else None
         journal.before_flush = self.sync
 
     def update(self, *args: Any) -> None:
@@ -201,12 +203,19 @@ class _Journaled:
     def log_shard(self, result: ShardResult) -> None:
         self.progress.log_shard(result)
         if result.num_samples:
-            self._unsynced += shard_files(result)
+            if self._pool is not None:
+                self._syncing.append(self._pool.submit(self.dest.make_durable, shard_files(result)))
             self.journal.add(asdict(result))
 
     def sync(self) -> None:
-        files, self._unsynced = self._unsynced, []
-        self.dest.make_durable(files)
+        """Wait for the fsyncs of every shard logged so far; the first failure is raised."""
+        syncing, self._syncing = self._syncing, []
+        for future in syncing:
+            future.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _head(source: Source, config: WriteConfig, generation: int) -> JournalHead:
@@ -299,6 +308,8 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
         with contextlib.suppress(Exception):
             journal.fail(redact(str(exc)) or type(exc).__name__)
         raise
+    finally:
+        sink.close()
     removed: tuple[str, ...] = ()
     with contextlib.suppress(Exception):  # the dataset is published; bookkeeping may lag, gc catches up
         journal.finish(manifest_fingerprint=manifest.fingerprint)
