@@ -191,10 +191,12 @@ class _Journaled:
     and before the journal records a batch (every `journal_every_s`, and before the manifest) it
     waits for those fsyncs: a shard the journal or the manifest names is always on disk."""
 
-    def __init__(self, progress: Any, journal: Journal, dest: Store) -> None:
+    def __init__(self, progress: Any, journal: Journal, dest: Store, *, sync: bool) -> None:
+        # sync: this process fsyncs the shards (local disk, written unsynced by local workers; Ray
+        # tasks sync their own, on whichever machine they run)
         self.progress, self.journal, self.dest = progress, journal, dest
         self._syncing: list[Future] = []
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="shardify-fsync") if dest.is_local else None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="shardify-fsync") if sync else None
         journal.before_flush = self.sync
 
     def update(self, *args: Any) -> None:
@@ -289,7 +291,7 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
     journal = Journal(dest, head or _head(source, config, generation), flush_every_s=config.journal_every_s)
     journal.num_batches = num_batches  # a resumed journal's earlier batches stay
     journal.start()
-    sink = _Journaled(progress, journal, dest)
+    sink = _Journaled(progress, journal, dest, sync=dest.is_local and config.engine == "local")
     try:
         results = _run(tasks, source, dest, config, layout, sink)
         manifest = _manifest([*done.values(), *results], source, config, layout)

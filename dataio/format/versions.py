@@ -313,10 +313,10 @@ class Journal:
     `flush_every_s` (and at the end), so the files written grow with the shards, not their square."""
 
     def __init__(self, store: Store, head: JournalHead, *, flush_every_s: float = 2.0,
-                 clock: Any = time.time, before_flush: Any = None) -> None:
-        # before_flush(): called before a batch is recorded, to make its shards durable first
+                 clock: Any = time.time) -> None:
         self.store, self.head, self.flush_every_s, self.clock = store, head, flush_every_s, clock
-        self.before_flush = before_flush
+        # Called before a batch is recorded, to make its shards durable first (the writer sets it).
+        self.before_flush: Any = None
         self.pending: list[dict[str, Any]] = []
         self.num_batches = 0
         self.last_flush_s = clock()
