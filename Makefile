@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench faults s3-server clean
+.PHONY: setup demo test lint docs bench faults s3-server clean
 
 setup: $(STAMP)
 
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,s3,dali,demo,bench,ray]"
+	$(PY) -m pip install -q -e ".[test,s3,dali,demo,bench,ray,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,7 +23,12 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test: $(STAMP) lint
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The documentation site, built and served on http://127.0.0.1:8000 (rebuilt on every edit).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
@@ -36,4 +41,4 @@ s3-server: $(STAMP)
 	$(PY) -m tools.s3_server
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build site *.egg-info
