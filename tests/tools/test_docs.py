@@ -1,0 +1,76 @@
+"""The documentation cannot drift from the code: the CLI reference lists every flag `--help` shows."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*")
+OPTION_LINE = re.compile(r"^  (-\S.*?)(?:\s{2,}|$)", re.M)  # "  --flag X, -f X   help": the invocation part
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _help(module: str, argv: list[str]) -> str:
+    """What `python -m MODULE ARGV --help` prints, from the entry point itself."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        importlib.import_module(module).main([*argv, "--help"])
+    return out.getvalue()
+
+
+def _flags(help_text: str) -> set[str]:
+    """The long flags `--help` lists as options (not those its prose mentions)."""
+    return {f for line in OPTION_LINE.findall(help_text) for f in FLAG.findall(line)} - {"--help"}
+
+
+def _cli_page() -> str:
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    return _hooks().on_page_markdown(page, page=None, config=None, files=None)
+
+
+def _section(page: str, heading: str) -> str:
+    """The part of the rendered page under `heading` (up to the next heading of that level or higher)."""
+    level = heading.split(" ")[0]
+    start = page.index(f"{heading}\n")
+    nxt = re.search(rf"^#{{1,{len(level)}}} ", page[start + len(heading) + 1:], re.M)
+    return page[start:start + len(heading) + 1 + nxt.start()] if nxt else page[start:]
+
+
+def test_every_command_marker_is_rendered():
+    page = _cli_page()
+    assert "<!-- cli:" not in page
+    assert set(_hooks().COMMANDS) <= set(re.findall(r"<!-- cli: ([\w.]+) -->",
+                                                    (ROOT / "docs" / "reference" / "cli.md").read_text()))
+
+
+def test_shardify_reference_lists_every_flag_of_every_subcommand():
+    page = _cli_page()
+    subs = re.findall(r"\{([a-z,]+)\}", _help("sharding.cli", []))[0].split(",")
+    assert {"write", "append", "inspect", "index", "gc", "verify"} <= set(subs)
+    for sub in subs:
+        section = _section(page, f"### `shardify {sub}`")
+        flags = _flags(_help("sharding.cli", [sub]))
+        missing = sorted(f for f in flags if f"`{f}" not in section)
+        assert flags and not missing, f"shardify {sub}: {missing} in --help but not in docs/reference/cli.md"
+
+
+@pytest.mark.parametrize("module,heading", [("trainer.__main__", "## `python -m trainer`"),
+                                            ("trainer.scaling", "## `python -m trainer.scaling`")])
+def test_trainer_reference_lists_every_flag(module, heading):
+    section = _section(_cli_page(), heading)
+    flags = _flags(_help(module, []))
+    missing = sorted(f for f in flags if f"`{f}" not in section)
+    assert len(flags) > 5 and not missing, f"{module}: {missing} in --help but not in docs/reference/cli.md"
