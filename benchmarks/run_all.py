@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.headline import HEADLINES, RATIO_NOTE, date_of, headline_row, machine_of, title_of
+
 HERE = Path(__file__).resolve().parent
 ORDER = ("plan", "decode", "write", "loader", "first", "s3", "mix", "scale")
 # Names whose command is not benchmarks.bench_NAME.
@@ -20,27 +22,24 @@ QUICK = {"loader": ["--num-images", "2000", "--repeats", "1", "--epochs", "2"],
 
 
 def gather() -> None:
-    """benchmarks/README.md = an intro plus every results_*.md, in a fixed order."""
-    parts = [(HERE / "README.intro.md").read_text()] if (HERE / "README.intro.md").exists() else []
-    for name in (*ORDER, "dali"):
-        f = HERE / f"results_{name}.md"
-        if f.exists():
-            parts.append(_demoted(f.read_text()))
-    note = HERE / "dali_gpu_note.md"
-    if note.exists():
-        parts.append(_demoted(note.read_text()))
-    (HERE / "README.md").write_text("\n\n".join(p.strip() for p in parts) + "\n")
+    """benchmarks/README.md = the intro, one headline table (each task's newest run: shardify against
+    its best peer), then a link to every results file for the detail; nothing pasted together."""
+    intro = (HERE / "README.intro.md").read_text().strip() if (HERE / "README.intro.md").exists() else "# Benchmarks"
+    rows = [h for name, read in HEADLINES.items() if (HERE / f"results_{name}.md").exists()
+            for h in read(HERE / f"results_{name}.md")]
+    table = ["| task | best peer | peer | shardify | ratio | machine | date |", "|---|---|---:|---:|---:|---|---|"]
+    table += [headline_row(h) for h in rows]
+    links = [f"- [{title_of(f.read_text())}]({f.name}): {machine_of(f.read_text())}, {date_of(f)}"
+             for f in _detail_files()]
+    page = [intro, "## Headline: shardify against the best peer", *RATIO_NOTE, "\n".join(table),
+            "## The detail, one file per benchmark", "\n".join(links)]
+    (HERE / "README.md").write_text("\n\n".join(page) + "\n")
 
 
-def _demoted(text: str) -> str:
-    """Every heading one level down: a results file's title becomes a section of this page, its
-    sections subsections (hand-written readings live in the results files, so nothing is lost)."""
-    out, fenced = [], False
-    for line in text.splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-        out.append("#" + line if line.startswith("#") and not fenced else line)
-    return "\n".join(out)
+def _detail_files() -> list[Path]:
+    names = [f"results_{n}.md" for n in (*ORDER, "verify", "dali", "faults")] + ["dali_gpu_note.md"]
+    names += sorted(p.name for p in HERE.glob("results_*.md") if p.name not in names)
+    return [HERE / n for n in names if (HERE / n).exists()]
 
 
 def main(argv: list[str] | None = None) -> int:
