@@ -33,12 +33,20 @@ class _Caught(Exception):
         self.parser = parser
 
 
-def parser_of(name: str) -> argparse.ArgumentParser:
-    """The parser the entry point `name` (a COMMANDS key) builds, caught before it parses anything."""
+def entry_point(module: str, func: str = "main"):
+    """`module.func`, or `module.__main__.func` where the module is a package run with -m."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
+    found = importlib.import_module(module)
+    if not hasattr(found, func) and hasattr(found, "__path__"):
+        found = importlib.import_module(f"{module}.__main__")
+    return getattr(found, func)
+
+
+def parser_of(name: str) -> argparse.ArgumentParser:
+    """The parser the entry point `name` (a COMMANDS key) builds, caught before it parses anything."""
     module, func = COMMANDS[name]
-    entry = getattr(importlib.import_module(module), func)
+    entry = entry_point(module, func)
     original = argparse.ArgumentParser.parse_known_args
 
     def catch(self, *args, **kwargs):  # the first parse is the entry point's own parser

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
 import io
 import re
@@ -27,7 +26,7 @@ def _help(module: str, argv: list[str]) -> str:
     """What `python -m MODULE ARGV --help` prints, from the entry point itself."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        importlib.import_module(module).main([*argv, "--help"])
+        _hooks().entry_point(module)([*argv, "--help"])
     return out.getvalue()
 
 
