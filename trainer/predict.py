@@ -4,10 +4,13 @@ The model (pure arithmetic, no I/O):
     all-reduce of B bytes on N ranks (ring):  t(N) = 2(N-1) * alpha * buckets + 2(N-1)/N * B / bw
         alpha is one hop's latency, bw the link bandwidth, both fitted from a sweep of message
         sizes at N=2, where t = 2 * alpha + B / bw is a straight line in B (or given for a cluster).
-    step at N:      local_s + wait_s (both measured at N=1: a rank's own work, and the data wait it
-                    did not hide) + (1 - overlap) * t(N), overlap being the measured share of
+    step at N:      local_s + wait_s (both from the smallest measured N: a rank's own work, and the data
+                    wait it did not hide) + (1 - overlap) * t(N), overlap being the measured share of
                     all-reduce time hidden behind backward. Comm measured beyond the link model at
-                    the largest measured N (a hook's own work, waiting for peers) is kept, constant.
+                    the largest measured N (a hook's own work, waiting for peers) is kept, constant;
+                    so is, for N > 1, what the measured step there has beyond all of the above
+                    (ranks sharing cores or memory bandwidth, waiting for the slowest rank): the
+                    model goes through the measured rates at N=1 and at that N, exactly.
     per-rank rate:  min(batch / step, input ceiling per rank, storage bandwidth / N / bytes per sample)
 The first two terms make the comm wall (efficiency falls below a threshold), the last two the data
 wall (the input pipeline or the shared storage cannot feed a rank as fast as it computes).
@@ -42,6 +45,7 @@ class Measured:
     wire_bytes: float  # bytes each rank all-reduces per step
     num_buckets: int = 1  # all-reduce calls per step (each pays the latency)
     comm_extra_s: float = 0.0  # measured comm per step beyond the link model (hook work, peers' jitter), N > 1
+    step_extra_s: float = 0.0  # N > 1: the measured step beyond every term above (signed); see scaling_report
     overlap_share: float = 0.0  # of all-reduce time that ran during backward (hidden)
     input_per_rank: float | None = None  # the input pipeline's ceiling on one rank; None: unknown
     bytes_per_sample: float = 0.0  # stored bytes read per sample (for the storage wall)
@@ -52,6 +56,8 @@ class Measured:
             raise ValueError("samples_per_step and local_s must be > 0, wait_s >= 0")
         if not 0.0 <= self.overlap_share <= 1.0 or self.num_buckets < 1 or min(self.wire_bytes, self.comm_extra_s) < 0:
             raise ValueError("overlap_share in [0, 1], num_buckets >= 1, wire_bytes >= 0, please")
+        if not self.local_s + self.wait_s + self.step_extra_s > 0:
+            raise ValueError("step_extra_s must leave a step > 0 (local_s + wait_s + step_extra_s > 0)")
 
 
 def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], *, world_size: int = 2) -> Link:
@@ -95,12 +101,24 @@ def allreduce_s(link: Link, num_bytes: float, world_size: int, *, num_messages: 
     return hops * link.latency_s * num_messages + hops / world_size * num_bytes / link.bytes_per_s
 
 
+def comm_s(m: Measured, link: Link, world_size: int) -> float:
+    """All-reduce seconds per step at `world_size`: the link model plus the comm it did not explain."""
+    if world_size <= 1:
+        return 0.0
+    return allreduce_s(link, m.wire_bytes, world_size, num_messages=m.num_buckets) + m.comm_extra_s
+
+
+def step_s(m: Measured, link: Link, world_size: int) -> float:
+    """A rank's step at `world_size` where compute and comm decide (no data wall)."""
+    extra = m.step_extra_s if world_size > 1 else 0.0
+    return m.local_s + m.wait_s + (1.0 - m.overlap_share) * comm_s(m, link, world_size) + extra
+
+
 def at(m: Measured, link: Link, world_size: int) -> dict[str, Any]:
     """Predicted step, rates and the limiting term at `world_size` ranks."""
-    comm = allreduce_s(link, m.wire_bytes, world_size, num_messages=m.num_buckets)
-    comm += m.comm_extra_s if world_size > 1 else 0.0
+    comm = comm_s(m, link, world_size)
     exposed = (1.0 - m.overlap_share) * comm
-    step = m.local_s + m.wait_s + exposed
+    step = step_s(m, link, world_size)
     limits = {"compute+comm": m.samples_per_step / step}
     if m.input_per_rank is not None:
         limits["input pipeline"] = m.input_per_rank
@@ -112,7 +130,7 @@ def at(m: Measured, link: Link, world_size: int) -> dict[str, Any]:
             "allreduce_s": comm, "exposed_comm_s": exposed, "step_s": m.samples_per_step / per_rank,
             "limit": limit, "compute_samples_per_s": limits["compute+comm"] * world_size,
             # paid but idle: exposed all-reduce plus waiting for data where the data wall binds
-            "wasted_share": 1.0 - m.local_s / (m.samples_per_step / per_rank)}
+            "wasted_share": max(0.0, 1.0 - m.local_s / (m.samples_per_step / per_rank))}
 
 
 def predict(m: Measured, link: Link, world_sizes: Iterable[int]) -> list[dict[str, Any]]:

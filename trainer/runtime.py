@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import rendezvous
+
+from trainer.heartbeat import Heartbeat, Watch, is_local
 
 
 class SetupFailed(Exception):
@@ -92,79 +92,6 @@ def start(*, device: str, timeout_s: float, env: Mapping[str, str] | None = None
                    node_rank=node_rank, heartbeat=heartbeat)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Watch:
-    """How --dist-timeout-s is spent when a rank stops: collectives give up after `collective_s`,
-    then the heartbeats are watched for `watch_s`, so the rank is named within the user's timeout
-    (`slack_s` is left for the failure to reach Python and the message to be written)."""
-
-    timeout_s: float  # --dist-timeout-s, the user's promise
-    collective_s: float
-    watch_s: float
-    slack_s: float
-
-    @property
-    def every_s(self) -> float:
-        """Seconds between a rank's heartbeats: four fall in one watch."""
-        return max(0.05, self.watch_s / 4)
-
-    @classmethod
-    def for_timeout(cls, timeout_s: float) -> Watch:
-        watch_s = min(2.0, timeout_s / 8)
-        slack_s = min(2.0, timeout_s / 8)
-        return cls(timeout_s=timeout_s, collective_s=timeout_s - watch_s - slack_s, watch_s=watch_s, slack_s=slack_s)
-
-
-class Heartbeat:
-    """Every rank bumps a counter of its own in the job's key-value store a few times a second.
-
-    When a collective times out the counters tell which ranks stopped: a rank that is stopped
-    (SIGSTOP), hung in native code or gone leaves its counter still, while a rank merely waiting
-    in the same collective keeps beating. Under torchrun the store is the agent's, so it still
-    answers when a rank does not. Collectives time out `Watch.watch_s + Watch.slack_s` before
-    --dist-timeout-s, so the check ends, and the rank is named, within it.
-    """
-
-    def __init__(self, kv: Any, *, rank: int, world_size: int, watch: Watch) -> None:
-        self.kv, self.rank, self.world_size, self.watch = kv, rank, world_size, watch
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> Heartbeat:
-        self._thread = threading.Thread(target=self._beat, name=f"trainer-heartbeat-{self.rank}", daemon=True)
-        self._thread.start()
-        return self
-
-    def _beat(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.kv.add(f"heartbeat/{self.rank}", 1)
-            except Exception:  # noqa: BLE001 - the store is gone: the job is ending anyway
-                return
-            self._stop.wait(self.watch.every_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def silent_ranks(self) -> list[int] | None:
-        """Ranks whose counter did not move during watch_s; None if the store itself did not answer."""
-        result: list[list[int]] = []
-
-        def read() -> None:
-            keys = [f"heartbeat/{r}" for r in range(self.world_size)]
-            before = [int(self.kv.add(k, 0)) for k in keys]
-            time.sleep(self.watch.watch_s)
-            after = [int(self.kv.add(k, 0)) for k in keys]
-            result.append([r for r in range(self.world_size) if after[r] == before[r]])
-
-        reader = threading.Thread(target=read, name="trainer-heartbeat-check", daemon=True)
-        reader.start()
-        reader.join(timeout=self.watch.watch_s + self.watch.slack_s)
-        return result[0] if result else None
-
-
 def name_unresponsive(rt: Runtime, exc: BaseException) -> str | None:
     """After a collective failed with `exc`: which ranks stopped responding, in words; None if none can be named."""
     if rt.heartbeat is None:
@@ -175,20 +102,39 @@ def name_unresponsive(rt: Runtime, exc: BaseException) -> str | None:
     if silent is None:
         return (f"a collective failed ({first}) and the job's key-value store does not answer either: the "
                 "machine hosting torchrun's store, or its network, is down")
-    silent = [r for r in silent if r != rt.rank]
     if not silent:
         return None
     ranks = ", ".join(str(r) for r in silent)
     w = rt.heartbeat.watch
-    return (f"rank {ranks} stopped responding (no heartbeat for {w.watch_s:g} s); the collective waiting for "
-            f"it gave up {w.watch_s + w.slack_s:g} s before --dist-timeout-s ({w.timeout_s:g} s) to name it "
-            f"within it ({first})")
+    return (f"rank {ranks} stopped responding (no heartbeat for {w.watch_s:g} s{_where(rt.heartbeat, silent)}); "
+            f"the collective waiting for it gave up {w.watch_s + w.slack_s:g} s before --dist-timeout-s "
+            f"({w.timeout_s:g} s) to name it within it ({first})")
+
+
+def _where(hb: Heartbeat, ranks: list[int]) -> str:
+    """Where the lost ranks run, and which of them this rank ends as it exits (see `stop`)."""
+    parts = []
+    for r in ranks:
+        proc = hb.lost.get(r)
+        if proc is not None:
+            mine = is_local(proc, hb.me)
+            parts.append(f"rank {r} is {proc.where()}" + (", ended by this rank as it exits" if mine else ""))
+    return "; " + "; ".join(parts) if parts else ""
 
 
 def stop(rt: Runtime | None) -> None:
-    if rt is not None and rt.heartbeat is not None:
+    """Leave the job. After a rank was declared lost (`name_unresponsive`): end the lost ranks that run
+    on this machine (torchrun's SIGTERM cannot end a stopped process, and torch 2.13 sends its SIGKILL
+    only 30 s later, whatever --shutdown-timeout says), and leave the process group without tearing it
+    down (no more waiting on the lost peer); the caller exits right after."""
+    if rt is None:
+        return
+    lost = rt.heartbeat is not None and bool(rt.heartbeat.lost)
+    if rt.heartbeat is not None:
         rt.heartbeat.stop()
-    if rt is not None and rt.distributed and dist.is_initialized():
+        if lost:
+            rt.heartbeat.end_lost()
+    if rt.distributed and dist.is_initialized() and not lost:
         dist.destroy_process_group()
 
 

@@ -6,6 +6,7 @@ scaling.json (trainer/scaling_chart.py draws scaling.png); `show` prints the ric
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -45,32 +46,72 @@ def measured_row(summary: dict[str, Any], *, base: dict[str, Any] | None, thread
     return row
 
 
-def measurements(runs: Sequence[dict[str, Any]], *, ceiling: dict[str, Any] | None,
-                 storage_gbps: float | None, link: predict.Link, max_cores: int | None = None) -> predict.Measured:
-    """The prediction's inputs from the runs of one variant: a rank's own step at the smallest N; overlap and
-    comm beyond the link model at the largest N using at most `max_cores` threads (not oversubscribed)."""
+def step_of(summary: dict[str, Any]) -> float:
+    """A rank's step (s) as the measured rate says it: the samples of one rank's step / that rank's share of
+    the rate. The model is calibrated on this, so that its rate is the measured one where calibrated."""
+    return summary["job"]["global_batch"] / float(summary["samples_per_s"])
+
+
+def _per_step(summary: dict[str, Any], key: str) -> float:
+    """Seconds of `key` per step, the mean over ranks."""
+    ranks = summary["ranks"]
+    return sum(r[key] for r in ranks) / sum(r["steps"] for r in ranks)
+
+
+def calibration_runs(runs: Sequence[dict[str, Any]], max_cores: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the smallest N's run, the largest N's run whose ranks x threads fit the cores): the model's fit points."""
     small = min(runs, key=lambda s: s["world_size"])
     fair = [s for s in runs if max_cores is None or s["world_size"] <= max_cores] or [small]
-    large = max(fair, key=lambda s: s["world_size"])
-    ranks = small["ranks"]
-    steps = sum(r["steps"] for r in ranks)
-    local = sum(r["step_s"] - r["wait_s"] - r["comm_exposed_s"] for r in ranks) / steps
-    wait = sum(r["wait_s"] for r in ranks) / steps
+    return small, max(fair, key=lambda s: s["world_size"])
+
+
+def model_check(rows: Sequence[dict[str, Any]], predicted: Sequence[dict[str, Any]],
+                calibrated: set[int]) -> list[dict[str, Any]]:
+    """The prediction against the measurement at every measured N: its relative error, and whether the model
+    was calibrated there (where it is exact by construction) or not (an oversubscribed N, an N between)."""
+    by_n = {p["world_size"]: p for p in predicted}
+    out = []
+    for r in rows:
+        n, seen = r["world_size"], r["samples_per_s"]
+        said = by_n[n]["samples_per_s"]
+        out.append({"world_size": n, "measured_samples_per_s": seen, "predicted_samples_per_s": said,
+                    "error": said / seen - 1.0 if seen > 0 else math.inf, "calibrated": n in calibrated,
+                    "oversubscribed": r["oversubscribed"]})
+    return out
+
+
+def measurements(runs: Sequence[dict[str, Any]], *, ceiling: dict[str, Any] | None,
+                 storage_gbps: float | None, link: predict.Link, max_cores: int | None = None) -> predict.Measured:
+    """The prediction's inputs from the runs of one variant: a rank's own step at the smallest N; overlap,
+    comm beyond the link model and the step beyond the whole model at the largest N using at most
+    `max_cores` threads (not oversubscribed). The model then gives the measured rate at N=1 (when
+    measured) and at that largest N; `model_check` says how far it is at every other measured N."""
+    small, large = calibration_runs(runs, max_cores)
+    wait = _per_step(small, "wait_s")
+    exposed_small = _per_step(small, "comm_exposed_s") if small["world_size"] > 1 else 0.0  # N=1: bookkeeping
+    local = max(step_of(small) - wait - exposed_small, 1e-9)
     exposed = sum(r["comm_exposed_s"] for r in large["ranks"])
     overlapped = sum(r["comm_overlapped_s"] for r in large["ranks"])
     job = small["job"]
     wire = job.get("wire_bytes") or job["grad_bytes"]
     buckets = max(1, int(large["job"].get("buckets_per_step") or 1))
-    extra = 0.0
-    if large["world_size"] > 1:  # what the link model does not explain at the largest measured N, kept
-        measured = (exposed + overlapped) / sum(r["steps"] for r in large["ranks"])
-        extra = max(0.0, measured - predict.allreduce_s(link, wire, large["world_size"], num_messages=buckets))
-    return predict.Measured(
-        samples_per_step=job["global_batch"] / small["world_size"], local_s=max(local, 1e-9), wait_s=wait,
-        wire_bytes=wire, num_buckets=buckets, comm_extra_s=extra,
+    m = predict.Measured(
+        samples_per_step=job["global_batch"] / small["world_size"], local_s=local, wait_s=wait,
+        wire_bytes=wire, num_buckets=buckets,
         overlap_share=overlapped / (exposed + overlapped) if exposed + overlapped > 0 else 0.0,
         input_per_rank=(ceiling or {}).get("samples_per_s"), bytes_per_sample=float(job.get("bytes_per_sample", 0.0)),
         storage_bytes_per_s=None if storage_gbps is None else storage_gbps * 1e9 / 8)
+    if large["world_size"] == 1:
+        return m
+    # What the link model does not explain of the comm at the largest measured N, kept at every N > 1;
+    measured = (exposed + overlapped) / sum(r["steps"] for r in large["ranks"])
+    extra = max(0.0, measured - predict.allreduce_s(link, wire, large["world_size"], num_messages=buckets))
+    m = dataclasses.replace(m, comm_extra_s=extra)
+    # then what the measured step there has beyond the whole model (shared cores, the slowest rank), also
+    # kept: the model goes through that point. Only a given link much slower than the measured runs' could
+    # ask for less than -(local + wait); it is bounded at half of that, and the check shows the difference.
+    beyond = step_of(large) - predict.step_s(m, link, large["world_size"])
+    return dataclasses.replace(m, step_extra_s=max(beyond, -0.5 * (local + wait)))
 
 
 def link_of(cfg: Any, sweep: dict[str, Any] | None) -> tuple[predict.Link, dict[str, Any]]:
@@ -119,12 +160,20 @@ def _variant(cfg: Any, summaries: list[dict[str, Any]], *, link: predict.Link, c
                                       "link_model_comm_ms": 1000 * predict.allreduce_s(link, m.wire_bytes, 2,
                                                                                        num_messages=m.num_buckets),
                                       "kept_extra_ms": 1000 * m.comm_extra_s}
+    small, large = calibration_runs(summaries, cpu_count // threads)
+    n_large = large["world_size"]
+    calibration = None if n_large == 1 else {
+        "world_size": n_large, "measured_step_ms": 1000 * step_of(large),
+        "model_step_ms": 1000 * (predict.step_s(m, link, n_large) - m.step_extra_s),
+        "kept_step_extra_ms": 1000 * m.step_extra_s}
+    calibrated = {n_large} | ({1} if small["world_size"] == 1 else set())
     epoch_samples = int(summaries[0]["job"].get("dataset_samples") or summaries[0]["job"]["epoch_samples"])
     choice = _priced(cfg, rows + [p for p in predicted if p["world_size"] not in measured_ns], epoch_samples)
     _priced(cfg, [p for p in predicted if p["world_size"] in measured_ns], epoch_samples)  # shown, not chosen
     curve = predict.predict(m, link, sorted(measured_ns | set(log2_ticks(sizes)) | set(sizes)))  # for the chart
     return {"variant": summaries[0]["run"]["variant"], "measured": rows, "predicted": predicted, "curve": curve,
-            "inputs": {k: getattr(m, k) for k in m.__slots__}, "model_check_at_2": check,
+            "inputs": {k: getattr(m, k) for k in m.__slots__}, "model_check_at_2": check, "calibration": calibration,
+            "model_check": model_check(rows, predicted, calibrated),
             "walls": predict.walls(m, link, max_world_size=max(sizes), min_efficiency=cfg.min_efficiency),
             "choice": choice, "epoch_samples": epoch_samples}
 
@@ -191,17 +240,38 @@ def predicted_table(v: dict[str, Any], link: dict[str, Any]) -> Table:
     label = f" ({str(v['variant']).split(':')[-1]})" if v["variant"] is not None else ""
     table = Table(title=f"prediction{label}: ring all-reduce, link {link['gbps']:.2f} Gbit/s, "
                         f"{link['latency_us']:.0f} us/hop ({link['source']})")
-    for name in ("ranks", "samples/s", "measured", "efficiency", "all-reduce ms", "exposed ms", "limited by",
-                 "$/epoch"):
+    for name in ("ranks", "samples/s", "measured", "error", "efficiency", "all-reduce ms", "exposed ms",
+                 "limited by", "$/epoch"):
         table.add_column(name, justify="right")
-    measured = {r["world_size"]: r["samples_per_s"] for r in v["measured"]}
+    checks = {c["world_size"]: c for c in v["model_check"]}
     for r in v["predicted"]:
-        seen = measured.get(r["world_size"])
-        table.add_row(str(r["world_size"]), f"{r['samples_per_s']:.1f}", "" if seen is None else f"{seen:.1f}",
+        c = checks.get(r["world_size"])
+        table.add_row(str(r["world_size"]), f"{r['samples_per_s']:.1f}",
+                      "" if c is None else f"{c['measured_samples_per_s']:.1f}",
+                      "" if c is None else f"{c['error']:+.1%}" + ("*" if c["calibrated"] else ""),
                       f"{r['efficiency']:.0%}",
                       f"{1000 * r['allreduce_s']:.2f}", f"{1000 * r['exposed_comm_s']:.2f}", r["limit"],
                       _money((r.get("cost") or {}).get("dollars_per_epoch")))
+    table.caption = "error = predicted / measured - 1; * calibrated on that run (exact unless a data wall binds)"
     return table
+
+
+def check_lines(v: dict[str, Any], label: str) -> list[str]:
+    """What the model was calibrated on, and its error at every measured N."""
+    out = []
+    cal = v["calibration"]
+    if cal:
+        out.append(f"{label}step at {_ranks(cal['world_size'])}: {cal['measured_step_ms']:.2f} ms measured, "
+                   f"{cal['model_step_ms']:.2f} ms from a rank's own work, its data wait and the exposed all-reduce; "
+                   f"the prediction keeps the {cal['kept_step_extra_ms']:+.2f} ms difference (ranks sharing cores, "
+                   "waiting for the slowest rank) at every N > 1")
+    said = []
+    for c in v["model_check"]:
+        why = "calibrated" if c["calibrated"] else (">cores, not calibrated on" if c["oversubscribed"] else "checked")
+        said.append(f"{_ranks(c['world_size'])} {c['predicted_samples_per_s']:.1f} predicted / "
+                    f"{c['measured_samples_per_s']:.1f} measured ({c['error']:+.1%}, {why})")
+    out.append(f"{label}model check, samples/s: " + "; ".join(said))
+    return out
 
 
 def lines(v: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
@@ -213,6 +283,7 @@ def lines(v: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
         out.append(f"{label}all-reduce at 2 ranks: {chk['measured_comm_ms']:.2f} ms/step measured, the link model "
                    f"says {chk['link_model_comm_ms']:.2f} ms; the prediction keeps the {chk['kept_extra_ms']:.2f} ms "
                    "difference (hook work, waiting for peers) at every N")
+    out.extend(check_lines(v, label))
     ceiling = v["inputs"]["input_per_rank"]
     if ceiling:
         out.append(f"{label}input pipeline alone: {ceiling:.0f} samples/s per rank "
