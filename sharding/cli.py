@@ -19,6 +19,7 @@ from dataio.format.manifest import read_manifest
 from dataio.format.manifest_parts import PARTS_THRESHOLD
 from dataio.storage.redact import split_userinfo, url_secrets
 from dataio.storage.store import FIRST_REQUEST_DEADLINE_S, RetryPolicy, StorageOptions, Store, redact
+from sharding.text_cli import add_text_flags, add_tokenizer_parser, tokenizer_command, write_text
 
 
 def _num_cores() -> int:
@@ -123,6 +124,7 @@ def _sample_flags(p: argparse.ArgumentParser) -> None:
                    help="how often the write journal records the shards written so far, which an interrupted "
                         "write resumes from (--resume; default 2)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only a summary")
+    add_text_flags(p)
     _storage_flags(p)
 
 
@@ -188,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS)
     v.add_argument("--quiet", action="store_true")
     _storage_flags(v)
+    add_tokenizer_parser(sub, _storage_flags)
     return parser
 
 
@@ -241,6 +244,8 @@ def _write(args: argparse.Namespace) -> int:
     check_overlap(args.src, args.dest, overwrite=config.overwrite or resume or append,
                   shown_src=redact(args.src, options.secrets), shown_dest=dest.url)
     _check_reachable(dest)
+    if args.tokenizer:  # text into token shards (sharding/text_cli.py)
+        return write_text(args, config, dest, options, resume=resume, append=append)
     source = open_source(args.src, storage=options, image_column=args.image_column,
                          label_column=args.label_column, key_column=args.key_column, key=args.key,
                          label_names=args.label_names, follow_symlinks=args.follow_symlinks,
@@ -368,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("src", "dest", "url"):
         secrets += url_secrets(getattr(args, name, None) or "")
     try:
-        return {"write": _write, "append": _write, "inspect": _inspect, "verify": _verify, "index": _index, "gc": _gc}[args.command](args)
+        return {"write": _write, "append": _write, "inspect": _inspect, "verify": _verify, "index": _index, "gc": _gc,
+                "tokenizer": lambda a: tokenizer_command(a, _options(a))}[args.command](args)
     except KeyboardInterrupt:
         if args.command == "write":
             print(f"shardify: interrupted; the new version was not published, so {redact(args.dest, secrets)} "
