@@ -180,6 +180,9 @@ def read_token_range(store: Any, rel: str, start: int, stop: int, info: TokensIn
     first, _, lo, hi = block_range(start, stop, info.block_tokens, num_tokens)
     size = info.np_dtype.itemsize
     data = store.read(rel, lo * size, hi * size)
+    if len(data) != (hi - lo) * size:
+        raise ShardFormatError(f"{store.url_of(rel)}: {len(data)} bytes where tokens {lo}-{hi} need {(hi - lo) * size}: "
+                               "the shard is shorter than its manifest says; rewrite the dataset")
     check_blocks(data, sums, first, info, url=store.url_of(rel), offsets=offsets)
     return np.frombuffer(data, dtype=info.np_dtype)[start - lo:stop - lo]
 
@@ -187,3 +190,18 @@ def read_token_range(store: Any, rel: str, start: int, stop: int, info: TokensIn
 def read_array(store: Any, rel: str, dtype: np.dtype) -> np.ndarray:
     """A whole small sidecar (offsets or sums) as a numpy array."""
     return np.frombuffer(bytes(store.read(rel)), dtype=dtype)
+
+
+def read_shard(store: Any, rel: str, info: TokensInfo, *, num_tokens: int, num_documents: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, offsets) of a whole shard, every block checked against its sidecar and the offsets
+    against the manifest's counts; ShardFormatError names the shard (and the document) at fault."""
+    url = store.url_of(rel)
+    offsets = read_array(store, offsets_path(rel), OFFSET_DTYPE)
+    check_offsets(offsets, num_tokens, num_documents, url=url)
+    sums = read_array(store, token_sums_path(rel), SUM_DTYPE)
+    if len(sums) != -(-num_tokens // info.block_tokens):
+        raise ShardFormatError(f"{url}: its checksum sidecar lists {len(sums)} blocks, the shard has "
+                               f"{-(-num_tokens // info.block_tokens)}; rewrite the dataset")
+    tokens = read_token_range(store, rel, 0, num_tokens, info, num_tokens=num_tokens, sums=sums, offsets=offsets)
+    return tokens, offsets
