@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--urls", metavar="FILE",
                    help="write every shard's URL, one a line, to FILE ('-': stdout) for webdataset, DALI or "
                         "other tools, and print nothing else")
+    i.add_argument("--show", type=_positive_int, default=0, metavar="N",
+                   help="token datasets: print the first N documents (as text with --tokenizer, else as ids)")
+    i.add_argument("--tokenizer", metavar="FILE", help="token datasets: the dataset's tokenizer, to decode --show")
     _storage_flags(i)
 
     x = sub.add_parser("index", help="make existing Parquet files (e.g. a Hugging Face export) a dataset: "
@@ -313,6 +316,11 @@ def _inspect(args: argparse.Namespace) -> int:
         return 0
     # Piped or redirected: wide enough that no column is squeezed and no path shortened.
     console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
+    if manifest.format == "tokens":
+        from sharding.inspect_tokens import print_token_inspect
+
+        print_token_inspect(store, manifest, console, max_rows=args.max_rows, show=args.show, tokenizer=args.tokenizer)
+        return 0
     unreadable = print_inspect(store, manifest, console, max_rows=args.max_rows, labels=not args.no_labels)
     return 1 if unreadable else 0
 
@@ -354,6 +362,11 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"{store.url}: {len(problems)} problem(s) in {manifest.num_shards} shards; rewrite the dataset "
               "with `shardify write ... --overwrite` or restore the damaged shards", file=sys.stderr)
         return 1
+    if manifest.format == "tokens":
+        print(f"{store.url}: OK: {manifest.num_shards} token shards, {manifest.num_samples} documents, "
+              f"{sum(manifest.shard_num_tokens)} tokens; every checksum matches (every block of tokens), every "
+              "document ends with EOS and every id is in the vocabulary")
+        return 0
     finer = ("every sample's" if manifest.format == "tar" else "every row group's") if manifest.has_read_checksums else (
         f"no per-sample checksums: manifest version {manifest.version}, written before them")
     print(f"{store.url}: OK: {manifest.num_shards} shards, {manifest.num_samples} samples, "
