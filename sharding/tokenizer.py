@@ -73,8 +73,18 @@ def load_tokenizer(path: str, *, eos_token: str | None = None) -> Tokenizer:
     return _LOADED[cache_key]
 
 
+def _require(module: str) -> Any:
+    """Import an optional tokenizer library, or say how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise SourceError(f"text needs the {module.split('.')[0]!r} package: pip install 'shardify[text]'") from None
+
+
 def _load_hf(path: str, eos_token: str | None) -> Tokenizer:
-    from tokenizers import Tokenizer as HFTokenizer
+    HFTokenizer = _require("tokenizers").Tokenizer  # noqa: N806 - the library's class
 
     try:
         impl = HFTokenizer.from_file(path)
@@ -90,8 +100,8 @@ def _load_hf(path: str, eos_token: str | None) -> Tokenizer:
 
 
 def _load_tiktoken(path: str, eos_token: str | None) -> Tokenizer:
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
+    tiktoken = _require("tiktoken")
+    load_tiktoken_bpe = _require("tiktoken.load").load_tiktoken_bpe
 
     try:
         ranks = load_tiktoken_bpe(path)
@@ -135,8 +145,9 @@ def _check_fits(info: TokenizerInfo, path: str) -> None:
 
 def train_bpe(texts: Iterable[str], vocab_size: int, out_path: str, *, eos_token: str = DEFAULT_EOS) -> TokenizerInfo:
     """Train a byte-level BPE tokenizer (GPT-2 style, lossless on any text) and save its tokenizer.json."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
+    lib = _require("tokenizers")
+    HFTokenizer, decoders, models, pre_tokenizers, trainers = (  # noqa: N806 - the library's names
+        lib.Tokenizer, lib.decoders, lib.models, lib.pre_tokenizers, lib.trainers)
 
     if vocab_size < 257:
         raise ValueError(f"vocab size {vocab_size}: a byte-level BPE needs at least 257 ids (256 bytes and EOS)")

@@ -222,3 +222,16 @@ def test_a_corrupt_block_names_the_shard_and_document(corpus, tmp_path) -> None:
     (dest / rel).write_bytes(bytes(data))
     with pytest.raises(ShardFormatError, match=r"shard-000000\.tokens: token block 0 \(document \d+ "):
         stored_documents(dest)
+
+
+def test_text_without_a_tokenizer_or_with_a_missing_one_is_explained(tmp_path, capsys) -> None:
+    (tmp_path / "txt").mkdir()
+    (tmp_path / "txt" / "a.txt").write_text("hello")
+    assert run("write", tmp_path / "txt", tmp_path / "d", "--quiet") == 2
+    assert "pass --tokenizer FILE" in capsys.readouterr().err
+    assert run("write", tmp_path / "txt", tmp_path / "d", "--tokenizer", tmp_path / "none.json", "--quiet") == 2
+    err = capsys.readouterr().err
+    assert "none.json: no such tokenizer file" in err and "shardify tokenizer train" in err
+    (tmp_path / "bad.json").write_text("{}")
+    assert run("write", tmp_path / "txt", tmp_path / "d", "--tokenizer", tmp_path / "bad.json", "--quiet") == 2
+    assert "not a Hugging Face tokenizer.json" in capsys.readouterr().err
