@@ -43,7 +43,9 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         if self.info.kind == "hf":
-            return [e.ids for e in self.impl.encode_batch(list(texts), add_special_tokens=False)]
+            # encode_batch_fast (tokenizers >= 0.21) skips the offsets we do not keep: about 2x faster here
+            encode = getattr(self.impl, "encode_batch_fast", self.impl.encode_batch)
+            return [e.ids for e in encode(list(texts), add_special_tokens=False)]
         return self.impl.encode_ordinary_batch(list(texts))
 
     def decode(self, ids: Iterable[int]) -> str:

@@ -229,7 +229,8 @@ def _head(source: Source, config: WriteConfig, generation: int) -> JournalHead:
                                                "seed", "max_side", "max_pixels", "validate", "on_error",
                                                "num_prefixes")}
     if config.tokens is not None:  # only then: the fingerprints of image and table writes stay as they were
-        options["tokens"] = asdict(config.tokens)
+        # the tokenizer by its file's hash, not its path: a resume from another directory is the same write
+        options["tokens"] = {k: v for k, v in asdict(config.tokens).items() if k != "tokenizer"}
     described = redact(source.description)
     fingerprint = write_fingerprint(described, options, ((r.key, r.size_bytes) for r in source.refs))
     return JournalHead(version=version_name(generation), fingerprint=fingerprint, options=options, source=described)

@@ -46,7 +46,8 @@ class TextScan:
 
 
 def is_text_path(name: str) -> bool:
-    return name.lower().endswith(TEXT_EXTS) and not name.rsplit("/", 1)[-1].startswith(".")
+    """A text file by its extension, outside hidden files and folders (.git/, .cache/)."""
+    return name.lower().endswith(TEXT_EXTS) and not any(p.startswith(".") for p in name.split("/") if p)
 
 
 def _kind(name: str) -> str:
@@ -235,6 +236,9 @@ def _listing(src: str, storage: Any) -> tuple[Store, list[str]]:
         return store, [name]
     store = Store(src, storage)
     files = sorted(n for n in store.list() if is_text_path(n))
+    structured = [n for n in files if _kind(n) != "plain"]
+    if structured:  # JSON Lines / Parquet documents: a README.md beside them (a dataset card) is no document
+        files = structured
     if not files:
         raise SourceError(f"{shown}: no text files here ({', '.join(TEXT_EXTS)}); give a JSON Lines or Parquet file, "
                           "or a folder of them or of .txt / .md files")
