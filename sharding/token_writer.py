@@ -182,6 +182,9 @@ def dropped_counts(results: Sequence[ShardResult]) -> dict[str, int]:
 
 def check_token_append(old: Manifest, config: WriteConfig, where: str) -> None:
     """SourceError unless the new documents are tokenized as the dataset's were (same tokenizer file)."""
+    if config.tokens is None:
+        raise SourceError(f"{where}: the dataset holds token shards; append text to it with --tokenizer FILE (the "
+                          f"dataset's tokenizer, {old.tokens.tokenizer.name if old.tokens else '?'})")
     new = tokens_info(config)
     if old.format != "tokens" or old.tokens is None:
         raise SourceError(f"{where}: the dataset holds {old.format} shards, not tokens; append text only to a "

@@ -210,6 +210,8 @@ def test_resume_and_append(corpus, tmp_path, monkeypatch, capsys) -> None:
     assert run("tokenizer", "train", extra, "--vocab-size", 300, "-o", other) == 0
     assert run("append", extra, dest, "--tokenizer", other, "--quiet") == 2
     assert "append with the dataset's tokenizer" in capsys.readouterr().err
+    assert run("append", extra, dest, "--quiet") == 2
+    assert "with --tokenizer FILE" in capsys.readouterr().err
 
 
 def test_a_corrupt_block_names_the_shard_and_document(corpus, tmp_path) -> None:
