@@ -121,19 +121,36 @@ def _lines(data: bytes) -> Iterator[tuple[int, int, int]]:
         start = end + 1
 
 
-def _parquet_texts(data: bytes, scan: TextScan, where: str) -> list[Any]:
+def _parquet_file(store: Store, rel: str) -> Any:
+    """A ParquetFile: a local one memory-mapped (only the pages read are touched), a remote one in memory."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(pa.BufferReader(data))
+        if store.is_local:
+            return pq.ParquetFile(store.path(rel), memory_map=True)
+        return pq.ParquetFile(pa.BufferReader(bytes(store.read(rel))))
     except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ...
-        raise SourceError(f"{where}: cannot read this Parquet file ({type(exc).__name__}: {exc})") from None
+        raise SourceError(f"{store.url_of(rel)}: cannot read this Parquet file ({type(exc).__name__}: {exc})") from None
+
+
+def _parquet_texts(pf: Any, scan: TextScan, where: str, rows: Sequence[int] | None = None) -> dict[int, Any]:
+    """Row -> text column value, of every row, or of the row groups holding `rows`."""
+    import numpy as np
+
     names = pf.schema_arrow.names
     if scan.text_field not in names:
         raise SourceError(f"{where}: no column {scan.text_field!r}; its columns are {names}; pass the column that "
                           "holds the text with --text-field")
-    return pf.read(columns=[scan.text_field]).column(0).to_pylist()
+    sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    groups = range(len(sizes)) if rows is None else \
+        sorted(set((np.searchsorted(starts, np.asarray(rows), side="right") - 1).tolist()))
+    out: dict[int, Any] = {}
+    for g in groups:
+        values = pf.read_row_group(g, columns=[scan.text_field], use_threads=False).column(0).to_pylist()
+        out.update(zip(range(int(starts[g]), int(starts[g]) + len(values)), values))
+    return out
 
 
 def _parquet_row(value: Any, scan: TextScan, where: str) -> tuple[str, bool]:
@@ -153,34 +170,25 @@ class TextSource(Source):
     files: tuple[str, ...]
     scan: TextScan
     counts: dict[str, int] = field(default_factory=dict)  # documents, duplicate, empty, bad_utf8
-    _cache: dict[int, Any] = field(default_factory=dict, repr=False)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_cache"] = {}
-        return state
-
     def where(self, loc: tuple[int, int, int, int]) -> str:
         """A document's provenance: its file relative to SRC, and its line or row."""
         return self.files[loc[0]] + _at(self.files[loc[0]], loc[1])
 
-    def _text(self, loc: tuple[int, int, int, int], span: tuple[int, bytes]) -> str:
+    def _text(self, loc: tuple[int, int, int, int], span: Any) -> str:
         index, number, start, end = loc
         rel = self.files[index]
         where = self.store.url_of(rel) + _at(rel, number)
-        if _kind(rel) == "parquet":
-            if index not in self._cache:
-                self._cache.clear()
-                self._cache[index] = _parquet_texts(_read_file(self.store, rel), self.scan, where)
-            return _parquet_row(self._cache[index][number], self.scan, where)[0]
+        if _kind(rel) == "parquet":  # span: the rows of its row groups this shard needs
+            return _parquet_row(span[number], self.scan, where)[0]
         base, data = span
         raw = data[start - base:end - base]
         if _kind(rel) == "jsonl":
             return _json_line(raw, self.scan, where)[0]
         return _decode(raw, self.scan, where)[0]
 
-    def _span(self, refs: Sequence[Ref]) -> dict[int, tuple[int, bytes]]:
-        """Per JSON Lines / plain file, the bytes spanning its documents among `refs` (one read each)."""
+    def _span(self, refs: Sequence[Ref]) -> dict[int, Any]:
+        """Per JSON Lines / plain file, the bytes spanning its documents among `refs` (one read each);
+        per Parquet file, the text of the row groups holding them (row -> value)."""
         spans: dict[int, list[int]] = {}
         for ref in refs:
             index, _, start, end = ref.loc
@@ -190,6 +198,8 @@ class TextSource(Source):
         for index, (lo, hi) in spans.items():
             rel = self.files[index]
             if _kind(rel) == "parquet":
+                rows = [r.loc[1] for r in refs if r.loc[0] == index]
+                out[index] = _parquet_texts(_parquet_file(self.store, rel), self.scan, self.store.url_of(rel), rows)
                 continue
             if rel.lower().endswith(".gz"):  # no ranged reads into a gzip stream: the whole file
                 out[index] = (0, _read_file(self.store, rel))
@@ -214,7 +224,7 @@ def _file_docs(store: Store, rel: str, scan: TextScan) -> Iterator[tuple[tuple[i
     """((line or row, start, end), text, had bad UTF-8) of every document of one file, in order."""
     url, kind = store.url_of(rel), _kind(rel)
     if kind == "parquet":
-        for row, value in enumerate(_parquet_texts(_read_file(store, rel), scan, url)):
+        for row, value in sorted(_parquet_texts(_parquet_file(store, rel), scan, url).items()):
             yield (row, 0, 0), *_parquet_row(value, scan, f"{url} row {row}")
         return
     data = _read_file(store, rel)

@@ -84,3 +84,22 @@ def test_write_from_and_to_object_storage_with_ranged_reads(s3_server, written, 
     whole = np.memmap(written[0] / rel, dtype="<u2", mode="r")
     assert part.tolist() == whole[n // 3:n // 3 + 17].tolist()
     assert load_tokenizer(str(tok)).decode(whole[:8]) in docs[0]["text"]
+
+
+@pytest.mark.slow
+def test_parquet_text_from_object_storage(s3_server, written) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _, docs, tok = written
+    flags = ["--endpoint-url", s3_server.endpoint_url, "--access-key", s3_server.key, "--secret-key",
+             s3_server.secret, "--region", "us-east-1"]
+    bucket = s3_server.new_bucket()
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"text": [d["text"] for d in docs[:15]]}), sink, row_group_size=4)
+    Store(f"s3://{bucket}", s3_server.options()).write_bytes("in/train.parquet", sink.getvalue().to_pybytes())
+    url = f"s3://{bucket}/out"
+    assert run("write", f"s3://{bucket}/in/train.parquet", url, "--tokenizer", tok, "--tokens-per-shard", 3000,
+               "--quiet", *flags) == 0
+    m = read_manifest(Store(url, s3_server.options()))
+    assert m.num_samples == 15 and m.num_shards > 1

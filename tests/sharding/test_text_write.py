@@ -85,7 +85,8 @@ def test_hf_parquet_export_and_txt_folder(corpus, tmp_path) -> None:
                                                               "text": {"dtype": "string", "_type": "Value"}}}})}
     for k, part in enumerate((texts[:25], texts[25:])):
         table = pa.table({"id": [f"{k}-{i}" for i in range(len(part))], "text": part})
-        pq.write_table(table.replace_schema_metadata(meta), export / f"train-0000{k}-of-00002.parquet")
+        pq.write_table(table.replace_schema_metadata(meta), export / f"train-0000{k}-of-00002.parquet",
+                       row_group_size=7)  # several row groups: a shard reads only its own
     (tmp_path / "export" / "README.md").write_text("# a dataset card, not a document")
     assert run("write", tmp_path / "export", tmp_path / "pq", "--tokenizer", tokenizer, *FLAGS) == 0
     check_round_trip(tmp_path / "pq", texts, tokenizer)
