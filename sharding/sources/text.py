@@ -170,6 +170,7 @@ class TextSource(Source):
     files: tuple[str, ...]
     scan: TextScan
     counts: dict[str, int] = field(default_factory=dict)  # documents, duplicate, empty, bad_utf8
+
     def where(self, loc: tuple[int, int, int, int]) -> str:
         """A document's provenance: its file relative to SRC, and its line or row."""
         return self.files[loc[0]] + _at(self.files[loc[0]], loc[1])
@@ -190,16 +191,18 @@ class TextSource(Source):
         """Per JSON Lines / plain file, the bytes spanning its documents among `refs` (one read each);
         per Parquet file, the text of the row groups holding them (row -> value)."""
         spans: dict[int, list[int]] = {}
+        rows: dict[int, list[int]] = {}
         for ref in refs:
-            index, _, start, end = ref.loc
+            index, number, start, end = ref.loc
             lo, hi = spans.get(index, [start, end])
             spans[index] = [min(lo, start), max(hi, end)]
+            rows.setdefault(index, []).append(number)
         out = {}
         for index, (lo, hi) in spans.items():
             rel = self.files[index]
             if _kind(rel) == "parquet":
-                rows = [r.loc[1] for r in refs if r.loc[0] == index]
-                out[index] = _parquet_texts(_parquet_file(self.store, rel), self.scan, self.store.url_of(rel), rows)
+                out[index] = _parquet_texts(_parquet_file(self.store, rel), self.scan, self.store.url_of(rel),
+                                            rows[index])
                 continue
             if rel.lower().endswith(".gz"):  # no ranged reads into a gzip stream: the whole file
                 out[index] = (0, _read_file(self.store, rel))
