@@ -7,11 +7,10 @@ import argparse
 from typing import Any
 
 from dataio.storage.store import Store
-from sharding.config import TokenOptions, WriteConfig
-from sharding.sources.text import BAD_UTF8_MODES, TextScan, open_text, sample_texts
-from sharding.tokenizer import bytes_per_token, load_tokenizer, train_bpe
-
-DEFAULT_TOKENS_PER_SHARD = 1 << 27  # 256 MiB of uint16 tokens, the size of a default image shard
+from sharding.config import WriteConfig
+from sharding.sources.text import BAD_UTF8_MODES, TextScan, open_text
+from sharding.token_writer import DEFAULT_TOKENS_PER_SHARD, token_write_config
+from sharding.tokenizer import train_bpe
 
 
 def _count(text: str) -> int:
@@ -65,16 +64,10 @@ def tokenizer_command(args: argparse.Namespace, options: Any) -> int:
 
 
 def text_config(args: argparse.Namespace, base: WriteConfig, source: Any) -> WriteConfig:
-    """The write's config with token options; shards cut at about --tokens-per-shard tokens (the source
-    bytes per token measured on its first documents)."""
-    tok = load_tokenizer(args.tokenizer, eos_token=args.eos_token)
-    tokens = TokenOptions(tokenizer=args.tokenizer, tokenizer_hash=tok.info.file_hash, eos_token=args.eos_token,
-                          min_tokens=args.min_tokens, max_tokens=args.max_tokens)
-    per_token = bytes_per_token(tok, sample_texts(source))
-    shard_bytes = max(1, int(args.tokens_per_shard * per_token))
-    fields = {f: getattr(base, f) for f in WriteConfig.__dataclass_fields__ if f not in ("format", "tokens")}
-    fields["shard_size_bytes"] = shard_bytes
-    return WriteConfig(**fields, format="tokens", tokens=tokens)
+    """The write's config with the token options of the command line."""
+    return token_write_config(source, base, tokenizer=args.tokenizer, eos_token=args.eos_token,
+                              min_tokens=args.min_tokens, max_tokens=args.max_tokens,
+                              tokens_per_shard=args.tokens_per_shard)
 
 
 def open_text_source(args: argparse.Namespace, options: Any) -> Any:

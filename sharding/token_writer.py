@@ -29,11 +29,26 @@ from dataio.format.tokens import (
     token_sums_path,
 )
 from dataio.storage.store import Store, redact
-from sharding.config import ShardResult, WriteConfig
+from sharding.config import ShardResult, TokenOptions, WriteConfig
 from sharding.sources.base import RawSample, Ref, Source, SourceError
-from sharding.tokenizer import Tokenizer, as_token_array, load_tokenizer
+from sharding.sources.text import TextSource, sample_texts
+from sharding.tokenizer import Tokenizer, as_token_array, bytes_per_token, load_tokenizer
 
 ENCODE_BATCH = 256  # documents per encode_batch call: enough for the tokenizer's threads, little memory
+DEFAULT_TOKENS_PER_SHARD = 1 << 27  # 256 MiB of uint16 tokens, the size of a default image shard
+
+
+def token_write_config(source: TextSource, base: WriteConfig, *, tokenizer: str, eos_token: str | None = None,
+                       min_tokens: int = 0, max_tokens: int | None = None,
+                       tokens_per_shard: int = DEFAULT_TOKENS_PER_SHARD) -> WriteConfig:
+    """`base` (workers, engine, ...) writing token shards of about `tokens_per_shard` tokens: shards are cut
+    by source bytes, at the bytes per token the tokenizer gives the source's first documents."""
+    tok = load_tokenizer(tokenizer, eos_token=eos_token)
+    tokens = TokenOptions(tokenizer=tokenizer, tokenizer_hash=tok.info.file_hash, eos_token=eos_token,
+                          min_tokens=min_tokens, max_tokens=max_tokens)
+    fields = {f: getattr(base, f) for f in WriteConfig.__dataclass_fields__ if f not in ("format", "tokens")}
+    fields["shard_size_bytes"] = max(1, int(tokens_per_shard * bytes_per_token(tok, sample_texts(source))))
+    return WriteConfig(**fields, format="tokens", tokens=tokens)
 
 
 class TokenShardWriter:
