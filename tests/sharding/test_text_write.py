@@ -114,6 +114,11 @@ def test_gzip_jsonl_dedup_empty_and_length_limits_are_counted(corpus, tmp_path, 
     assert run("write", src, tmp_path / "e", "--tokenizer", tokenizer, "--text-field", "body", "--keep-empty",
                *FLAGS) == 0
     assert len(stored_documents(tmp_path / "e")[0]) == len(lines)
+    capsys.readouterr()
+    assert run("write", src, tmp_path / "f", "--tokenizer", tokenizer, "--text-field", "body", "--max-tokens", 3,
+               "--eos-token", "<|endoftext|>", *FLAGS) == 0
+    assert "too_long" in capsys.readouterr().out
+    assert all(len(t) <= 4 for t in stored_documents(tmp_path / "f")[0])  # "ok" and the like, with their EOS
 
 
 def test_bad_utf8_replaced_and_counted_or_refused(corpus, tmp_path, capsys) -> None:
@@ -239,3 +244,7 @@ def test_text_without_a_tokenizer_or_with_a_missing_one_is_explained(tmp_path, c
     (tmp_path / "bad.json").write_text("{}")
     assert run("write", tmp_path / "txt", tmp_path / "d", "--tokenizer", tmp_path / "bad.json", "--quiet") == 2
     assert "not a Hugging Face tokenizer.json" in capsys.readouterr().err
+    assert run("tokenizer", "train", tmp_path / "txt", "--vocab-size", 300, "-o", tmp_path / "t.json") == 0
+    assert run("write", tmp_path / "txt", tmp_path / "d", "--tokenizer", tmp_path / "t.json", "--eos-token", "<nope>",
+               "--quiet") == 2
+    assert "--eos-token '<nope>' is not in the tokenizer's vocabulary" in capsys.readouterr().err
