@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,s3,dali,demo,bench,ray,docs]"
+	$(PY) -m pip install -q -e ".[test,s3,dali,demo,bench,ray,docs,text]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -19,6 +19,7 @@ from dataio.format.manifest import read_manifest
 from dataio.format.manifest_parts import PARTS_THRESHOLD
 from dataio.storage.redact import split_userinfo, url_secrets
 from dataio.storage.store import FIRST_REQUEST_DEADLINE_S, RetryPolicy, StorageOptions, Store, redact
+from sharding.text_cli import add_text_flags, add_tokenizer_parser, tokenizer_command, write_text
 
 
 def _num_cores() -> int:
@@ -123,6 +124,7 @@ def _sample_flags(p: argparse.ArgumentParser) -> None:
                    help="how often the write journal records the shards written so far, which an interrupted "
                         "write resumes from (--resume; default 2)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only a summary")
+    add_text_flags(p)
     _storage_flags(p)
 
 
@@ -165,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--urls", metavar="FILE",
                    help="write every shard's URL, one a line, to FILE ('-': stdout) for webdataset, DALI or "
                         "other tools, and print nothing else")
+    i.add_argument("--show", type=_positive_int, default=0, metavar="N",
+                   help="token datasets: print the first N documents (as text with --tokenizer, else as ids)")
+    i.add_argument("--tokenizer", metavar="FILE", help="token datasets: the dataset's tokenizer, to decode --show")
     _storage_flags(i)
 
     x = sub.add_parser("index", help="make existing Parquet files (e.g. a Hugging Face export) a dataset: "
@@ -188,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS)
     v.add_argument("--quiet", action="store_true")
     _storage_flags(v)
+    add_tokenizer_parser(sub, _storage_flags)
     return parser
 
 
@@ -241,6 +247,8 @@ def _write(args: argparse.Namespace) -> int:
     check_overlap(args.src, args.dest, overwrite=config.overwrite or resume or append,
                   shown_src=redact(args.src, options.secrets), shown_dest=dest.url)
     _check_reachable(dest)
+    if args.tokenizer:  # text into token shards (sharding/text_cli.py)
+        return write_text(args, config, dest, options, resume=resume, append=append)
     source = open_source(args.src, storage=options, image_column=args.image_column,
                          label_column=args.label_column, key_column=args.key_column, key=args.key,
                          label_names=args.label_names, follow_symlinks=args.follow_symlinks,
@@ -308,6 +316,11 @@ def _inspect(args: argparse.Namespace) -> int:
         return 0
     # Piped or redirected: wide enough that no column is squeezed and no path shortened.
     console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
+    if manifest.format == "tokens":
+        from sharding.inspect_tokens import print_token_inspect
+
+        print_token_inspect(store, manifest, console, max_rows=args.max_rows, show=args.show, tokenizer=args.tokenizer)
+        return 0
     unreadable = print_inspect(store, manifest, console, max_rows=args.max_rows, labels=not args.no_labels)
     return 1 if unreadable else 0
 
@@ -349,6 +362,11 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"{store.url}: {len(problems)} problem(s) in {manifest.num_shards} shards; rewrite the dataset "
               "with `shardify write ... --overwrite` or restore the damaged shards", file=sys.stderr)
         return 1
+    if manifest.format == "tokens":
+        print(f"{store.url}: OK: {manifest.num_shards} token shards, {manifest.num_samples} documents, "
+              f"{sum(manifest.shard_num_tokens)} tokens; every checksum matches (every block of tokens), every "
+              "document ends with EOS and every id is in the vocabulary")
+        return 0
     finer = ("every sample's" if manifest.format == "tar" else "every row group's") if manifest.has_read_checksums else (
         f"no per-sample checksums: manifest version {manifest.version}, written before them")
     print(f"{store.url}: OK: {manifest.num_shards} shards, {manifest.num_samples} samples, "
@@ -368,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("src", "dest", "url"):
         secrets += url_secrets(getattr(args, name, None) or "")
     try:
-        return {"write": _write, "append": _write, "inspect": _inspect, "verify": _verify, "index": _index, "gc": _gc}[args.command](args)
+        return {"write": _write, "append": _write, "inspect": _inspect, "verify": _verify, "index": _index, "gc": _gc,
+                "tokenizer": lambda a: tokenizer_command(a, _options(a))}[args.command](args)
     except KeyboardInterrupt:
         if args.command == "write":
             print(f"shardify: interrupted; the new version was not published, so {redact(args.dest, secrets)} "

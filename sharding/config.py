@@ -11,6 +11,26 @@ from sharding.sources.base import Source
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TokenOptions:
+    """How `shardify write --tokenizer` tokenizes documents (sharding/token_writer.py)."""
+
+    tokenizer: str  # a tokenizer.json, or a NAME.tiktoken file
+    tokenizer_hash: str  # "xxh3_64:<hex>" of that file: part of the resume fingerprint
+    eos_token: str | None = None  # None: the tokenizer's own (sharding/tokenizer.py EOS_CANDIDATES)
+    min_tokens: int = 0  # documents with fewer tokens (EOS not counted) are dropped and counted
+    max_tokens: int | None = None  # documents with more are dropped and counted
+    block_tokens: int = 1 << 16  # the checksum block (dataio/format/tokens.py)
+
+    def __post_init__(self) -> None:
+        if self.min_tokens < 0:
+            raise ValueError("--min-tokens must be >= 0")
+        if self.max_tokens is not None and self.max_tokens < max(self.min_tokens, 1):
+            raise ValueError("--max-tokens must be at least 1 and at least --min-tokens")
+        if self.block_tokens < 1:
+            raise ValueError("the checksum block must hold at least one token")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class WriteConfig:
     """How `shardify write` lays samples out; validated on construction."""
 
@@ -30,10 +50,13 @@ class WriteConfig:
     engine: str = "local"  # "local": worker processes here; "ray": Ray tasks (sharding/engine_ray.py)
     ray_address: str | None = None  # engine "ray": an existing cluster; None starts a local Ray
     journal_every_s: float = 2.0  # the journal records confirmed shards this often: what --resume keeps
+    tokens: TokenOptions | None = None  # format "tokens": text tokenized into token shards
 
     def __post_init__(self) -> None:
-        if self.format not in ("tar", "parquet"):
+        if self.format not in ("tar", "parquet", "tokens"):
             raise ValueError(f"format {self.format!r}: choose tar or parquet")
+        if (self.format == "tokens") != (self.tokens is not None):
+            raise ValueError("format tokens goes with token options (a tokenizer), and only it")
         if self.shard_size_bytes < 1:
             raise ValueError("shard size must be at least 1 byte")
         if self.max_samples_per_shard is not None and self.max_samples_per_shard < 1:
@@ -104,3 +127,5 @@ class ShardResult:
     sums_checksum: str | None = None  # tar: its per-sample checksums sidecar's checksum
     row_group_checksums: tuple[str, ...] | None = None  # parquet: per row group, its column chunks'
     skipped: tuple[dict[str, str], ...] = ()
+    num_tokens: int | None = None  # tokens: the shard's tokens (EOS included)
+    dropped: tuple[tuple[str, int], ...] = ()  # tokens: documents left out by reason (too_short, too_long)

@@ -37,6 +37,8 @@ def _result(row: dict[str, Any]) -> ShardResult:
         if row.get(key) is not None:
             row[key] = tuple(row[key])
     row["skipped"] = tuple(dict(s) for s in row.get("skipped") or ())
+    if row.get("dropped"):
+        row["dropped"] = tuple((str(k), int(n)) for k, n in row["dropped"])
     return ShardResult(**row)
 
 

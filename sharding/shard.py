@@ -16,6 +16,7 @@ from sharding.config import Layout, ShardResult, WriteConfig
 from sharding.parquet_writer import ParquetShardWriter, parquet_schema
 from sharding.sources.base import RawSample, Ref, Source, extras_json
 from sharding.tar_writer import TarShardWriter
+from sharding.token_writer import write_token_shard
 
 
 def prepare_image(sample: RawSample, config: WriteConfig) -> tuple[str, bytes]:
@@ -104,6 +105,8 @@ def write_shard(
 ) -> ShardResult:
     """Load, check and write the samples of one shard; publish it (and then its index) atomically.
     durable=False: no fsync of its files on local disk (the caller syncs them: `shard_files`)."""
+    if config.tokens is not None:  # text tokenized into a token shard (sharding/token_writer.py)
+        return write_token_shard(task, source, dest, config, report, durable=durable)
     index, rel, refs = task
     skipped: list[dict[str, str]] = []
     origins: list[str] = []  # each written sample's source, for the provenance sidecar

@@ -13,12 +13,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+
 from dataio.decode import images
 from dataio.errors import ShardifyError
 from dataio.format.checksums import file_row_group_sums, parse_sums, sample_sums, sums_bytes, sums_path
 from dataio.format.manifest import MANIFEST_NAME, Manifest, checksum_bytes
 from dataio.format.provenance import read_sources, sources_path
 from dataio.format.tar_index import TarIndex, build_index, parse_index
+from dataio.format.tokens import OFFSET_DTYPE, SUM_DTYPE, check_blocks, check_offsets
 from dataio.storage.store import Store
 
 
@@ -173,6 +176,40 @@ def _verify_parquet(store: Store, m: Manifest, i: int, max_pixels: int) -> list[
     return problems
 
 
+def _verify_tokens(store: Store, m: Manifest, i: int, max_pixels: int) -> list[Problem]:
+    """A token shard: its three files against the manifest, every block against its checksum, the
+    offsets against the counts, every id inside the vocabulary and every document ended by EOS."""
+    assert m.tokens is not None
+    s, problems = m.shard(i), []
+    data = _check_bytes(store, s.path, s.num_bytes, s.checksum, problems)
+    index = _check_bytes(store, s.index_path or "", s.index_bytes or 0, s.index_checksum or "", problems)
+    sums = _check_bytes(store, sums_path(s.path), sums_bytes_of(m, i), s.sums_checksum, problems)
+    if data is None or index is None or sums is None or problems:
+        return problems
+    url, info = store.url_of(s.path), m.tokens
+    offsets = np.frombuffer(index, dtype=OFFSET_DTYPE)
+    try:
+        check_offsets(offsets, m.shard_num_tokens[i], s.num_samples, url=url)
+        check_blocks(data, np.frombuffer(sums, dtype=SUM_DTYPE), 0, info, url=url, offsets=offsets)
+    except ShardifyError as exc:
+        return [Problem(url, "", str(exc).split(": ", 1)[-1])]
+    tokens = np.frombuffer(data, dtype=info.np_dtype)
+    if len(tokens) and int(tokens.max()) >= info.tokenizer.vocab_size:
+        problems.append(Problem(url, "", f"token id {int(tokens.max())} is outside the vocabulary of "
+                                         f"{info.tokenizer.vocab_size}"))
+    ends = tokens[offsets[1:] - 1] if len(offsets) > 1 else tokens[:0]
+    if bool(np.any(ends != info.tokenizer.eos_id)):
+        doc = int(np.flatnonzero(ends != info.tokenizer.eos_id)[0])
+        problems.append(Problem(url, str(doc), f"document {doc} does not end with EOS {info.tokenizer.eos_id}"))
+    return problems
+
+
+def sums_bytes_of(m: Manifest, i: int) -> int:
+    """The size of a token shard's block checksum sidecar."""
+    assert m.tokens is not None
+    return 8 * -(-m.shard_num_tokens[i] // m.tokens.block_tokens)
+
+
 def _check_sources(store: Store, m: Manifest, i: int) -> list[Problem]:
     """The shard's provenance sidecar, when it has one, must describe it (same checksum and count)."""
     rel = sources_path(m.shard_paths[i])
@@ -187,7 +224,7 @@ def _check_sources(store: Store, m: Manifest, i: int) -> list[Problem]:
 def verify_dataset(store: Store, manifest: Manifest, *, max_pixels: int = images.DEFAULT_MAX_PIXELS,
                    num_workers: int = 1, on_shard: Callable[[int, int], None] | None = None) -> list[Problem]:
     """Check every shard (threads: reads and decodes release the GIL); `on_shard(samples, bytes)` per shard."""
-    check = _verify_tar if manifest.format == "tar" else _verify_parquet
+    check = {"tar": _verify_tar, "parquet": _verify_parquet, "tokens": _verify_tokens}[manifest.format]
 
     def one(i: int) -> list[Problem]:
         found = check(store, manifest, i, max_pixels) + _check_sources(store, manifest, i)

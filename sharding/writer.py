@@ -53,6 +53,7 @@ from sharding.resume import (
 )
 from sharding.shard import shard_files, write_shard
 from sharding.sources.base import Ref, Source, SourceError
+from sharding.token_writer import appended_token_manifest, check_token_append, dropped_counts, token_manifest
 
 __all__ = ["WriteConfig", "WriteReport", "plan_shards", "prepare_destination", "write_dataset"]
 
@@ -152,6 +153,8 @@ def tool_version() -> str:
 
 
 def _manifest(results: list[ShardResult], source: Source, config: WriteConfig, layout: Layout) -> Manifest:
+    if config.tokens is not None:
+        return token_manifest(results, source, config, tool_version())
     kept = [r for r in sorted(results, key=lambda r: r.index) if r.num_samples]
     tar = config.format == "tar"
     return Manifest(
@@ -181,6 +184,7 @@ class WriteReport:
     skipped: list[dict[str, str]] = field(default_factory=list)
     version: str = ""
     removed: tuple[str, ...] = ()  # objects of versions retired more than the grace ago, deleted after publishing
+    dropped: dict[str, int] = field(default_factory=dict)  # tokens: documents left out by reason (too_short, ...)
 
 
 class _Journaled:
@@ -224,6 +228,9 @@ def _head(source: Source, config: WriteConfig, generation: int) -> JournalHead:
     options = {k: getattr(config, k) for k in ("format", "shard_size_bytes", "max_samples_per_shard", "shuffle",
                                                "seed", "max_side", "max_pixels", "validate", "on_error",
                                                "num_prefixes")}
+    if config.tokens is not None:  # only then: the fingerprints of image and table writes stay as they were
+        # the tokenizer by its file's hash, not its path: a resume from another directory is the same write
+        options["tokens"] = {k: v for k, v in asdict(config.tokens).items() if k != "tokenizer"}
     described = redact(source.description)
     fingerprint = write_fingerprint(described, options, ((r.key, r.size_bytes) for r in source.refs))
     return JournalHead(version=version_name(generation), fingerprint=fingerprint, options=options, source=described)
@@ -272,6 +279,8 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
     layout = layout_of(source, config)
     if append:
         old, generation = open_for_append(dest)
+        if old.format == "tokens" or config.tokens is not None:
+            check_token_append(old, config, source.description)
         source = appended_source(source, old, check_append(old, source, layout, source.description))
         config, layout = replace(config, format=old.format), appended_layout(old, layout)
     plan = plan_shards(source.refs, config)
@@ -294,9 +303,10 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
     sink = _Journaled(progress, journal, dest, sync=dest.is_local and config.engine == "local")
     try:
         results = _run(tasks, source, dest, config, layout, sink)
+        dropped = dropped_counts([*done.values(), *results])
         manifest = _manifest([*done.values(), *results], source, config, layout)
         if old is not None:
-            manifest = appended_manifest(old, manifest)
+            manifest = (appended_token_manifest if config.tokens else appended_manifest)(old, manifest)
         if manifest.num_shards == 0:
             raise SourceError(
                 f"{source.description}: every sample was skipped ({len(manifest.skipped)}; first: "
@@ -319,4 +329,4 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
         removed = collect(dest, grace_s=grace_s).removed
     return WriteReport(manifest=manifest, seconds=time.perf_counter() - start,
                        source_bytes=sum(r.size_bytes for r in source.refs), skipped=list(manifest.skipped),
-                       version=journal.head.version, removed=removed)
+                       version=journal.head.version, removed=removed, dropped=dropped)

@@ -11,10 +11,14 @@ MIN_TAR_SAMPLE_BYTES = 2 * 512
 # least a few bytes of metadata: sample counts beyond these are forged or corrupt.
 MIN_PARQUET_ROW_BITS = 1
 MIN_ROW_GROUP_BYTES = 4
+# A token shard's document is at least its EOS token, of at least 2 bytes (uint16).
+MIN_DOCUMENT_BYTES = 2
 
 
 def max_samples_in(fmt: str, num_bytes: int) -> int:
     """The most samples `num_bytes` of a tar or Parquet shard can hold."""
+    if fmt == "tokens":
+        return num_bytes // MIN_DOCUMENT_BYTES
     return num_bytes // MIN_TAR_SAMPLE_BYTES if fmt == "tar" else num_bytes * 8 // MIN_PARQUET_ROW_BITS
 
 
@@ -28,6 +32,8 @@ def implausible_shard(manifest: Any) -> str | None:
     limit = [max_samples_in(manifest.format, b) for b in sizes]
     if manifest.format == "tar":
         why = f"a tar sample takes at least {MIN_TAR_SAMPLE_BYTES} bytes"
+    elif manifest.format == "tokens":
+        why = f"a document takes at least its EOS token, {MIN_DOCUMENT_BYTES} bytes"
     else:
         why = "a Parquet row takes at least one bit"
         for i, groups in enumerate(manifest.row_groups):

@@ -146,7 +146,7 @@ def checksum_column(fmt: str, column: Any) -> dict[str, Any]:
     """
     if column is None:
         return {}
-    if fmt == "tar":
+    if fmt in ("tar", "tokens"):  # tokens: the checksum of its per-block sums sidecar
         sums = tuple(column)
         if not all(isinstance(c, str) and len(c) in (0, HEX_DIGITS) for c in sums):
             raise ValueError("sums_checksum entries must be 16 hex digits (or empty)")

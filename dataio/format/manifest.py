@@ -33,6 +33,7 @@ from dataio.format.manifest_parts import (
     part_paths,
     write_parts,
 )
+from dataio.format.tokens import TokensInfo
 from dataio.storage.paths import check_relative_many
 from dataio.storage.store import Store
 
@@ -45,18 +46,20 @@ LEGACY_JSON_VERSION = 1
 LEGACY_PARTED_VERSION = 2
 READ_VERSIONS = (LEGACY_JSON_VERSION, LEGACY_PARTED_VERSION, MANIFEST_VERSION)
 CHECKSUM_ALGORITHM = "xxh3_64"
-FORMATS = ("tar", "parquet")
+FORMATS = ("tar", "parquet", "tokens")  # tokens: dataio/format/tokens.py
 FIELD_TYPES = ("image", "int", "float", "str", "json", "bytes", "npy")
 
 _TOP_KEYS = {
     "shardify_manifest", "format", "fields", "num_samples", "num_bytes", "checksum_algorithm",
-    "tool_version", "created_utc", "source", "label_names", "skipped", "shards",
+    "tool_version", "created_utc", "source", "label_names", "skipped", "shards", "tokens",
 }
 _ROOT_KEYS = (_TOP_KEYS - {"shards"}) | {"num_shards", "fingerprint", "parts"}
 _SHARD_COLUMNS_TAR = ("path", "num_samples", "num_bytes", "checksum", "index_path", "index_bytes", "index_checksum")
 _SHARD_COLUMNS_PARQUET = ("path", "num_samples", "num_bytes", "checksum", "row_groups")
+# A token shard: samples are documents, its index the document offsets, plus its token count.
+_SHARD_COLUMNS_TOKENS = (*_SHARD_COLUMNS_TAR, "num_tokens")
 # The column a version-3 manifest adds per format ("" or [] for a shard written without them).
-READ_CHECKSUM_COLUMN = {"tar": "sums_checksum", "parquet": "row_group_checksums"}
+READ_CHECKSUM_COLUMN = {"tar": "sums_checksum", "parquet": "row_group_checksums", "tokens": "sums_checksum"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,6 +113,8 @@ class Manifest:
     source: str = ""
     label_names: tuple[str, ...] | None = None
     skipped: tuple[dict[str, str], ...] = ()
+    shard_num_tokens: tuple[int, ...] = ()  # tokens: per shard, its tokens (EOS included)
+    tokens: TokensInfo | None = None  # tokens: format version, dtype, checksum blocks, tokenizer
     _fingerprint: list[str] = field(default_factory=list, repr=False, compare=False)
     # Set when loaded from a parted root: its fingerprint and totals, and the parts' loader.
     parted: PartedTable | None = field(default=None, repr=False, compare=False)
@@ -119,8 +124,12 @@ class Manifest:
             raise ValueError(f"format {self.format!r} is not one of {FORMATS}")
         n = len(self.shard_paths)
         columns = [self.shard_num_samples, self.shard_num_bytes, self.shard_checksums]
-        if self.format == "tar":
+        if self.format in ("tar", "tokens"):
             columns += [self.index_paths, self.index_num_bytes, self.index_checksums]
+            if self.format == "tokens":
+                columns.append(self.shard_num_tokens)
+                if self.tokens is None or len(self.read_checksums) != n:
+                    raise ValueError("a token manifest needs its tokens section and a checksum sidecar per shard")
         else:
             columns += [self.row_groups]
         if any(len(c) != n for c in columns):
@@ -131,7 +140,7 @@ class Manifest:
     @property
     def read_checksums(self) -> Sequence[Any]:
         """The per-shard column of checksums at read granularity for this format (empty: none)."""
-        return self.sums_checksums if self.format == "tar" else self.row_group_checksums
+        return self.row_group_checksums if self.format == "parquet" else self.sums_checksums
 
     @property
     def has_read_checksums(self) -> bool:
@@ -169,7 +178,7 @@ class Manifest:
         return tuple(f.name for f in self.fields)
 
     def shard(self, i: int) -> ShardInfo:
-        if self.format == "tar":
+        if self.format in ("tar", "tokens"):
             return ShardInfo(
                 path=self.shard_paths[i], num_samples=self.shard_num_samples[i],
                 num_bytes=self.shard_num_bytes[i], checksum=self.shard_checksums[i],
@@ -220,7 +229,7 @@ class Manifest:
             "path": list(self.shard_paths), "num_samples": list(self.shard_num_samples),
             "num_bytes": list(self.shard_num_bytes), "checksum": list(self.shard_checksums),
         }
-        if self.format == "tar":
+        if self.format in ("tar", "tokens"):
             shards |= {
                 "index_path": list(self.index_paths), "index_bytes": list(self.index_num_bytes),
                 "index_checksum": list(self.index_checksums),
@@ -230,6 +239,10 @@ class Manifest:
         if self.has_read_checksums:
             column = READ_CHECKSUM_COLUMN[self.format]
             shards[column] = [c if isinstance(c, str) else list(c) for c in self.read_checksums]
+            if self.tokens is not None:
+                shards["num_tokens"] = list(self.shard_num_tokens)
+                return {"shardify_manifest": MANIFEST_VERSION, **self._header(), "tokens": self.tokens.to_json(),
+                        "shards": shards}
             return {"shardify_manifest": MANIFEST_VERSION, **self._header(), "shards": shards}
         return {"shardify_manifest": LEGACY_JSON_VERSION, **self._header(), "shards": shards}
 
@@ -262,14 +275,14 @@ class Manifest:
         shards = doc.get("shards")
         if fmt not in FORMATS or not isinstance(shards, dict):
             raise bad(f"format must be one of {FORMATS} and 'shards' a table")
-        columns = _SHARD_COLUMNS_TAR if fmt == "tar" else _SHARD_COLUMNS_PARQUET
+        columns = {"tar": _SHARD_COLUMNS_TAR, "parquet": _SHARD_COLUMNS_PARQUET, "tokens": _SHARD_COLUMNS_TOKENS}[fmt]
         if version == MANIFEST_VERSION:
             columns += (READ_CHECKSUM_COLUMN[fmt],)
         missing = [c for c in columns if not isinstance(shards.get(c), list)]
         if missing:
             raise bad(f"shard columns {missing} are missing")
         try:
-            for column in ("path", "index_path") if fmt == "tar" else ("path",):
+            for column in ("path", "index_path") if fmt != "parquet" else ("path",):
                 check_relative_many(shards[column])
         except (ValueError, TypeError) as exc:
             raise bad(f"unsafe shard path: {exc}") from None
@@ -291,6 +304,8 @@ class Manifest:
                 source=str(doc.get("source", "")),
                 label_names=None if doc.get("label_names") is None else tuple(doc["label_names"]),
                 skipped=tuple(dict(s) for s in doc.get("skipped", [])),
+                shard_num_tokens=tuple(int(n) for n in shards.get("num_tokens", ())) if fmt == "tokens" else (),
+                tokens=TokensInfo.from_json(doc["tokens"], where=where) if fmt == "tokens" else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise bad(f"malformed: {exc}") from None
@@ -379,7 +394,7 @@ def write_manifest(store: Store, manifest: Manifest, *, parts_threshold: int = P
     Up to `parts_threshold` shards: one JSON file. Past it: the Parquet parts first (each
     atomically, in a directory named by the fingerprint), then the small JSON root, last.
     """
-    if manifest.num_shards <= parts_threshold:
+    if manifest.num_shards <= parts_threshold or manifest.format == "tokens":  # tokens: no parted form yet
         store.write_bytes(MANIFEST_NAME, manifest.dumps())
         return
     parts = write_parts(store, manifest)

@@ -19,6 +19,7 @@ from sharding.sources.compressed import is_compressed_tar
 from sharding.sources.folder import open_folder
 from sharding.sources.table import open_table
 from sharding.sources.tar import expand_braces, open_dataset, open_tars
+from sharding.sources.text import is_text_path
 
 
 def open_source(
@@ -73,7 +74,11 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
             return open_table([os.path.join(path, t) for t in tables], image_column=image_column,
                               label_column=label_column, key_column=key_column, key=key, storage=storage,
                               description=path, label_names=label_names)
-        return open_folder(path, key=key, follow_symlinks=follow_symlinks, label_names=label_names)
+        try:
+            return open_folder(path, key=key, follow_symlinks=follow_symlinks, label_names=label_names)
+        except SourceError as exc:
+            _hint_text(path, exc)
+            raise
     if src.lower().endswith(TABLE_EXTS):
         return open_table(src, image_column=image_column, label_column=label_column, key_column=key_column,
                           key=key, storage=storage, label_names=label_names)
@@ -91,6 +96,17 @@ def _open(src: str, *, storage: Any, image_column: str | None, label_column: str
                           label_column=label_column, key_column=key_column, key=key, storage=storage,
                           description=shown, label_names=label_names)
     return open_folder(src, key=key, storage=storage, label_names=label_names)  # ROOT/CLASS/IMAGE in object storage
+
+
+def _hint_text(path: str, exc: SourceError) -> None:
+    """A folder of text files is no image folder: say how to write it (token shards), not only why not."""
+    for _top, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        text = next((f for f in files if is_text_path(f)), None)
+        if text is not None:
+            raise SourceError(f"{exc}; it holds text files (e.g. {text!r}): to tokenize them into token shards, "
+                              "pass --tokenizer FILE (make one with `shardify tokenizer train SRC --vocab-size N "
+                              "-o tokenizer.json`)") from None
 
 
 def _is_dataset(store: Store) -> bool:
