@@ -18,8 +18,9 @@ from typing import Any
 from rich.console import Console
 
 from trainer import cost, runtime
-from trainer.config import TrainConfig, config_dict
+from trainer.config import TrainConfig, config_dict, config_secrets
 from trainer.display import LiveTable, print_summary
+from trainer.redaction import scrub
 from trainer.report import combine, metrics_line, source_rows, summarize
 from trainer.timing import StepRecord
 from trainer.trace import write_chart, write_trace
@@ -31,8 +32,11 @@ _SUM_KEYS = ("steps", "step_s", "wait_s", "h2d_s", "compute_s", "comm_exposed_s"
 class Recorder:
     """Collects one rank's step records; reports at every --log-every steps and at the end."""
 
-    def __init__(self, cfg: TrainConfig, rt: runtime.Runtime) -> None:
+    def __init__(self, cfg: TrainConfig, rt: runtime.Runtime, *, secrets: tuple[str, ...] = ()) -> None:
         self.cfg, self.rt = cfg, rt
+        # Everything this recorder writes or prints passes scrub with these (the URLs' and the storage
+        # options' credentials): metrics.jsonl, summary.json, notes, the printed summary.
+        self.secrets = tuple(dict.fromkeys((*config_secrets(cfg), *secrets)))
         os.makedirs(cfg.out, exist_ok=True)
         self.interval: list[StepRecord] = []
         self.total: dict[str, Any] | None = None  # sums over the run, the first step of each start excluded
@@ -40,6 +44,7 @@ class Recorder:
         self.first: dict[str, Any] | None = None  # the first step's sums: start-up, used only if alone
         self.last_loss = 0.0
         self.job: dict[str, Any] = {}  # facts of the job for summary.json (set by setup/wrap): bytes, sizes
+        self.checkpoints: dict[str, Any] | None = None  # stored / failed counts for the summary (set by train)
         self.wire_bytes: Callable[[], float | None] = lambda: None
         # Where this rank runs, in every gathered row: the report names ranks by node and local rank.
         self.where = {"node": rt.node_rank, "local_rank": rt.local_rank, "host": socket.gethostname()}
@@ -64,15 +69,23 @@ class Recorder:
 
     # --- files ---------------------------------------------------------------------------------
     def event(self, record: dict[str, Any]) -> None:
-        """Append one record to metrics.jsonl (rank 0 only)."""
+        """Append one record to metrics.jsonl (rank 0 only), credentials redacted."""
         if self.rt.is_main:
             with open(os.path.join(self.cfg.out, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json.dumps(scrub(record, self.secrets)) + "\n")
 
     def note(self, text: str) -> None:
+        """A line on rank 0's console and in metrics.jsonl, credentials redacted."""
+        text = scrub(text, self.secrets)
         if self.table is not None:
             self.table.note(text)
         self.event({"kind": "note", "text": text})
+
+    def warn(self, text: str) -> None:
+        """A note that also goes to stderr (rank 0): something the user must not miss."""
+        self.note(text)
+        if self.rt.is_main:
+            print(f"trainer: {scrub(text, self.secrets)}", file=sys.stderr, flush=True)
 
     def truncate_keys(self, step: int) -> None:
         """Keep only committed steps (<= step) in every rank's key file (rank 0, before training starts)."""
@@ -184,6 +197,9 @@ class Recorder:
                                        samples_per_s=rep["samples_per_s"],
                                        epoch_samples=int(self.job.get("epoch_samples", 0)),
                                        wasted_share=cost.wasted_share(rep["stage_share"]))
+        if self.checkpoints is not None:
+            rep["checkpoints"] = self.checkpoints
+        rep = scrub(rep, self.secrets)
         final = {"kind": "summary", **{k: v for k, v in rep.items()}, "validation": val}
         with open(outputs["summary"], "w") as f:
             json.dump(final, f, indent=1)

@@ -3,7 +3,8 @@
 Progress is samples trained / samples planned (epochs x the epoch's size at the first start),
 not optimizer steps: after a resume at another world size each step is bigger or smaller, but
 the LR at a given point of the data is the same. --warmup-steps is converted to samples once,
-at the first start's global batch, and saved.
+at the first start's global batch, and saved. A resume with another --epochs or --max-steps
+replans: the cosine then spans the new total, counted on from the samples already seen.
 """
 
 from __future__ import annotations
@@ -12,6 +13,16 @@ import math
 from typing import Any
 
 import torch
+
+
+def planned_samples(*, epochs: int, epoch_samples: int, max_steps: int, step: int, samples_seen: int,
+                    global_batch: int) -> int:
+    """Samples trained when the run ends: --epochs x the epoch's size, or fewer where --max-steps
+    (optimizer steps in total) comes first, its remaining steps at this start's global batch."""
+    total = epochs * epoch_samples
+    if max_steps:
+        total = min(total, samples_seen + max(0, max_steps - step) * global_batch)
+    return total
 
 
 class WarmupCosine:
@@ -39,6 +50,13 @@ class WarmupCosine:
         """Account for `samples` trained (all ranks together) and set the next lr."""
         self.samples_seen += samples
         self._apply()
+
+    def replan(self, total_samples: int) -> tuple[float, float]:
+        """Let the cosine end at `total_samples` instead, from the samples already seen; (lr before, lr after)."""
+        before = self.lr
+        self.total_samples = max(1, total_samples)
+        self._apply()
+        return before, self.lr
 
     def _apply(self) -> None:
         for group in self.optimizer.param_groups:
