@@ -84,6 +84,7 @@ def _main(argv: list[str] | None) -> int:
         failed = unresumable(run)  # the same on every rank: the stored step is gathered after each save
         if failed is not None:
             _say(rt.is_main, failed)
+            runtime.barrier(rt)  # rank 0 has said why before any rank exits (torchrun then stops the rest)
             return 3
         return 0
     except runtime.SetupFailed as exc:
