@@ -71,6 +71,15 @@ def test_a_damaged_checkpoint_is_skipped_naming_it_and_resume_falls_back(tmp_pat
     assert "ckpt-000000002.pt: step 2" in text, text[-3000:]
 
 
+def test_an_unsealed_checkpoint_loads_only_in_the_old_format(tmp_path):
+    store = Store(str(tmp_path))
+    for version in (1, 2):
+        torch.save({"format_version": version, "x": torch.ones(2)}, tmp_path / f"ckpt-00000000{version}.pt")
+    assert torch.equal(ckpt_io.load(store, "ckpt-000000001.pt")["x"], torch.ones(2))  # an older trainer's
+    with pytest.raises(ckpt_io.CheckpointUnreadable, match="ckpt-000000002.pt: its checksum seal is missing"):
+        ckpt_io.load(store, "ckpt-000000002.pt")
+
+
 class _FullDisk:
     """A file that takes `room` bytes, then fails as a full disk does."""
 
