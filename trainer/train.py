@@ -162,7 +162,8 @@ def resume(run: Run) -> None:
         for why in skipped:
             run.recorder.warn(f"skipped checkpoint {why}")
         if ckpt.get("format_version") == 1:
-            run.recorder.note(f"{store.url_of(name)} carries no checksum (an older trainer wrote it): loaded unverified")
+            run.recorder.note(f"{store.url_of(name)} carries no checksum (an older trainer wrote it): "
+                              "loaded unverified")
         run.recorder.note(f"resumed from {store.url_of(name)}: step {run.step}, epoch {run.epoch} "
                           f"(saved by {ckpt['world_size']} ranks, now {rt.world_size})"
                           + (f"; skipped {len(skipped)} newer checkpoint(s) that do not load" if skipped else ""))
