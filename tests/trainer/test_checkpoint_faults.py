@@ -125,9 +125,11 @@ def test_a_full_disk_is_reported_training_goes_on_and_none_stored_exits_3(tmp_pa
     trainer = f"{py} -m trainer --data {shlex.quote(SYNTH)} {shlex.join(SLEEPY)}"
     torchrun = (f"{shlex.quote(TORCHRUN)} --standalone --nproc_per_node=2 --max-restarts=0 --monitor-interval=0.2 "
                 f"-m trainer --data {shlex.quote(SYNTH)} {shlex.join(SLEEPY)} --dist-timeout-s 60")
-    a, b, c, kept = (tmp_path / n for n in ("a", "b", "c", "kept"))
+    a, b, c, d, kept = (tmp_path / n for n in ("a", "b", "c", "d", "kept"))
     # In the namespace: two checkpoints fit; then the disk is filled, and a 2-rank run resumes and
-    # trains on through two failed saves; then a fresh run on the full disk stores nothing at all.
+    # trains on through two failed saves; then a fresh run on the full disk stores nothing at all;
+    # then, the disk read-only (what root meets instead of a permission error), a run resumes and
+    # trains on through a refused save.
     script = f"""
 mount -t tmpfs -o size=2m tmpfs {disk} || exit 90
 {trainer} --checkpoint-dir {disk}/c --out {a} --max-steps 4 --checkpoint-every 2 >{a}.out 2>{a}.err; echo $? >{a}.rc
@@ -135,13 +137,15 @@ dd if=/dev/zero of={disk}/filler bs=4k 2>/dev/null
 {torchrun} --checkpoint-dir {disk}/c --out {b} --max-steps 8 --checkpoint-every 2 >{b}.out 2>{b}.err; echo $? >{b}.rc
 {trainer} --checkpoint-dir {disk}/fresh --out {c} --max-steps 2 >{c}.out 2>{c}.err; echo $? >{c}.rc
 mkdir {kept} && cp {disk}/c/ckpt-* {kept}/
+mount -o remount,ro {disk} || exit 91
+{trainer} --checkpoint-dir {disk}/c --out {d} --max-steps 6 >{d}.out 2>{d}.err; echo $? >{d}.rc
 """
     proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=REPO,
                             env=env_for(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     assert finish(proc, timeout_s=200).returncode == 0
-    rc = {p.name: int(Path(f"{p}.rc").read_text()) for p in (a, b, c)}
-    said = {p.name: Path(f"{p}.out").read_text() + Path(f"{p}.err").read_text() for p in (a, b, c)}
+    rc = {p.name: int(Path(f"{p}.rc").read_text()) for p in (a, b, c, d)}
+    said = {p.name: Path(f"{p}.out").read_text() + Path(f"{p}.err").read_text() for p in (a, b, c, d)}
     assert rc["a"] == 0, said["a"][-3000:]
     assert rc["b"] == 0, said["b"][-3000:]  # before: RuntimeError [enforce fail at inline_container.cc:672]
     assert "FAILED and was not recorded" in said["b"] and "No space left on device" in said["b"], said["b"][-3000:]
@@ -154,6 +158,8 @@ mkdir {kept} && cp {disk}/c/ckpt-* {kept}/
     assert rc["c"] == 3, said["c"][-3000:]
     assert "no checkpoint could be stored" in said["c"] and "nothing can be resumed" in said["c"], said["c"][-3000:]
     assert summary(c)["checkpoints"]["last_stored_step"] is None
+    assert rc["d"] == 0 and "Read-only file system" in said["d"], said["d"][-3000:]
+    assert summary(d)["checkpoints"] == {**facts, "stored": 0, "failed": 1}
 
 
 def test_s3_refusing_every_checkpoint_is_reported_and_the_run_exits_nonzero(s3_server, tmp_path):

@@ -94,3 +94,18 @@ def test_an_error_about_a_url_with_a_secret_prints_it_redacted(s3_server, tmp_pa
     for secret in (s3_server.secret, s3_server.key):
         assert secret not in proc.stdout + proc.stderr
         assert all(secret.encode() not in p.read_bytes() for p in (tmp_path / "o").rglob("*") if p.is_file())
+
+
+def test_saved_config_and_messages_keep_only_redacted_urls():
+    from trainer.config import config_dict, parse_config
+    from trainer.redaction import scrub
+
+    cfg = parse_config(["--data", "s3://AKIDEXAMPLE:wJalrXUtnFEMI@b/web=0.7", "--data", "s3://b/gold=0.3",
+                        "--checkpoint-dir", "s3://AKIDEXAMPLE:wJalrXUtnFEMI@c/ckpt",
+                        "--val-data", "https://h/v?X-Amz-Signature=abcdef123456&x=1"])
+    saved = config_dict(cfg)
+    assert saved["data"][0] == {"url": "s3://***@b/web", "weight": 0.7}
+    assert saved["checkpoint_dir"] == "s3://***@c/ckpt" and "abcdef123456" not in saved["val_data"]
+    assert cfg.data_label == "s3://***@b/web=0.7 + s3://b/gold=0.3"
+    # A secret known from the storage options is redacted wherever it shows, even without a URL around it.
+    assert scrub({"error": ["denied for wJalrXUtnFEMI"]}, ("wJalrXUtnFEMI",)) == {"error": ["denied for ***"]}
