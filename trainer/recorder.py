@@ -44,6 +44,7 @@ class Recorder:
         self.first: dict[str, Any] | None = None  # the first step's sums: start-up, used only if alone
         self.last_loss = 0.0
         self.job: dict[str, Any] = {}  # facts of the job for summary.json (set by setup/wrap): bytes, sizes
+        self.unwritable: set[str] = set()  # files a full or read-only disk refused (reported once each)
         self.checkpoints: dict[str, Any] | None = None  # stored / failed counts for the summary (set by train)
         self.wire_bytes: Callable[[], float | None] = lambda: None
         # Where this rank runs, in every gathered row: the report names ranks by node and local rank.
@@ -71,8 +72,19 @@ class Recorder:
     def event(self, record: dict[str, Any]) -> None:
         """Append one record to metrics.jsonl (rank 0 only), credentials redacted."""
         if self.rt.is_main:
-            with open(os.path.join(self.cfg.out, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps(scrub(record, self.secrets)) + "\n")
+            line = json.dumps(scrub(record, self.secrets)) + "\n"
+            self._saving(os.path.join(self.cfg.out, "metrics.jsonl"), lambda path: _append(path, line))
+
+    def _saving(self, path: str, write: Callable[[str], None]) -> None:
+        """write(path); a disk that is full or read-only (often the checkpoints' disk too) is reported
+        once per file on stderr, and training goes on without that record."""
+        try:
+            write(path)
+        except OSError as exc:
+            if path not in self.unwritable:
+                self.unwritable.add(path)
+                print(f"trainer: cannot write {path} ({exc.strerror or exc}); training goes on without it",
+                      file=sys.stderr, flush=True)
 
     def note(self, text: str) -> None:
         """A line on rank 0's console and in metrics.jsonl, credentials redacted."""
@@ -124,8 +136,8 @@ class Recorder:
     def step(self, rec: StepRecord, loss: float, keys: list[str], *, lr: float) -> None:
         """Record one step; at a log interval gather all ranks and report (a collective)."""
         if self.cfg.record_keys:
-            with open(self.keys_path, "a") as f:
-                f.write(json.dumps({"step": rec.step, "epoch": rec.epoch, "keys": keys}) + "\n")
+            line = json.dumps({"step": rec.step, "epoch": rec.epoch, "keys": keys}) + "\n"
+            self._saving(self.keys_path, lambda path: _append(path, line))
         self.interval.append(rec)
         if rec.slices:
             self.trace.append({**rec.as_dict(), "slices": rec.slices})
@@ -188,8 +200,8 @@ class Recorder:
         out = self.cfg.out
         outputs = {"metrics": os.path.join(out, "metrics.jsonl"), "trace (ui.perfetto.dev)": os.path.join(out, "trace.json"),
                    "chart": os.path.join(out, "steps.png"), "summary": os.path.join(out, "summary.json")}
-        write_trace(outputs["trace (ui.perfetto.dev)"], traces)
-        write_chart(outputs["chart"], traces)
+        self._saving(outputs["trace (ui.perfetto.dev)"], lambda path: write_trace(path, traces))
+        self._saving(outputs["chart"], lambda path: write_chart(path, traces))
         rep["job"] = {**self.job, "wire_bytes": self.wire_bytes(), "world_size": self.rt.world_size,
                       "num_nodes": len({t["node"] for t in totals})}
         if self.cfg.price_per_hour and rep["samples_per_s"] > 0:
@@ -201,12 +213,21 @@ class Recorder:
             rep["checkpoints"] = self.checkpoints
         rep = scrub(rep, self.secrets)
         final = {"kind": "summary", **{k: v for k, v in rep.items()}, "validation": val}
-        with open(outputs["summary"], "w") as f:
-            json.dump(final, f, indent=1)
+        self._saving(outputs["summary"], lambda path: _dump(path, final))
         self.event(final)
         assert self.console is not None
         print_summary(self.console, rep, outputs=outputs, val=val)
         return rep
+
+
+def _append(path: str, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text)
+
+
+def _dump(path: str, record: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
 
 
 def _add(total: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:

@@ -6,14 +6,14 @@ last micro-batch (no_sync on the others) through the timing comm hook.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dataio.storage.store import Store
+from dataio.storage.store import RetryPolicy, Store
 from trainer import checkpoint as ckpt_io
 from trainer import comm_hooks, data, runtime
 from trainer.config import TrainConfig, config_dict
@@ -92,7 +92,7 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | N
     identity = {"model": cfg.model, "num_classes": num_classes, "dataset": data.fingerprint_of(loader),
                 "image_size": cfg.image_size, "features": cfg.features}
     options = data.storage_options(cfg)
-    store = Store(cfg.checkpoint_url, options)
+    store = Store(cfg.checkpoint_url, options, checkpoint_retry(cfg))
     comm_hooks.check(cfg.comm_hook, device=rt.device.type, gradient_bytes=comm_hooks.grad_bytes(model),
                      bucket_cap_mb=cfg.bucket_cap_mb)
     recorder = Recorder(cfg, rt, secrets=options.secrets)
@@ -106,6 +106,14 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | N
               identity=identity, steps_per_epoch=steps_per_epoch, recorder=recorder)
     resume(run)
     return run
+
+
+def checkpoint_retry(cfg: TrainConfig) -> RetryPolicy:
+    """The checkpoint store's retries end within half of --dist-timeout-s: the other ranks wait for rank
+    0's save in a collective, which must not time out (and name rank 0 as stopped) first."""
+    policy = RetryPolicy()
+    budget = cfg.dist_timeout_s / 2
+    return replace(policy, deadline_s=budget if policy.deadline_s is None else min(policy.deadline_s, budget))
 
 
 def wrap(run: Run) -> None:

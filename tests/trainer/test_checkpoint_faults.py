@@ -125,7 +125,7 @@ def test_a_full_disk_is_reported_training_goes_on_and_none_stored_exits_3(tmp_pa
     trainer = f"{py} -m trainer --data {shlex.quote(SYNTH)} {shlex.join(SLEEPY)}"
     torchrun = (f"{shlex.quote(TORCHRUN)} --standalone --nproc_per_node=2 --max-restarts=0 --monitor-interval=0.2 "
                 f"-m trainer --data {shlex.quote(SYNTH)} {shlex.join(SLEEPY)} --dist-timeout-s 60")
-    a, b, c, d, kept = (tmp_path / n for n in ("a", "b", "c", "d", "kept"))
+    a, b, c, d, kept = (tmp_path / n for n in ("a", "b", "c", "d", "kept"))  # c writes its --out on the disk
     # In the namespace: two checkpoints fit; then the disk is filled, and a 2-rank run resumes and
     # trains on through two failed saves; then a fresh run on the full disk stores nothing at all;
     # then, the disk read-only (what root meets instead of a permission error), a run resumes and
@@ -135,7 +135,7 @@ mount -t tmpfs -o size=2m tmpfs {disk} || exit 90
 {trainer} --checkpoint-dir {disk}/c --out {a} --max-steps 4 --checkpoint-every 2 >{a}.out 2>{a}.err; echo $? >{a}.rc
 dd if=/dev/zero of={disk}/filler bs=4k 2>/dev/null
 {torchrun} --checkpoint-dir {disk}/c --out {b} --max-steps 8 --checkpoint-every 2 >{b}.out 2>{b}.err; echo $? >{b}.rc
-{trainer} --checkpoint-dir {disk}/fresh --out {c} --max-steps 2 >{c}.out 2>{c}.err; echo $? >{c}.rc
+{trainer} --checkpoint-dir {disk}/fresh --out {disk}/c-out --max-steps 2 >{c}.out 2>{c}.err; echo $? >{c}.rc
 mkdir {kept} && cp {disk}/c/ckpt-* {kept}/
 mount -o remount,ro {disk} || exit 91
 {trainer} --checkpoint-dir {disk}/c --out {d} --max-steps 6 >{d}.out 2>{d}.err; echo $? >{d}.rc
@@ -157,7 +157,10 @@ mount -o remount,ro {disk} || exit 91
     assert sorted(p.name for p in kept.iterdir()) == ["ckpt-000000002.pt", "ckpt-000000004.pt"]  # no torn file
     assert rc["c"] == 3, said["c"][-3000:]
     assert "no checkpoint could be stored" in said["c"] and "nothing can be resumed" in said["c"], said["c"][-3000:]
-    assert summary(c)["checkpoints"]["last_stored_step"] is None
+    # Its --out on the full disk too (the default layout: OUT/checkpoints): each record it cannot
+    # write is reported once, and the run still ends with its summary on the console.
+    assert "metrics.jsonl (No space left on device); training goes on without it" in said["c"], said["c"][-3000:]
+    assert "checkpoints: 0 stored, 1 failed in this run; newest resumable: NONE" in said["c"], said["c"][-3000:]
     assert rc["d"] == 0 and "Read-only file system" in said["d"], said["d"][-3000:]
     assert summary(d)["checkpoints"] == {**facts, "stored": 0, "failed": 1}
 
