@@ -67,7 +67,8 @@ class WarmupCosine:
                 "warmup_samples": self.warmup_samples, "base_lr": self.base_lr, "min_ratio": self.min_ratio}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # The plan (total, warmup) of the first start wins: the curve over the data stays the same.
+        # The saved plan (total, warmup) stands, so the curve over the data stays the same at another
+        # world size; the trainer calls `replan` when the run's length itself changed.
         self.samples_seen, self.total_samples = int(state["samples_seen"]), int(state["total_samples"])
         self.warmup_samples = int(state["warmup_samples"])
         self._apply()
