@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from trainer.redaction import scrub, secrets_of
+
 OPTIMIZERS = ("sgd", "adamw")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # or package.module:function returning (state, hook)
 DECODES = ("cpu", "dali")  # the trainer needs decoded images
@@ -158,8 +160,8 @@ class TrainConfig:
 
     @property
     def data_label(self) -> str:
-        """--data for messages: the URL, or the mixture as URL=WEIGHT + ..."""
-        return " + ".join(str(s) for s in self.sources)
+        """--data for messages: the URL, or the mixture as URL=WEIGHT + ..., credentials redacted."""
+        return scrub(" + ".join(str(s) for s in self.sources), config_secrets(self))
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -289,9 +291,16 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     return TrainConfig(**values)
 
 
+def config_secrets(cfg: TrainConfig) -> tuple[str, ...]:
+    """The credentials the config's own URLs carry (--data s3://KEY:SECRET@..., --checkpoint-dir, ...)."""
+    texts = [v for f in dataclasses.fields(cfg) if isinstance(v := getattr(cfg, f.name), str)]
+    return secrets_of([*texts, *(s.url for s in cfg.sources)])
+
+
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
-    """The config as plain data, for metrics.jsonl and checkpoints."""
+    """The config as plain data, for metrics.jsonl and checkpoints: URLs redacted (s3://***@bucket/...),
+    so no credential is ever saved; a resumed run takes them from its own flags or environment."""
     out = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     if isinstance(cfg.data, tuple):
         out["data"] = [{"url": s.url, "weight": s.weight} for s in cfg.data]
-    return out
+    return scrub(out, config_secrets(cfg))

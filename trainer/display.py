@@ -111,6 +111,14 @@ def rank_label(row: dict[str, Any], rep: dict[str, Any]) -> str:
     return f"{row['rank']} (node {row.get('node', 0)}, local {row.get('local_rank', 0)})"
 
 
+def checkpoints_line(facts: dict[str, Any]) -> str:
+    """'checkpoints: 2 stored, 3 failed in this run; newest resumable: step 4 (DIR)'."""
+    last = facts["last_stored_step"]
+    newest = "NONE, nothing can be resumed" if last is None else f"step {last}"
+    return (f"checkpoints: {facts['stored']} stored, {facts['failed']} failed in this run; newest resumable: "
+            f"{newest} ({facts['dir']})")
+
+
 def print_summary(console: Console, rep: dict[str, Any], *, outputs: dict[str, str],
                   val: dict[str, float] | None) -> None:
     """The final summary: table, global line, verdict, validation, where the files are."""
@@ -124,6 +132,8 @@ def print_summary(console: Console, rep: dict[str, Any], *, outputs: dict[str, s
         console.print(sources_table(rep["sources"]))
     if rep.get("cost"):
         console.print(describe(rep["cost"]))
+    if rep.get("checkpoints"):
+        console.print(checkpoints_line(rep["checkpoints"]))
     if val:
         console.print(f"validation: loss {val['loss']:.4f}, accuracy {val['accuracy']:.2%} "
                       f"over {val['samples']} samples")

@@ -18,8 +18,9 @@ from typing import Any
 from rich.console import Console
 
 from trainer import cost, runtime
-from trainer.config import TrainConfig, config_dict
+from trainer.config import TrainConfig, config_dict, config_secrets
 from trainer.display import LiveTable, print_summary
+from trainer.redaction import scrub
 from trainer.report import combine, metrics_line, source_rows, summarize
 from trainer.timing import StepRecord
 from trainer.trace import write_chart, write_trace
@@ -31,8 +32,11 @@ _SUM_KEYS = ("steps", "step_s", "wait_s", "h2d_s", "compute_s", "comm_exposed_s"
 class Recorder:
     """Collects one rank's step records; reports at every --log-every steps and at the end."""
 
-    def __init__(self, cfg: TrainConfig, rt: runtime.Runtime) -> None:
+    def __init__(self, cfg: TrainConfig, rt: runtime.Runtime, *, secrets: tuple[str, ...] = ()) -> None:
         self.cfg, self.rt = cfg, rt
+        # Everything this recorder writes or prints passes scrub with these (the URLs' and the storage
+        # options' credentials): metrics.jsonl, summary.json, notes, the printed summary.
+        self.secrets = tuple(dict.fromkeys((*config_secrets(cfg), *secrets)))
         os.makedirs(cfg.out, exist_ok=True)
         self.interval: list[StepRecord] = []
         self.total: dict[str, Any] | None = None  # sums over the run, the first step of each start excluded
@@ -40,6 +44,8 @@ class Recorder:
         self.first: dict[str, Any] | None = None  # the first step's sums: start-up, used only if alone
         self.last_loss = 0.0
         self.job: dict[str, Any] = {}  # facts of the job for summary.json (set by setup/wrap): bytes, sizes
+        self.unwritable: set[str] = set()  # files a full or read-only disk refused (reported once each)
+        self.checkpoints: dict[str, Any] | None = None  # stored / failed counts for the summary (set by train)
         self.wire_bytes: Callable[[], float | None] = lambda: None
         # Where this rank runs, in every gathered row: the report names ranks by node and local rank.
         self.where = {"node": rt.node_rank, "local_rank": rt.local_rank, "host": socket.gethostname()}
@@ -64,15 +70,34 @@ class Recorder:
 
     # --- files ---------------------------------------------------------------------------------
     def event(self, record: dict[str, Any]) -> None:
-        """Append one record to metrics.jsonl (rank 0 only)."""
+        """Append one record to metrics.jsonl (rank 0 only), credentials redacted."""
         if self.rt.is_main:
-            with open(os.path.join(self.cfg.out, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps(record) + "\n")
+            line = json.dumps(scrub(record, self.secrets)) + "\n"
+            self._saving(os.path.join(self.cfg.out, "metrics.jsonl"), lambda path: _append(path, line))
+
+    def _saving(self, path: str, write: Callable[[str], None]) -> None:
+        """write(path); a disk that is full or read-only (often the checkpoints' disk too) is reported
+        once per file on stderr, and training goes on without that record."""
+        try:
+            write(path)
+        except OSError as exc:
+            if path not in self.unwritable:
+                self.unwritable.add(path)
+                print(f"trainer: cannot write {path} ({exc.strerror or exc}); training goes on without it",
+                      file=sys.stderr, flush=True)
 
     def note(self, text: str) -> None:
+        """A line on rank 0's console and in metrics.jsonl, credentials redacted."""
+        text = scrub(text, self.secrets)
         if self.table is not None:
             self.table.note(text)
         self.event({"kind": "note", "text": text})
+
+    def warn(self, text: str) -> None:
+        """A note that also goes to stderr (rank 0): something the user must not miss."""
+        self.note(text)
+        if self.rt.is_main:
+            print(f"trainer: {scrub(text, self.secrets)}", file=sys.stderr, flush=True)
 
     def truncate_keys(self, step: int) -> None:
         """Keep only committed steps (<= step) in every rank's key file (rank 0, before training starts)."""
@@ -111,8 +136,8 @@ class Recorder:
     def step(self, rec: StepRecord, loss: float, keys: list[str], *, lr: float) -> None:
         """Record one step; at a log interval gather all ranks and report (a collective)."""
         if self.cfg.record_keys:
-            with open(self.keys_path, "a") as f:
-                f.write(json.dumps({"step": rec.step, "epoch": rec.epoch, "keys": keys}) + "\n")
+            line = json.dumps({"step": rec.step, "epoch": rec.epoch, "keys": keys}) + "\n"
+            self._saving(self.keys_path, lambda path: _append(path, line))
         self.interval.append(rec)
         if rec.slices:
             self.trace.append({**rec.as_dict(), "slices": rec.slices})
@@ -175,8 +200,8 @@ class Recorder:
         out = self.cfg.out
         outputs = {"metrics": os.path.join(out, "metrics.jsonl"), "trace (ui.perfetto.dev)": os.path.join(out, "trace.json"),
                    "chart": os.path.join(out, "steps.png"), "summary": os.path.join(out, "summary.json")}
-        write_trace(outputs["trace (ui.perfetto.dev)"], traces)
-        write_chart(outputs["chart"], traces)
+        self._saving(outputs["trace (ui.perfetto.dev)"], lambda path: write_trace(path, traces))
+        self._saving(outputs["chart"], lambda path: write_chart(path, traces))
         rep["job"] = {**self.job, "wire_bytes": self.wire_bytes(), "world_size": self.rt.world_size,
                       "num_nodes": len({t["node"] for t in totals})}
         if self.cfg.price_per_hour and rep["samples_per_s"] > 0:
@@ -184,13 +209,25 @@ class Recorder:
                                        samples_per_s=rep["samples_per_s"],
                                        epoch_samples=int(self.job.get("epoch_samples", 0)),
                                        wasted_share=cost.wasted_share(rep["stage_share"]))
+        if self.checkpoints is not None:
+            rep["checkpoints"] = self.checkpoints
+        rep = scrub(rep, self.secrets)
         final = {"kind": "summary", **{k: v for k, v in rep.items()}, "validation": val}
-        with open(outputs["summary"], "w") as f:
-            json.dump(final, f, indent=1)
+        self._saving(outputs["summary"], lambda path: _dump(path, final))
         self.event(final)
         assert self.console is not None
         print_summary(self.console, rep, outputs=outputs, val=val)
         return rep
+
+
+def _append(path: str, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text)
+
+
+def _dump(path: str, record: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
 
 
 def _add(total: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Progress is samples trained / samples planned (epochs x the epoch's size at the first start),
 not optimizer steps: after a resume at another world size each step is bigger or smaller, but
 the LR at a given point of the data is the same. --warmup-steps is converted to samples once,
-at the first start's global batch, and saved.
+at the first start's global batch, and saved. A resume with another --epochs or --max-steps
+replans: the cosine then spans the new total, counted on from the samples already seen.
 """
 
 from __future__ import annotations
@@ -12,6 +13,16 @@ import math
 from typing import Any
 
 import torch
+
+
+def planned_samples(*, epochs: int, epoch_samples: int, max_steps: int, step: int, samples_seen: int,
+                    global_batch: int) -> int:
+    """Samples trained when the run ends: --epochs x the epoch's size, or fewer where --max-steps
+    (optimizer steps in total) comes first, its remaining steps at this start's global batch."""
+    total = epochs * epoch_samples
+    if max_steps:
+        total = min(total, samples_seen + max(0, max_steps - step) * global_batch)
+    return total
 
 
 class WarmupCosine:
@@ -40,6 +51,13 @@ class WarmupCosine:
         self.samples_seen += samples
         self._apply()
 
+    def replan(self, total_samples: int) -> tuple[float, float]:
+        """Let the cosine end at `total_samples` instead, from the samples already seen; (lr before, lr after)."""
+        before = self.lr
+        self.total_samples = max(1, total_samples)
+        self._apply()
+        return before, self.lr
+
     def _apply(self) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
@@ -49,7 +67,8 @@ class WarmupCosine:
                 "warmup_samples": self.warmup_samples, "base_lr": self.base_lr, "min_ratio": self.min_ratio}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # The plan (total, warmup) of the first start wins: the curve over the data stays the same.
+        # The saved plan (total, warmup) stands, so the curve over the data stays the same at another
+        # world size; the trainer calls `replan` when the run's length itself changed.
         self.samples_seen, self.total_samples = int(state["samples_seen"]), int(state["total_samples"])
         self.warmup_samples = int(state["warmup_samples"])
         self._apply()

@@ -6,21 +6,20 @@ last micro-batch (no_sync on the others) through the timing comm hook.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dataio.errors import ShardifyError
-from dataio.storage.store import Store, redact
+from dataio.storage.store import RetryPolicy, Store
 from trainer import checkpoint as ckpt_io
 from trainer import comm_hooks, data, runtime
 from trainer.config import TrainConfig, config_dict
 from trainer.models import build_model
 from trainer.recorder import Recorder
-from trainer.schedule import WarmupCosine
+from trainer.schedule import WarmupCosine, planned_samples
 from trainer.timing import StepRecord, StepTimer
 from trainer.validate import evaluate
 
@@ -45,7 +44,9 @@ class Run:
     recorder: Recorder
     step: int = 0
     epoch: int = 0
-    last_saved_step: int = -1
+    last_saved_step: int = -1  # the newest checkpoint a resume can use (this run's or the one it resumed)
+    checkpoints_stored: int = 0  # this run's saves the store confirmed (rank 0 counts)
+    checkpoints_failed: int = 0
     val: dict[str, float] | None = field(default=None)
 
 
@@ -84,15 +85,17 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | N
     timer = StepTimer(rt.device, keep_slices=cfg.trace_steps)
     optimizer = make_optimizer(cfg, model)
     global_batch = rt.world_size * cfg.batch_size * cfg.grad_accum
-    total_steps = cfg.epochs * steps_per_epoch if not cfg.max_steps else min(cfg.max_steps, cfg.epochs * steps_per_epoch)
-    schedule = WarmupCosine(optimizer, base_lr=cfg.lr, total_samples=total_steps * global_batch,
+    total = planned_samples(epochs=cfg.epochs, epoch_samples=steps_per_epoch * global_batch, max_steps=cfg.max_steps,
+                            step=0, samples_seen=0, global_batch=global_batch)
+    schedule = WarmupCosine(optimizer, base_lr=cfg.lr, total_samples=total,
                             warmup_samples=cfg.warmup_steps * global_batch, min_ratio=cfg.min_lr_ratio)
     identity = {"model": cfg.model, "num_classes": num_classes, "dataset": data.fingerprint_of(loader),
                 "image_size": cfg.image_size, "features": cfg.features}
-    store = Store(cfg.checkpoint_url, data.storage_options(cfg))
+    options = data.storage_options(cfg)
+    store = Store(cfg.checkpoint_url, options, checkpoint_retry(cfg))
     comm_hooks.check(cfg.comm_hook, device=rt.device.type, gradient_bytes=comm_hooks.grad_bytes(model),
                      bucket_cap_mb=cfg.bucket_cap_mb)
-    recorder = Recorder(cfg, rt)
+    recorder = Recorder(cfg, rt, secrets=options.secrets)
     if getattr(loader, "mixture", None) is not None:
         recorder.set_sources(*data.mixture_facts(loader))
     recorder.job.update(data.job_facts(loader), global_batch=global_batch, steps_per_epoch=steps_per_epoch,
@@ -103,6 +106,14 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | N
               identity=identity, steps_per_epoch=steps_per_epoch, recorder=recorder)
     resume(run)
     return run
+
+
+def checkpoint_retry(cfg: TrainConfig) -> RetryPolicy:
+    """The checkpoint store's retries end within half of --dist-timeout-s: the other ranks wait for rank
+    0's save in a collective, which must not time out (and name rank 0 as stopped) first."""
+    policy = RetryPolicy()
+    budget = cfg.dist_timeout_s / 2
+    return replace(policy, deadline_s=budget if policy.deadline_s is None else min(policy.deadline_s, budget))
 
 
 def wrap(run: Run) -> None:
@@ -148,6 +159,7 @@ def resume(run: Run) -> None:
         run.epoch += 1
     else:
         run.loader.load_state_dict(ckpt["loader"])
+    replan(run, ckpt.get("config", {}))
     rngs = ckpt["rng"]
     if len(rngs) == rt.world_size:
         ckpt_io.set_rng_state(rngs[rt.rank])
@@ -156,14 +168,48 @@ def resume(run: Run) -> None:
     if rt.is_main:
         run.recorder.truncate_keys(run.step)
         for why in skipped:
-            run.recorder.note(f"skipped checkpoint {why}")
+            run.recorder.warn(f"skipped checkpoint {why}")
+        if ckpt.get("format_version") == 1:
+            run.recorder.note(f"{store.url_of(name)} carries no checksum (an older trainer wrote it): "
+                              "loaded unverified")
         run.recorder.note(f"resumed from {store.url_of(name)}: step {run.step}, epoch {run.epoch} "
                           f"(saved by {ckpt['world_size']} ranks, now {rt.world_size})"
                           + (f"; skipped {len(skipped)} newer checkpoint(s) that do not load" if skipped else ""))
 
 
+def replan(run: Run, saved: dict[str, Any]) -> None:
+    """After loading the schedule: another --epochs or --max-steps than the checkpoint's config replans
+    the cosine for the new total from the samples already seen, and the change of lr is logged
+    (stderr and metrics.jsonl). The same lengths keep the saved plan (a new world size changes nothing)."""
+    cfg, sched = run.cfg, run.schedule
+    was, now = (saved.get("epochs"), saved.get("max_steps")), (cfg.epochs, cfg.max_steps)
+    left = run.epoch < cfg.epochs and not _at_max(run)
+    if was != now:
+        global_batch = run.rt.world_size * cfg.batch_size * cfg.grad_accum
+        old_total = sched.total_samples
+        total = planned_samples(epochs=cfg.epochs, epoch_samples=run.steps_per_epoch * global_batch,
+                                max_steps=cfg.max_steps, step=run.step, samples_seen=sched.samples_seen,
+                                global_batch=global_batch)
+        old_lr, new_lr = sched.replan(total)
+        if run.rt.is_main:
+            run.recorder.event({"kind": "schedule", "step": run.step, "samples_seen": sched.samples_seen,
+                                "old_total_samples": old_total, "new_total_samples": sched.total_samples,
+                                "old_lr": old_lr, "new_lr": new_lr, "old_epochs": was[0], "epochs": now[0],
+                                "old_max_steps": was[1], "max_steps": now[1]})
+            changed = ", ".join(f"--{flag} {a} -> {b}" for flag, a, b in zip(("epochs", "max-steps"), was, now)
+                                if a != b)
+            run.recorder.warn(f"schedule replanned at the resume ({changed}): the cosine now ends at sample "
+                              f"{sched.total_samples} (was {old_total}; {sched.samples_seen} seen); lr at the "
+                              f"resume {old_lr:.3e} -> {new_lr:.3e}")
+    elif left and sched.samples_seen >= sched.total_samples and run.rt.is_main:
+        run.recorder.warn(f"the schedule ended at sample {sched.total_samples} ({sched.samples_seen} seen): the "
+                          f"rest of this run trains at its final lr {sched.lr:.3e} (--min-lr-ratio "
+                          f"{cfg.min_lr_ratio:g})")
+
+
 def save(run: Run, *, epoch_done: bool) -> None:
-    """Write a checkpoint (rank 0), with every rank's RNG state; all ranks take part."""
+    """Write a checkpoint (rank 0), with every rank's RNG state; all ranks take part. A save that fails
+    (disk full, permission, the store refusing it) is reported and not recorded; training goes on."""
     rngs = runtime.gather(run.rt, ckpt_io.rng_state())
     if run.rt.is_main:
         payload = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
@@ -172,20 +218,39 @@ def save(run: Run, *, epoch_done: bool) -> None:
                    "loader": run.loader.state_dict(), "rng": rngs, "identity": run.identity,
                    "world_size": run.rt.world_size, "config": config_dict(run.cfg)}
         try:
-            url = ckpt_io.save(run.store, run.step, payload, keep=run.cfg.keep_checkpoints)
-        except (ShardifyError, OSError) as exc:
+            url, checksum = ckpt_io.save(run.store, run.step, payload, keep=run.cfg.keep_checkpoints)
+        except ckpt_io.CheckpointWriteError as exc:
             # Not stored, so not recorded: training goes on and the next interval tries again;
             # `--resume auto` only ever sees checkpoints the store confirmed.
+            run.checkpoints_failed += 1
             run.recorder.event({"kind": "checkpoint_failed", "step": run.step, "epoch": run.epoch,
-                                "error": redact(str(exc))})
-            run.recorder.note(f"checkpoint at step {run.step} FAILED and was not recorded ({redact(str(exc))}); "
+                                "error": str(exc)})
+            run.recorder.warn(f"checkpoint at step {run.step} FAILED and was not recorded ({exc}); "
                               f"training goes on, the next checkpoint will try again (last stored: "
                               f"{'none' if run.last_saved_step < 0 else f'step {run.last_saved_step}'})")
         else:
-            run.recorder.event({"kind": "checkpoint", "step": run.step, "epoch": run.epoch, "url": url})
+            run.checkpoints_stored += 1
+            run.recorder.event({"kind": "checkpoint", "step": run.step, "epoch": run.epoch, "url": url,
+                                "xxh3_128": checksum})
             run.last_saved_step = run.step
     # Rank 0 knows whether the store confirmed it; the gather is also the barrier after the save.
     run.last_saved_step = runtime.gather(run.rt, run.last_saved_step)[0]
+
+
+def checkpoint_facts(run: Run) -> dict[str, Any]:
+    """This run's checkpoints for the summary: stored, failed, the newest resumable step, where."""
+    return {"stored": run.checkpoints_stored, "failed": run.checkpoints_failed,
+            "last_stored_step": None if run.last_saved_step < 0 else run.last_saved_step, "dir": run.store.url}
+
+
+def unresumable(run: Run) -> str | None:
+    """The error when the run ends with no checkpoint to resume from (every save failed), else None."""
+    if run.last_saved_step >= 0:
+        return None
+    return (f"training finished, but no checkpoint could be stored in {run.store.url} "
+            f"({run.checkpoints_failed} tried, all failed; see the checkpoint_failed lines in "
+            f"{run.cfg.out}/metrics.jsonl): nothing can be resumed. Free space or fix access there, or "
+            "pass another --checkpoint-dir, and run again")
 
 
 def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
@@ -266,6 +331,7 @@ def train(run: Run) -> None:
         run.recorder.note(f"storage: {stats.hedged_reads} of {stats.ranged_reads} reads on rank 0 were hedged "
                           f"(a second request after a slow start; {stats.hedges_won} won by the hedge, "
                           f"{stats.hedges_over_budget} slow reads over the 10% budget)")
+    run.recorder.checkpoints = checkpoint_facts(run)
     run.recorder.finish(run.val)
 
 

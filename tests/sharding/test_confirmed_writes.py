@@ -126,7 +126,7 @@ def test_trainer_reports_failed_checkpoints_keeps_training_and_records_none(s3_s
         args = ["--data", "synthetic:?samples=64&classes=4", "--model", "mlp", "--image-size", "4",
                 "--batch-size", "8", "--out", str(tmp_path), "--checkpoint-dir", url, "--checkpoint-every", "2",
                 "--s3-endpoint-url", proxy.url, "--no-live", "--max-steps", "4"]
-        assert main(args) == 0
+        assert main(args) == 3  # trained to the end, but nothing can be resumed (issue 19)
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     failed = [r for r in records if r["kind"] == "checkpoint_failed"]
     assert [r["step"] for r in failed] == [2, 4]  # each interval tried again
