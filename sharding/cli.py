@@ -258,6 +258,8 @@ def _write(args: argparse.Namespace) -> int:
           + f"; version {report.version}"
           + (f"; removed {len(report.removed)} object(s) of versions retired more than the grace ago"
              if report.removed else ""))
+    if report.lease_note:
+        print(f"note: {report.lease_note}")
     ignored = getattr(source, "ignored", None)
     if ignored:  # an image format we do not take (.heic, .avif, ...) must not vanish unsaid
         print(f"note: left out {sum(ignored.values())} file(s) that are not images by their extension: "
@@ -281,11 +283,11 @@ def _write(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from sharding.gc import collect, describe
+    from sharding.gc import describe, gc_dataset
 
     store = Store(args.url, _options(args))
     _check_reachable(store)
-    report = collect(store, grace_s=args.grace, dry_run=args.dry_run)
+    report = gc_dataset(store, grace_s=args.grace, dry_run=args.dry_run)
     print("\n".join(describe(report, store.url, dry_run=args.dry_run)))
     return 0
 
