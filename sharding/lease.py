@@ -135,7 +135,7 @@ class Lease:
             if not self.atomic or self._create_not_exclusive():
                 self._settle()
         except BaseException:
-            self._remove_made_dirs()
+            self.release()  # (Ctrl-C between taking and settling: the lease goes too)
             raise
         self._thread = threading.Thread(target=self._heartbeats, name="shardify-lease", daemon=True)
         self._thread.start()

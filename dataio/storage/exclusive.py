@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from dataio import forksafe
 from dataio.storage import s3_ranges
 
 if TYPE_CHECKING:
@@ -137,14 +138,16 @@ def _tag(st: os.stat_result) -> str:
 
 @contextlib.contextmanager
 def _locked_dir(directory: str) -> Iterator[None]:
-    """An exclusive flock on `directory` (created if missing) for the duration of one operation."""
+    """An exclusive flock on `directory` (created if missing) for the duration of one operation. No fork
+    happens meanwhile (forksafe.busy): a child would inherit the descriptor, and the lock with it."""
     os.makedirs(directory or ".", exist_ok=True)
-    fd = os.open(directory or ".", os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
+    with forksafe.busy():
+        fd = os.open(directory or ".", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
 
 
 def _local_create(path: str, data: bytes) -> str | None:
