@@ -108,3 +108,28 @@ def test_a_store_that_ignores_if_none_match_gets_a_settled_lease(s3_server, monk
         lease.check()
         lease.beat()
     assert store.read_tagged(LEASE_NAME) is None
+
+
+def test_heartbeats_on_s3_notice_a_taker(s3_server) -> None:
+    """Each heartbeat replaces the lease only if unchanged (If-Match): once another took it over, the next
+    beat finds out, and check() (before the journal or the manifest is written) refuses."""
+    import time
+
+    from sharding.lease import LeaseError
+
+    store = Store(f"s3://{s3_server.new_bucket()}/ds", s3_server.options())
+    with Lease(store, "write", heartbeat_s=0.05) as lease:
+        deadline = time.monotonic() + 30
+        while LeaseInfo.parse(store.read(LEASE_NAME)).beat < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        lease.check()
+        now = time.time()
+        store.write_bytes(LEASE_NAME, LeaseInfo(host="elsewhere", pid=7, command="write --resume", token="theirs",
+                                                started_s=now, heartbeat_s=now).to_bytes())
+        while not lease.lost:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with pytest.raises(LeaseError, match="taken over by `shardify write --resume` on host elsewhere"):
+            lease.check()
+    assert LeaseInfo.parse(store.read(LEASE_NAME)).token == "theirs"  # the taker's lease stays
