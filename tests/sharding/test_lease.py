@@ -191,3 +191,13 @@ def test_pid_alive_sees_a_reaped_child_as_gone() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert pid_alive(os.getpid()) and not pid_alive(child.pid)
+
+
+def test_gc_never_deletes_the_lease() -> None:
+    from dataio.format.versions import StoredObject, plan_gc
+
+    old = [StoredObject(path=LEASE_NAME, size=200, mtime_s=0.0),
+           StoredObject(path="shards/shard-000000.tar", size=10, mtime_s=0.0)]
+    plan = plan_gc(old, current_paths=frozenset(), current_parts_dir=None, current_published_s=None,
+                   current_version=None, versions={}, now_s=1e9, grace_s=0.0)
+    assert plan.delete == ("shards/shard-000000.tar",)
