@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from dataio.format.manifest import read_manifest
+from dataio.format.versions import LEASE_NAME
 from dataio.storage.store import Store
 from sharding.inspect import skipped_table, write_options
 from tests.sharding.conftest import manifest_of, run
@@ -22,7 +23,7 @@ def test_not_empty_names_resume_where_a_journal_shows_an_interrupted_write(image
     bad.write_bytes((image_folder / "cat" / "img1.jpg").read_bytes()[:200])
     assert run("write", image_folder, dest, "--workers", 1, "--max-samples-per-shard", 4, "--quiet") == 2
     head = json.loads((dest / "versions/v000001/journal.json").read_text())
-    assert head["state"] == "failed"
+    assert head["state"] == "failed" and not (dest / LEASE_NAME).exists()  # the failed write released its lease
     confirmed = sum(len(json.loads(p.read_text())["shards"]) for p in (dest / "versions/v000001").glob("shards-*"))
     assert confirmed >= 1
     capsys.readouterr()
