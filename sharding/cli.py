@@ -1,7 +1,8 @@
 """The `shardify` command: write, inspect and verify datasets of tar or Parquet shards.
 
-Exit codes: 0 fine, 1 `verify` found data problems, 2 bad input or usage (one message, no
-traceback), 130 interrupted. Credentials never print: every message passes `redact`.
+Exit codes: 0 fine, 1 `verify` found data problems, 2 bad input or usage, or a destination another
+command holds (one message, no traceback), 130 interrupted. Credentials never print: every message
+passes `redact`.
 """
 
 from __future__ import annotations
