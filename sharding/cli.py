@@ -1,7 +1,8 @@
 """The `shardify` command: write, inspect and verify datasets of tar or Parquet shards.
 
-Exit codes: 0 fine, 1 `verify` found data problems, 2 bad input or usage (one message, no
-traceback), 130 interrupted. Credentials never print: every message passes `redact`.
+Exit codes: 0 fine, 1 `verify` found data problems, 2 bad input or usage, or a destination another
+command holds (one message, no traceback), 130 interrupted. Credentials never print: every message
+passes `redact`.
 """
 
 from __future__ import annotations
@@ -266,6 +267,8 @@ def _write(args: argparse.Namespace) -> int:
           + f"; version {report.version}"
           + (f"; removed {len(report.removed)} object(s) of versions retired more than the grace ago"
              if report.removed else ""))
+    if report.lease_note:
+        print(f"note: {report.lease_note}")
     ignored = getattr(source, "ignored", None)
     if ignored:  # an image format we do not take (.heic, .avif, ...) must not vanish unsaid
         print(f"note: left out {sum(ignored.values())} file(s) that are not images by their extension: "
@@ -289,11 +292,11 @@ def _write(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from sharding.gc import collect, describe
+    from sharding.gc import describe, gc_dataset
 
     store = Store(args.url, _options(args))
     _check_reachable(store)
-    report = collect(store, grace_s=args.grace, dry_run=args.dry_run)
+    report = gc_dataset(store, grace_s=args.grace, dry_run=args.dry_run)
     print("\n".join(describe(report, store.url, dry_run=args.dry_run)))
     return 0
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from dataio.decode import images
 from dataio.format.manifest import Field
@@ -82,6 +85,22 @@ class WriteConfig:
             raise ValueError("the journal interval must be above 0 and at most 3600 seconds")
         if self.on_error not in ("fail", "skip"):
             raise ValueError(f"on_error {self.on_error!r}: choose fail or skip")
+
+
+# Advice, in a sample's error, to use a write option: dropped where the write used it already.
+_ADVICE_OF_OPTION = {
+    ("on_error", "skip"): re.compile(r",? or (?:re)?(?:write|run) with --on-error skip(?: to leave such samples out)?"
+                                     r"|\s*\(shardify write --on-error skip leaves such files out\)"),
+}
+
+
+def without_used_advice(text: str, options: Mapping[str, Any]) -> str:
+    """`text` (a skipped sample's reason) without advice to use an option the write used already
+    (`options`: a journal's write options): "re-export it or write with --on-error skip" -> "re-export it"."""
+    for (name, value), advice in _ADVICE_OF_OPTION.items():
+        if options.get(name) == value:
+            text = advice.sub("", text)
+    return text
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

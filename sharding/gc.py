@@ -1,4 +1,5 @@
 """`shardify gc` (and the end of every write): delete what no version needs any more, say what.
+Like a write, gc holds the destination's lease (sharding/lease.py): never beside a running writer.
 
 The decisions are `dataio.format.versions.plan_gc`'s (a pure function); this module lists the
 prefix, reads the manifest and the journals, deletes, and aborts stale multipart uploads.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dataio.errors import ManifestError
 from dataio.format.manifest import MANIFEST_NAME, read_manifest
@@ -25,6 +26,7 @@ from dataio.format.versions import (
     read_journal,
 )
 from dataio.storage.store import Store
+from sharding.lease import Lease
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,6 +36,7 @@ class GcReport:
     plan: GcPlan
     removed: tuple[str, ...]
     aborted_uploads: tuple[str, ...]
+    lease_note: str = ""  # said when this gc took over an expired lease
 
 
 def _utc_s(text: str) -> float | None:
@@ -85,6 +88,16 @@ def collect(store: Store, *, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = F
     return GcReport(plan=plan, removed=tuple(removed), aborted_uploads=tuple(aborted))
 
 
+def gc_dataset(store: Store, *, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = False) -> GcReport:
+    """`shardify gc`: `collect` holding the destination's lease (LeaseError while a writer holds it);
+    a dry run deletes nothing and takes no lease."""
+    if dry_run:
+        return collect(store, grace_s=grace_s, dry_run=True)
+    with Lease(store, "gc") as lease:
+        report = collect(store, grace_s=grace_s)
+    return replace(report, lease_note=lease.took_over)
+
+
 def describe(report: GcReport, url: str, *, dry_run: bool = False, max_lines: int = 20) -> list[str]:
     """Lines for people: what was removed (or would be), what was kept and why."""
     p = report.plan
@@ -99,5 +112,7 @@ def describe(report: GcReport, url: str, *, dry_run: bool = False, max_lines: in
     if len(gone) > max_lines:
         lines.append(f"  ... and {len(gone) - max_lines} more")
     lines += [f"  aborted upload {key}" for key in report.aborted_uploads[:max_lines]]
+    if report.lease_note:
+        lines.append(f"note: {report.lease_note}")
     return lines
 

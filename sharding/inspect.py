@@ -11,7 +11,9 @@ from rich.table import Table
 from dataio.errors import ShardifyError
 from dataio.format.manifest import Manifest
 from dataio.format.tar_index import parse_index
+from dataio.format.versions import JOURNAL_HEAD, VERSIONS_DIR, generation_of, read_journal
 from dataio.storage.store import Store, redact
+from sharding.config import without_used_advice
 
 
 def _label_column(m: Manifest) -> str | None:
@@ -68,6 +70,20 @@ def _shard_labels(store: Store, manifest: Manifest, shard: Any, column: str) -> 
     return counts
 
 
+def write_options(store: Store, m: Manifest) -> dict[str, Any] | None:
+    """The options of the write that published `m` (its journal's head), None where no journal names it
+    (a dataset written before journals, or made by `shardify index`). Lists only versions/, never the shards."""
+    try:
+        heads = [rel.split("/")[0] for rel in store.child(VERSIONS_DIR).list() if rel.endswith(f"/{JOURNAL_HEAD}")]
+        for version in sorted(heads, key=generation_of, reverse=True):  # the newest is the likeliest
+            head, _ = read_journal(store, version, [])
+            if head.manifest_fingerprint == m.fingerprint:
+                return dict(head.options)
+    except (ShardifyError, OSError, ValueError):
+        pass  # unreadable journals: the options are unknown, nothing else is at stake
+    return None
+
+
 def _human(num_bytes: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if num_bytes < 1000 or unit == "TB":
@@ -76,7 +92,7 @@ def _human(num_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
-def summary_table(store: Store, m: Manifest) -> Table:
+def summary_table(store: Store, m: Manifest, options: dict[str, Any] | None = None) -> Table:
     t = Table(title=f"dataset {store.url}", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
@@ -93,6 +109,8 @@ def summary_table(store: Store, m: Manifest) -> Table:
         ("read checks", ("per sample (.sums sidecars)" if m.format == "tar" else "per row group's column chunks")
          if m.has_read_checksums else "sizes only: written before per-sample checksums (rewrite to add them)"),
     ]
+    if options:
+        rows.append(("write options", ", ".join(f"{k}={v}" for k, v in options.items() if v is not None)))
     for row in rows:
         t.add_row(*row)
     return t
@@ -130,12 +148,15 @@ def labels_table(m: Manifest, counts: Counter[int]) -> Table:
     return t
 
 
-def skipped_table(m: Manifest, max_rows: int) -> Table:
+def skipped_table(m: Manifest, max_rows: int, options: dict[str, Any] | None = None) -> Table:
+    """The skipped samples and why, without advice to use an option the write used (a sample is skipped
+    only under --on-error skip: that much is known without a journal)."""
+    used = {**(options or {}), "on_error": "skip"}  # (an append's older rows too, whatever its own option)
     t = Table(title=f"skipped samples ({len(m.skipped)})")
     for name in ("key", "source", "reason"):
         t.add_column(name, overflow="fold")
     for s in m.skipped[:max_rows]:
-        t.add_row(s.get("key", ""), s.get("source", ""), s.get("reason", ""))
+        t.add_row(s.get("key", ""), s.get("source", ""), without_used_advice(s.get("reason", ""), used))
     if len(m.skipped) > max_rows:
         t.add_row("...", f"{len(m.skipped) - max_rows} more", "")
     return t
@@ -146,13 +167,14 @@ def print_inspect(store: Store, m: Manifest, console: Console, *, max_rows: int 
 
     Returns the shards that could not be read for the histogram (it counts the others), each said
     on the console with what to do."""
-    console.print(summary_table(store, m))
+    options = write_options(store, m)
+    console.print(summary_table(store, m, options))
     console.print(shards_table(store, m, max_rows))
     unreadable: list[str] = []
     if labels and _label_column(m) is not None:
         console.print(labels_table(m, label_counts(store, m, unreadable)))
     if m.skipped:
-        console.print(skipped_table(m, max_rows))
+        console.print(skipped_table(m, max_rows, options))
     for line in unreadable:
         console.print(f"PROBLEM {line}", markup=False, highlight=False)
     if unreadable:

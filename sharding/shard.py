@@ -12,7 +12,7 @@ from dataio.format.checksums import dumps_sums, file_row_group_sums, sums_path
 from dataio.format.manifest import checksum_bytes
 from dataio.format.provenance import dumps_sources, sources_path
 from dataio.storage.store import Store, redact
-from sharding.config import Layout, ShardResult, WriteConfig
+from sharding.config import Layout, ShardResult, WriteConfig, without_used_advice
 from sharding.parquet_writer import ParquetShardWriter, parquet_schema
 from sharding.sources.base import RawSample, Ref, Source, extras_json
 from sharding.tar_writer import TarShardWriter
@@ -89,6 +89,7 @@ def checked_samples(
                 if config.on_error == "fail":
                     raise _sample_error(ref, exc, where) from None
                 reason = str(exc).split(f"sample {ref.key!r}: ", 1)[-1]  # where and key have their own columns
+                reason = without_used_advice(reason, {"on_error": config.on_error})  # no "use --on-error skip"
                 skipped.append({"key": ref.key, "source": redact(where), "reason": redact(reason)})
                 continue
             yield loaded

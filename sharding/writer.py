@@ -26,6 +26,7 @@ from dataio.format.manifest import Manifest, write_manifest
 from dataio.format.tar_index import TAR_BLOCK
 from dataio.format.versions import (
     DEFAULT_GRACE_S,
+    LEASE_NAME,
     SHARD_DIR,
     Journal,
     JournalHead,
@@ -42,6 +43,7 @@ from dataio.rand import mix64
 from dataio.storage.store import Store, redact
 from sharding.config import Layout, ShardResult, WriteConfig, layout_of
 from sharding.gc import collect
+from sharding.lease import Lease
 from sharding.parallel import run_parallel
 from sharding.resume import (
     appended_layout,
@@ -115,6 +117,13 @@ def shard_name(index: int, num_shards: int, fmt: str, num_prefixes: int = 1, bas
 
 
 
+def check_folder(dest: Store) -> None:
+    """SourceError when a local DEST is a file: a dataset is a folder."""
+    if dest.is_local and dest.fs and os.path.isfile(dest._root):  # noqa: SLF001 - list() would call it empty
+        raise SourceError(f"{dest.url} is a file, not a folder: a dataset is a folder (prefix) of shards and a "
+                          "manifest; choose another destination, or remove the file")
+
+
 def prepare_destination(dest: Store, overwrite: bool) -> int:
     """Check DEST and return the generation of the version this write makes; nothing is deleted.
 
@@ -122,18 +131,13 @@ def prepare_destination(dest: Store, overwrite: bool) -> int:
     shardify writes (files of others are refused, never touched); the new version goes beside
     the old one, whose shards stay readable until the grace period of gc has passed.
     """
-    if dest.is_local and dest.fs and os.path.isfile(dest._root):  # noqa: SLF001 - list() would call it empty
-        raise SourceError(f"{dest.url} is a file, not a folder: a dataset is a folder (prefix) of shards and a "
-                          "manifest; choose another destination, or remove the file")
-    existing = dest.list()
+    check_folder(dest)
+    existing = [p for p in dest.list() if p != LEASE_NAME]  # the lease: this write's own, held already
     if not existing:
         return 1
     if not overwrite:
-        raise SourceError(
-            f"{dest.url} is not empty ({len(existing)} files, e.g. {existing[0]!r}); choose an empty "
-            "destination, or pass --overwrite to write a new version there (the old one stays readable "
-            "until `shardify gc` removes it after its grace period)"
-        )
+        raise SourceError(f"{dest.url} is not empty ({len(existing)} files, e.g. {existing[0]!r}); "
+                          + interrupted_advice(dest, existing))
     foreign = [p for p in existing if not is_own(p)]
     if foreign:
         raise SourceError(
@@ -141,6 +145,20 @@ def prepare_destination(dest: Store, overwrite: bool) -> int:
             "among them even with --overwrite; choose another destination"
         )
     return next_generation(existing, journal_versions(existing))
+
+
+def interrupted_advice(dest: Store, existing: list[str]) -> str:
+    """What to do with a non-empty DEST: --resume where a journal shows an interrupted write, else --overwrite."""
+    versions = journal_versions(existing)
+    head, rows = read_journal(dest, versions[-1], existing) if versions else (None, [])
+    if head is None or head.state == "published":
+        return ("choose an empty destination, or pass --overwrite to write a new version there (the old one "
+                "stays readable until `shardify gc` removes it after its grace period)")
+    return (f"it holds an interrupted write ({head.version}, state {head.state}, last progress "
+            f"{max(0.0, time.time() - head.updated_s):.0f} s ago; its journal confirms {len(rows)} shard(s)): rerun "
+            f"the same command with --resume to continue it (the {len(rows)} confirmed shard(s) are kept, only the "
+            "rest are written), or pass --overwrite to start a new version instead (the interrupted one's files "
+            "go with `shardify gc` after its grace period)")
 
 
 def tool_version() -> str:
@@ -185,6 +203,7 @@ class WriteReport:
     version: str = ""
     removed: tuple[str, ...] = ()  # objects of versions retired more than the grace ago, deleted after publishing
     dropped: dict[str, int] = field(default_factory=dict)  # tokens: documents left out by reason (too_short, ...)
+    lease_note: str = ""  # said when this write took over an expired lease (sharding/lease.py)
 
 
 class _Journaled:
@@ -195,10 +214,10 @@ class _Journaled:
     and before the journal records a batch (every `journal_every_s`, and before the manifest) it
     waits for those fsyncs: a shard the journal or the manifest names is always on disk."""
 
-    def __init__(self, progress: Any, journal: Journal, dest: Store, *, sync: bool) -> None:
+    def __init__(self, progress: Any, journal: Journal, dest: Store, lease: Lease, *, sync: bool) -> None:
         # sync: this process fsyncs the shards (local disk, written unsynced by local workers; Ray
         # tasks sync their own, on whichever machine they run)
-        self.progress, self.journal, self.dest = progress, journal, dest
+        self.progress, self.journal, self.dest, self.lease = progress, journal, dest, lease
         self._syncing: list[Future] = []
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="shardify-fsync") if sync else None
         journal.before_flush = self.sync
@@ -214,10 +233,12 @@ class _Journaled:
             self.journal.add(asdict(result))
 
     def sync(self) -> None:
-        """Wait for the fsyncs of every shard logged so far; the first failure is raised."""
+        """Wait for the fsyncs of every shard logged so far; the first failure is raised. Then check the
+        lease: a write that lost it (another took over) records nothing more."""
         syncing, self._syncing = self._syncing, []
         for future in syncing:
             future.result()
+        self.lease.check()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -272,8 +293,21 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
 
     resume: continue DEST's interrupted write, keeping the shards its journal confirmed; append:
     add the source's samples to DEST's dataset as new shards (see sharding/resume.py). After
-    publishing, versions retired more than `grace_s` ago are deleted (best effort).
+    publishing, versions retired more than `grace_s` ago are deleted (best effort). The write
+    holds DEST's lease throughout (sharding/lease.py): LeaseError, before anything is written,
+    while another command holds it.
     """
+    check_folder(dest)  # before the lease creates anything there
+    command = ("append" if append else "write --resume" if resume else
+               "write --overwrite" if config.overwrite else "write")
+    with Lease(dest, command) as lease:
+        report = _write_leased(source, dest, config, progress, lease, grace_s=grace_s, resume=resume, append=append)
+    report.lease_note = lease.took_over
+    return report
+
+
+def _write_leased(source: Source, dest: Store, config: WriteConfig, progress: Any, lease: Lease, *,
+                  grace_s: float, resume: bool, append: bool) -> WriteReport:
     start = time.perf_counter()
     old, done, num_batches, head = None, {}, 0, None
     layout = layout_of(source, config)
@@ -300,7 +334,25 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
     journal = Journal(dest, head or _head(source, config, generation), flush_every_s=config.journal_every_s)
     journal.num_batches = num_batches  # a resumed journal's earlier batches stay
     journal.start()
-    sink = _Journaled(progress, journal, dest, sync=dest.is_local and config.engine == "local")
+    sink = _Journaled(progress, journal, dest, lease, sync=dest.is_local and config.engine == "local")
+    manifest, dropped = _publish(tasks, done, old, source, dest, config, layout, sink, lease)
+    removed: tuple[str, ...] = ()
+    with contextlib.suppress(Exception):  # the dataset is published; bookkeeping may lag, gc catches up
+        journal.finish(manifest_fingerprint=manifest.fingerprint)
+        _retire_others(dest, journal.head.version)
+        removed = collect(dest, grace_s=grace_s).removed
+    return WriteReport(manifest=manifest, seconds=time.perf_counter() - start,
+                       source_bytes=sum(r.size_bytes for r in source.refs), skipped=list(manifest.skipped),
+                       version=journal.head.version, removed=removed, dropped=dropped)
+
+
+def _publish(tasks: list[tuple[int, str, list[Ref]]], done: dict[int, ShardResult], old: Manifest | None,
+             source: Source, dest: Store, config: WriteConfig, layout: Layout, sink: _Journaled,
+             lease: Lease) -> tuple[Manifest, dict[str, int]]:
+    """Write the shards of `tasks`, then the manifest naming them and those `done` (and `old`'s when
+    appending); on any failure the journal keeps the confirmed shards and says failed, unless this
+    write lost its lease: then the journal is the new holder's, and is left alone."""
+    journal = sink.journal
     try:
         results = _run(tasks, source, dest, config, layout, sink)
         dropped = dropped_counts([*done.values(), *results])
@@ -313,20 +365,16 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
                 f"{manifest.skipped[0]['reason'] if manifest.skipped else '-'}); nothing to write"
             )
         journal.flush()  # every shard the manifest names is in the journal before it is published
+        lease.check()  # (flush checks too, but only when it had shards to record)
         write_manifest(dest, manifest, parts_threshold=config.parts_threshold)
     except BaseException as exc:
         with contextlib.suppress(Exception):
-            journal.flush()  # the shards confirmed so far: what a --resume keeps
+            if not lease.lost:  # (its before_flush checks the lease again first)
+                journal.flush()  # the shards confirmed so far: what a --resume keeps
         with contextlib.suppress(Exception):
-            journal.fail(redact(str(exc)) or type(exc).__name__)
+            if not lease.lost:
+                journal.fail(redact(str(exc)) or type(exc).__name__)
         raise
     finally:
         sink.close()
-    removed: tuple[str, ...] = ()
-    with contextlib.suppress(Exception):  # the dataset is published; bookkeeping may lag, gc catches up
-        journal.finish(manifest_fingerprint=manifest.fingerprint)
-        _retire_others(dest, journal.head.version)
-        removed = collect(dest, grace_s=grace_s).removed
-    return WriteReport(manifest=manifest, seconds=time.perf_counter() - start,
-                       source_bytes=sum(r.size_bytes for r in source.refs), skipped=list(manifest.skipped),
-                       version=journal.head.version, removed=removed, dropped=dropped)
+    return manifest, dropped

@@ -41,6 +41,8 @@ JOURNAL_VERSION = 1
 SHARD_DIR = "shards"
 VERSIONS_DIR = "versions"
 JOURNAL_HEAD = "journal.json"
+# The destination's lease (sharding/lease.py): one writer or gc at a time; never a version's, never gc'd.
+LEASE_NAME = f"{VERSIONS_DIR}/lease.json"
 STATES = ("writing", "published", "failed")
 DEFAULT_GRACE_S = 3600.0
 _VERSION = re.compile(r"v(\d{6,})\Z")
@@ -216,7 +218,7 @@ def plan_gc(
 ) -> GcPlan:
     """Decide what gc deletes from a listing; pure (the caller lists, reads journals, deletes).
 
-    Kept: the manifest and what it names (indexes and sidecars by stem, its parts directory, its
+    Kept: the lease; the manifest and what it names (indexes and sidecars by stem, its parts directory, its
     journal); everything of a live write or of a version retired less than `grace_s` ago;
     anything younger than the grace; objects of no known version while the current manifest is
     younger than the grace (they may belong to the version it just retired); anything outside
@@ -242,6 +244,8 @@ def plan_gc(
         if not is_own(rel):
             foreign.append(rel)
             continue
+        if rel == LEASE_NAME:
+            continue  # a writer's or this gc's: never deleted, never counted
         if rel == MANIFEST_NAME or rel.startswith(cur_dirs) or _stem(rel) in cur_stems:
             kept_current += 1
             continue

@@ -1,4 +1,5 @@
-"""Ranged reads of S3 objects from many threads at once, with one thread-safe botocore client per process.
+"""Ranged reads of S3 objects from many threads at once, with one thread-safe botocore client per process;
+and the conditional writes (If-None-Match, If-Match) that a destination's lease needs.
 
 s3fs runs every request of a process on one asyncio event-loop thread, which parses every byte
 of every body: reader threads then queue behind that one thread (small whole objects too: a burst
@@ -97,3 +98,63 @@ def _total_of(content_range: str | None) -> int | None:
     """The whole object's size from a Content-Range answer ("bytes 0-99/1234"); None if not stated."""
     total = (content_range or "").rpartition("/")[2].strip()
     return int(total) if total.isdigit() else None
+
+
+
+# --- Conditional writes (If-None-Match / If-Match): what a destination's lease is built on -------
+
+_CHANGED = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+
+
+def put_if(options: StorageOptions, path: str, data: bytes, *, absent: bool = False,
+           etag: str | None = None) -> str | None:
+    """PUT `data` at `path` ("bucket/key") only if no object is there (absent: If-None-Match: *) or only
+    if the object still has `etag` (If-Match): the new ETag, or None when the condition did not hold.
+    NotImplementedError where the server refuses conditional writes (501)."""
+    assert absent != (etag is not None), "one condition: absent, or the ETag the object must still have"
+    condition = {"IfNoneMatch": "*"} if absent else {"IfMatch": etag}
+    out = _conditional(options, path, lambda c, bucket, key: c.put_object(Bucket=bucket, Key=key, Body=data,
+                                                                          **condition))
+    return None if out is None else str(out["ETag"])
+
+
+def delete_if(options: StorageOptions, path: str, etag: str) -> bool:
+    """DELETE `path` only if it still has `etag`: True if deleted (or gone already), False if it changed."""
+    try:
+        out = _conditional(options, path, lambda c, bucket, key: c.delete_object(Bucket=bucket, Key=key,
+                                                                                  IfMatch=etag))
+    except FileNotFoundError:
+        return True
+    return out is not None
+
+
+def get_tagged(options: StorageOptions, path: str) -> tuple[bytes, str] | None:
+    """(bytes, ETag) of the object at `path` from one GET; None if there is none."""
+    try:
+        out = _conditional(options, path, lambda c, bucket, key: c.get_object(Bucket=bucket, Key=key))
+    except FileNotFoundError:
+        return None
+    assert out is not None
+    return out["Body"].read(), str(out["ETag"])
+
+
+def _conditional(options: StorageOptions, path: str, call: Any) -> Any:
+    """call(client, bucket, key)'s answer, None when a precondition failed (412, or 409 for a race the
+    server lost track of); errors as s3fs raises them, NotImplementedError for a 501."""
+    from botocore.exceptions import ClientError
+
+    bucket, _, key = path.partition("/")
+    try:
+        return call(client_for(options), bucket, key)
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in _CHANGED or status in (409, 412):
+            return None
+        if code == "NotImplemented" or status == 501:
+            raise NotImplementedError(f"{path}: the server does not take conditional writes ({code})") from exc
+        if code in ("NoSuchKey", "NoSuchBucket", "404") or status == 404:
+            raise FileNotFoundError(path) from exc
+        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403") or status == 403:
+            raise PermissionError(f"{path}: {code or status}") from exc
+        raise

@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any, BinaryIO, TypeVar
 
 from dataio.errors import ShardFormatError, StorageError
+from dataio.storage.exclusive import ConditionalWrites  # create_exclusive, replace_if, remove_if
 from dataio.storage.hedge import Hedger, shared_hedger
 from dataio.storage.options import StorageOptions
 from dataio.storage import s3_ranges
@@ -45,7 +46,7 @@ _PART_BYTES = 64 << 20
 _MAX_PARTS = 10_000  # S3's limit: larger objects get larger parts
 
 
-class Store:
+class Store(ConditionalWrites):
     """A prefix (directory) on any fsspec filesystem; every path given to it is relative to the prefix."""
 
     def __init__(
