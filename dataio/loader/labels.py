@@ -19,7 +19,7 @@ and remapped by one lookup tensor per source. A leaf of the loader package.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ from dataio.errors import CorruptSampleError, ManifestError
 from dataio.format.manifest import Manifest
 
 UNMAPPED = -2  # in a lookup table: an own label the explicit map does not name
+UNCHECKED = 1 << 62  # the label limit of a source that names no labels and has no map
 FIX_NAMES = ("pass label_space='union' (trainer: --label-space union) to merge them by name into their "
              "sorted union, or an explicit map {source: {name: index}} (trainer: --label-map FILE.json)")
 
@@ -50,6 +51,9 @@ class LabelSpace:
     sources: tuple[SourceLabels, ...]
     own_counts: tuple[int | None, ...]  # per source: how many labels its manifest names (None: unnamed)
     tables: tuple[torch.Tensor | None, ...]  # per source: own label -> space label, int64; None: the same
+    _limits: torch.Tensor = field(init=False, repr=False)  # [num sources] int64
+    _offsets: torch.Tensor = field(init=False, repr=False)  # [num sources] int64
+    _lut: torch.Tensor | None = field(init=False, repr=False)  # [sum of the tables' lengths] int64
 
     @property
     def num_classes(self) -> int | None:
@@ -63,45 +67,47 @@ class LabelSpace:
         """What identifies the space (for checkpoints): its names and each source's table."""
         return [list(self.names or ()), [None if t is None else t.tolist() for t in self.tables]]
 
+    def __post_init__(self) -> None:
+        # One lookup for all sources: source s's own label y sits at lut[offsets[s] + y] (offsets -1:
+        # no table); limits[s] is how many labels s has (unnamed, unmapped: unchecked here).
+        limits, offsets, parts, size = [], [], [], 0
+        for count, table in zip(self.own_counts, self.tables):
+            full = table if table is not None else (torch.arange(count) if count is not None else None)
+            limits.append(len(full) if full is not None else UNCHECKED)
+            offsets.append(size if full is not None else -1)
+            parts += [full] if full is not None else []
+            size += len(full) if full is not None else 0
+        object.__setattr__(self, "_limits", torch.tensor(limits, dtype=torch.int64))
+        object.__setattr__(self, "_offsets", torch.tensor(offsets, dtype=torch.int64))
+        object.__setattr__(self, "_lut", torch.cat(parts).to(torch.int64) if parts and self.remaps else None)
+
     def apply(self, batch: Any) -> Any:
         """The batch with every real sample's label checked against its own source and mapped into
         the space (a new "label" tensor; the batch's own is never written). Non-dict batches pass."""
         if not isinstance(batch, dict) or not isinstance(batch.get("label"), torch.Tensor):
             return batch
-        labels = batch["label"]
+        labels = batch["label"]  # int64 [N]; -1: a sample without a label (kept as it is)
         source = batch.get("source")
-        if not isinstance(source, torch.Tensor):
-            source = torch.zeros_like(labels)
+        source = source if isinstance(source, torch.Tensor) else torch.zeros_like(labels)
         mask = batch.get("mask")
         real = mask if isinstance(mask, torch.Tensor) else torch.ones_like(labels, dtype=torch.bool)
-        self._check(batch, labels, source, real)
-        if not self.remaps:
+        bad = real & ((labels < -1) | (labels >= self._limits[source]))
+        if self._lut is None:
+            self._refuse_first(batch, bad, labels, source)
             return batch
-        mapped = labels.clone()
-        for s, table in enumerate(self.tables):
-            rows = source == s
-            if table is None or not bool(rows.any()):
-                continue
-            own = labels[rows]
-            known = (own >= 0) & (own < len(table))  # -1: a sample without a label stays -1
-            mapped[rows] = torch.where(known, table[own.clamp(0, len(table) - 1)], own)
-        batch["label"] = mapped
+        mapped_from = (self._offsets[source] >= 0) & (labels >= 0)
+        index = (self._offsets[source] + labels.clamp(min=0)).clamp(0, len(self._lut) - 1)
+        looked_up = self._lut[index]  # [N]; meaningful where mapped_from and not bad
+        self._refuse_first(batch, bad | (real & mapped_from & (looked_up == UNMAPPED)), labels, source)
+        batch["label"] = torch.where(mapped_from, looked_up, labels)
         return batch
 
-    def _check(self, batch: dict[str, Any], labels: torch.Tensor, source: torch.Tensor,
-               real: torch.Tensor) -> None:
+    def _refuse_first(self, batch: dict[str, Any], bad: torch.Tensor, labels: torch.Tensor,
+                      source: torch.Tensor) -> None:
         """CorruptSampleError for the first real sample whose label its own source does not name."""
-        for s, (count, table) in enumerate(zip(self.own_counts, self.tables)):
-            limit = count if count is not None else (len(table) if table is not None else None)
-            if limit is None:
-                continue  # an unnamed source's labels are the space's indices: the model checks them
-            rows = (source == s) & real
-            bad = rows & ((labels < -1) | (labels >= limit))
-            if table is not None:  # an explicit map that leaves this label out
-                own = labels.clamp(0, len(table) - 1)
-                bad |= rows & (labels >= 0) & (table[own] == UNMAPPED)
-            if bool(bad.any()):
-                self._refuse(batch, int(bad.nonzero()[0, 0]), s, int(labels[int(bad.nonzero()[0, 0])]))
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            self._refuse(batch, i, int(source[i]), int(labels[i]))
 
     def _refuse(self, batch: dict[str, Any], i: int, s: int, label: int) -> None:
         src = self.sources[s]

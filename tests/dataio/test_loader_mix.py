@@ -350,3 +350,22 @@ def test_a_label_map_that_does_not_fit_is_refused(tmp_path) -> None:
         make_loader([a, b], label_space={"a": {"bird": 0, "cat": 1, "dog": 2}}, **options)
     with pytest.raises(ValueError, match="label_space must be one of"):
         make_loader([a, b], label_space="by-index", **options)
+
+
+def test_label_space_lookup_in_one_batch() -> None:
+    """Pure: one lookup for all sources; -1 (no label) and padding pass; an unnamed source is mapped
+    by its integer labels as keys, and one the map leaves out is refused."""
+    from types import SimpleNamespace
+
+    from dataio.loader.labels import SourceLabels, build_label_space
+
+    def src(name, names):
+        return SourceLabels(url=name, given=name, store=None, manifest=SimpleNamespace(label_names=names))
+
+    space = build_label_space([src("x", ("b", "a")), src("y", None)], {"x": {"a": 0, "b": 1}, "y": {"0": 2, "2": 0}})
+    assert space.names == ("a", "b", "0")
+    batch = {"label": torch.tensor([0, 1, -1, 0, 2, 9]), "source": torch.tensor([0, 0, 0, 1, 1, 1]),
+             "mask": torch.tensor([True] * 5 + [False]), "__key__": list("uvwxyz")}
+    assert space.apply(dict(batch))["label"].tolist()[:5] == [1, 0, -1, 2, 0]
+    with pytest.raises(CorruptSampleError, match=r"y: sample 'y' of source 2 \(y\) has label 1, but the label map"):
+        space.apply({**batch, "label": torch.tensor([0, 1, -1, 0, 1, 0]), "mask": torch.ones(6, dtype=torch.bool)})
