@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from dataio.loader.fields import label_field
 from dataio.loader.labels import LabelSpace
 from dataio.storage.store import StorageOptions
 from trainer.config import DataSource, TrainConfig
@@ -30,20 +31,37 @@ def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: in
     One path for one dataset and a weighted mixture (a mixture of one source is the plain case;
     batches of several carry each sample's source index), with --label-space / --label-map."""
     tail = "drop" if train else "pad"
-    if isinstance(url, str) and url.startswith(SYNTHETIC):
-        return synthetic_loader(url, batch_size=cfg.batch_size, rank=rank, world_size=world_size,
+    sources = (DataSource(url),) if isinstance(url, str) else url
+    if sources[0].url.startswith(SYNTHETIC):  # never mixed (TrainConfig refuses it); a weight alone is moot
+        return synthetic_loader(sources[0].url, batch_size=cfg.batch_size, rank=rank, world_size=world_size,
                                 seed=cfg.seed, image_size=cfg.image_size, tail=tail, train=train)
     from dataio import Source
     from dataio.loader.shard_loader import make_loader
 
-    sources = (DataSource(url),) if isinstance(url, str) else url
     tabular = bool(cfg.feature_names)  # rows of numeric columns: no image decode, only the columns needed
-    return make_loader([Source(s.url, weight=s.weight) for s in sources], batch_size=cfg.batch_size,
+    loader = make_loader([Source(s.url, weight=s.weight) for s in sources], batch_size=cfg.batch_size,
                        num_workers=cfg.num_workers, seed=cfg.seed, rank=rank, world_size=world_size,
                        decode=None if tabular else cfg.decode, fields=(*cfg.feature_names, "cls") if tabular else None,
                        image_size=cfg.image_size, train=train and cfg.augment, tail=tail, shuffle=train,
                        storage=storage_options(cfg), pin_memory=pin_memory,
                        label_space=label_space_of(cfg) if train else val_label_space(cfg, sources))
+    try:
+        check_labelled(loader)
+    except ValueError:
+        loader.close()
+        raise
+    return loader
+
+
+def check_labelled(loader: Any) -> None:
+    """ValueError naming the first source with no label field: the trainer needs one from each."""
+    opened = loader.sources
+    pairs = zip(opened.stores, opened.manifests) if opened is not None else [(loader.store, loader.manifest)]
+    for store, manifest in pairs:
+        if label_field(manifest) not in manifest.field_names:
+            raise ValueError(f"{store.url}: this dataset has no label field (a `cls` member or column, or an "
+                             f"integer `label` column; its fields: {list(manifest.field_names)}); the trainer "
+                             "needs labels from every --data source")
 
 
 def val_label_space(cfg: TrainConfig, val: tuple[DataSource, ...]) -> str | dict[str, int]:

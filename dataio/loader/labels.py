@@ -231,7 +231,7 @@ def maps_per_source(sources: Sequence[SourceLabels], label_map: Mapping[str, Any
         if len(hits) != 1:
             raise ManifestError(
                 f"label map key {key!r} names {'no' if not hits else 'more than one'} source; key each source by "
-                f"its URL or the last part of its path: {[dataset_name(s.given) for s in sources]}")
+                f"its URL or the last part of its path: {[dataset_name(s.url) for s in sources]}")
         if not isinstance(value, Mapping):
             raise ManifestError(f"label map entry {key!r} must map label names to indices, got {value!r}")
         found[hits[0]] = checked_map(f"label map entry {key!r}", value)

@@ -147,6 +147,10 @@ def batch_fields(opened: OpenSources, config: LoaderConfig) -> MixedFields:
                     "that have them")
     projections = []
     for url, m, imgs in zip(urls, manifests, images):
+        if config.decode is not None and not imgs:
+            raise ManifestError(f"{url}: this source has no image field (its fields: {list(m.field_names)}), but "
+                                "images are decoded from every mixed source; mix only image datasets, or read "
+                                "raw fields with decode=None")
         wanted = imgs if config.fields is None else tuple(f for f in imgs if f in config.fields)
         own = dataclasses.replace(config, fields=(*wanted, *extras))
         projections.append(fields_to_read(m, own, url)[1])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dataio import ManifestError
 from dataio.format.manifest import write_manifest
 from dataio.storage.store import Store
 from tests.dataio.mixed_images import mixed_images
@@ -109,3 +110,22 @@ def test_a_folder_of_jpg_png_webp_mixes_with_a_hugging_face_export(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     summary = next(x for x in lines if x["kind"] == "summary")
     assert [s["samples"] > 0 for s in summary["sources"]] == [True, True]
+
+
+def tar_without(root: Path, name: str, field: str) -> str:
+    """A tar dataset of real images whose samples and manifest lack `field`."""
+    store = Store(str(root / name))
+    kept = tuple(f for f in ("jpg", "cls", "json") if f != field)
+    manifest = write_tar_samples(store, make_samples([8], real_images=True), fields=kept)
+    write_manifest(store, dataclasses.replace(manifest, fields=tuple(f for f in manifest.fields if f.name != field)))
+    return store.url
+
+
+def test_a_source_without_what_the_trainer_needs_is_refused_naming_it(tmp_path):
+    a = named_tar(tmp_path, "a", [8], ("a", "b", "c"))
+    cfg = parse_config(flags(a, tar_without(tmp_path, "unlabelled", "cls"), out=tmp_path / "run"))
+    with pytest.raises(ValueError, match=r"unlabelled: this dataset has no label field .* every --data source"):
+        data.open_loader(cfg, cfg.data, rank=0, world_size=1, train=True)
+    cfg = parse_config(flags(a, tar_without(tmp_path, "imageless", "jpg"), out=tmp_path / "run"))
+    with pytest.raises(ManifestError, match=r"imageless: this source has no image field \(its fields: \['cls', 'json'\]"):
+        data.open_loader(cfg, cfg.data, rank=0, world_size=1, train=True)
