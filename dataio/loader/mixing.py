@@ -5,8 +5,8 @@ every source (tar or Parquet, local or s3://) and builds the pure plan's Mixture
 Every batch holds the same fields whatever source its samples come from: each sample's image
 (from whichever image field it has: a folder's jpg/png/webp, a Hugging Face export's `image`),
 its label, and the other fields all sources share (or those `fields` names: a source that lacks
-one is refused, naming it). One shuffle
-window (in samples, sized from the mixture's mean sample bytes) and one prefetch budget serve all
+one is refused, naming it). Their labels share one space (loader/labels.py). One shuffle window
+(in samples, sized from the mixture's mean sample bytes) and one prefetch budget serve all
 sources together: a mixture needs no more memory than one dataset.
 """
 

@@ -28,8 +28,8 @@ from dataio.loader.first_batch import FirstBatch, first_batch_in_main
 from dataio.loader.mixing import (
     OpenSources,
     as_sources,
-    label_space_of,
     batch_fields,
+    label_space_of,
     mixed_url_of,
     mixed_window_samples,
     open_sources,

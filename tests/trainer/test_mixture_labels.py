@@ -127,5 +127,6 @@ def test_a_source_without_what_the_trainer_needs_is_refused_naming_it(tmp_path):
     with pytest.raises(ValueError, match=r"unlabelled: this dataset has no label field .* every --data source"):
         data.open_loader(cfg, cfg.data, rank=0, world_size=1, train=True)
     cfg = parse_config(flags(a, tar_without(tmp_path, "imageless", "jpg"), out=tmp_path / "run"))
-    with pytest.raises(ManifestError, match=r"imageless: this source has no image field \(its fields: \['cls', 'json'\]"):
+    with pytest.raises(ManifestError, match=r"imageless: this source has no image field "
+                                            r"\(its fields: \['cls', 'json'\]"):
         data.open_loader(cfg, cfg.data, rank=0, world_size=1, train=True)
