@@ -99,7 +99,8 @@ class LabelSpace:
         index = (self._offsets[source] + labels.clamp(min=0)).clamp(0, len(self._lut) - 1)
         looked_up = self._lut[index]  # [N]; meaningful where mapped_from and not bad
         self._refuse_first(batch, bad | (real & mapped_from & (looked_up == UNMAPPED)), labels, source)
-        batch["label"] = torch.where(mapped_from, looked_up, labels)
+        mapped = torch.where(mapped_from, looked_up, labels)
+        batch["label"] = mapped.pin_memory() if labels.is_pinned() else mapped  # pin_memory=True stays true
         return batch
 
     def _refuse_first(self, batch: dict[str, Any], bad: torch.Tensor, labels: torch.Tensor,
