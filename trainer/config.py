@@ -18,6 +18,7 @@ from trainer.redaction import scrub, secrets_of
 OPTIMIZERS = ("sgd", "adamw")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # or package.module:function returning (state, hook)
 DECODES = ("cpu", "dali")  # the trainer needs decoded images
+LABEL_SPACES = ("same", "union")  # or --label-map FILE (dataio/loader/labels.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,9 @@ class TrainConfig:
     comm_hook: str = "none"  # none | fp16 | bf16 | powersgd | package.module:function
     price_per_hour: float = 0.0  # $ per rank (accelerator) per hour; 0: no cost lines
     tensorboard: str = ""  # directory for TensorBoard event files (rank 0); empty: none
+    # --- labels of the --data sources: one label space (dataio/loader/labels.py) ---
+    label_space: str = "same"  # same: names agree by index | union: merged by name, sorted
+    label_map: str = ""  # JSON file {source: {name: index}} or {name: index}; empty: none
 
     def __post_init__(self) -> None:
         positive = ("epochs", "batch_size", "grad_accum", "image_size", "log_every", "keep_checkpoints",
@@ -143,6 +147,7 @@ class TrainConfig:
                              f"got {self.comm_hook!r}")
         if not self.dist_timeout_s > 0:
             raise ValueError("--dist-timeout-s must be > 0")
+        _check_labels_flags(self.label_space, self.label_map)
         sources = _data_sources(self.data) if self.data else ()
         plain = len(sources) == 1 and sources[0].weight == 1.0
         object.__setattr__(self, "data", sources[0].url if plain else sources)
@@ -170,6 +175,13 @@ class TrainConfig:
     @property
     def checkpoint_url(self) -> str:
         return self.checkpoint_dir or f"{self.out.rstrip('/')}/checkpoints"
+
+
+def _check_labels_flags(label_space: str, label_map: str) -> None:
+    if label_space not in LABEL_SPACES:
+        raise ValueError(f"--label-space must be one of {LABEL_SPACES}, got {label_space!r}")
+    if label_map and label_space != "same":
+        raise ValueError("give --label-space union or --label-map FILE, not both: the map fixes the space itself")
 
 
 def _flag(name: str) -> str:
@@ -219,6 +231,10 @@ _HELP = {
                  "returning (state, hook); still timed for the exposed/overlapped split",
     "price_per_hour": "$ per rank (accelerator) per hour: adds $/epoch, $/1000 samples and the wasted share",
     "tensorboard": "directory for TensorBoard scalars of every report interval (needs the tensorboard package)",
+    "label_space": "one label space for the --data sources: same (their label names must agree by index; else "
+                   "refused) or union (merged by name into the sorted union; each source's labels remapped)",
+    "label_map": "JSON file giving the label space explicitly: {\"SOURCE\": {\"NAME\": INDEX}} (SOURCE: a --data URL "
+                 "or the last part of its path) or {\"NAME\": INDEX} for every source",
 }
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 import torch
 
+from dataio.loader.fields import label_field
+from dataio.loader.labels import LabelSpace
 from dataio.storage.store import StorageOptions
 from trainer.config import DataSource, TrainConfig
 from trainer.synthetic import synthetic_loader
@@ -24,33 +28,93 @@ def storage_options(cfg: TrainConfig) -> StorageOptions:
 def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: int, world_size: int, train: bool,
                 pin_memory: bool = False) -> Any:
     """A loader for one rank: train splits drop the tail; validation pads it (mask marks repeats).
-    A tuple of DataSource opens a weighted mixture (batches carry each sample's source index)."""
+    One path for one dataset and a weighted mixture (a mixture of one source is the plain case;
+    batches of several carry each sample's source index), with --label-space / --label-map."""
     tail = "drop" if train else "pad"
-    if isinstance(url, tuple):
-        from dataio import Source
-
-        url = [Source(s.url, weight=s.weight) for s in url]  # type: ignore[assignment]
-    elif url.startswith(SYNTHETIC):
-        return synthetic_loader(url, batch_size=cfg.batch_size, rank=rank, world_size=world_size,
+    sources = (DataSource(url),) if isinstance(url, str) else url
+    if sources[0].url.startswith(SYNTHETIC):  # never mixed (TrainConfig refuses it); a weight alone is moot
+        return synthetic_loader(sources[0].url, batch_size=cfg.batch_size, rank=rank, world_size=world_size,
                                 seed=cfg.seed, image_size=cfg.image_size, tail=tail, train=train)
+    from dataio import Source
     from dataio.loader.shard_loader import make_loader
 
     tabular = bool(cfg.feature_names)  # rows of numeric columns: no image decode, only the columns needed
-    return make_loader(url, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed,
-                       rank=rank, world_size=world_size, decode=None if tabular else cfg.decode,
-                       fields=(*cfg.feature_names, "cls") if tabular else None, image_size=cfg.image_size,
-                       train=train and cfg.augment, tail=tail, shuffle=train, storage=storage_options(cfg),
-                       pin_memory=pin_memory)
+    loader = make_loader([Source(s.url, weight=s.weight) for s in sources], batch_size=cfg.batch_size,
+                       num_workers=cfg.num_workers, seed=cfg.seed, rank=rank, world_size=world_size,
+                       decode=None if tabular else cfg.decode, fields=(*cfg.feature_names, "cls") if tabular else None,
+                       image_size=cfg.image_size, train=train and cfg.augment, tail=tail, shuffle=train,
+                       storage=storage_options(cfg), pin_memory=pin_memory,
+                       label_space=label_space_of(cfg) if train else val_label_space(cfg, sources))
+    try:
+        check_labelled(loader)
+    except ValueError:
+        loader.close()
+        raise
+    return loader
+
+
+def check_labelled(loader: Any) -> None:
+    """ValueError naming the first source with no label field: the trainer needs one from each."""
+    opened = loader.sources
+    pairs = zip(opened.stores, opened.manifests) if opened is not None else [(loader.store, loader.manifest)]
+    for store, manifest in pairs:
+        if label_field(manifest) not in manifest.field_names:
+            raise ValueError(f"{store.url}: this dataset has no label field (a `cls` member or column, or an "
+                             f"integer `label` column; its fields: {list(manifest.field_names)}); the trainer "
+                             "needs labels from every --data source")
+
+
+def val_label_space(cfg: TrainConfig, val: tuple[DataSource, ...]) -> str | dict[str, int]:
+    """Validation labels in the training label space: by name, when both name their labels (a
+    validation label the training space lacks is refused); else as they are ("same")."""
+    from dataio.format.manifest import read_manifest
+    from dataio.loader.labels import SourceLabels, build_label_space
+    from dataio.storage.store import Store
+
+    if any(s.url.startswith(SYNTHETIC) for s in cfg.sources):
+        return "same"
+
+    def opened(sources: tuple[DataSource, ...]) -> list[SourceLabels]:
+        stores = [Store(s.url, storage_options(cfg)) for s in sources]
+        return [SourceLabels(url=st.url, given=s.url, store=st, manifest=read_manifest(st))
+                for s, st in zip(sources, stores)]
+
+    space, val_sources = build_label_space(opened(cfg.sources), label_space_of(cfg)), opened(val)
+    if space.names is None or any(s.manifest.label_names is None for s in val_sources):
+        return "same"
+    unknown = [n for s in val_sources for n in s.manifest.label_names or () if n not in space.names]
+    if unknown:
+        raise ValueError(f"--val-data {val_sources[0].url} has labels {unknown[:10]} that the training data does "
+                         f"not name (its label space: {list(space.names)[:20]}); validate on the same classes")
+    return {name: i for i, name in enumerate(space.names)}
+
+
+def label_space_of(cfg: TrainConfig) -> str | dict[str, Any]:
+    """--label-space, or the map read from --label-map FILE (JSON); ValueError naming the file."""
+    if not cfg.label_map:
+        return cfg.label_space
+    try:
+        with open(cfg.label_map, encoding="utf-8") as f:
+            mapping = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"--label-map {cfg.label_map}: cannot read it ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--label-map {cfg.label_map}: not valid JSON ({exc})") from None
+    if not isinstance(mapping, dict) or not mapping:
+        raise ValueError(f"--label-map {cfg.label_map}: must hold a JSON object {{\"SOURCE\": {{\"NAME\": INDEX}}}} "
+                         "or {\"NAME\": INDEX}")
+    return mapping
 
 
 def num_classes_of(cfg: TrainConfig, loader: Any) -> int:
-    """--num-classes, else the dataset's label names (manifest) or synthetic class count."""
+    """--num-classes, else the size of the loader's label space (the sources' label names, one
+    space for a mixture) or the synthetic class count."""
     if cfg.num_classes:
         return cfg.num_classes
     known = getattr(loader, "num_classes", None)
-    manifest = getattr(loader, "manifest", None)
-    if known is None and manifest is not None and manifest.label_names:
-        known = len(manifest.label_names)
+    names = getattr(loader, "label_names", None)
+    if known is None and names:
+        known = len(names)
     if not known:
         raise ValueError(f"{cfg.data_label}: the manifest names no labels; pass --num-classes N")
     return int(known)
@@ -58,11 +122,17 @@ def num_classes_of(cfg: TrainConfig, loader: Any) -> int:
 
 def fingerprint_of(loader: Any) -> str:
     """The dataset's identity, for checkpoints: the manifest fingerprint (a mixture's combined one,
-    or the synthetic URL)."""
+    or the synthetic URL), and the label space when it remaps labels."""
+    labels = getattr(loader, "labels", None)
     if getattr(loader, "mixture", None) is not None:
-        return str(loader.fingerprint)
-    manifest = getattr(loader, "manifest", None)
-    return str(manifest.fingerprint if manifest is not None else getattr(loader, "fingerprint", "unknown"))
+        base = str(loader.fingerprint)
+    else:
+        manifest = getattr(loader, "manifest", None)
+        base = str(manifest.fingerprint if manifest is not None else getattr(loader, "fingerprint", "unknown"))
+    if not isinstance(labels, LabelSpace) or not labels.remaps:  # (the synthetic loader's `labels` are a tensor)
+        return base
+    text = json.dumps(labels.describe(), sort_keys=True)  # labels remapped: the same data means other classes
+    return f"{base}+labels-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 def mixture_facts(loader: Any) -> tuple[list[str], list[float]]:
@@ -88,26 +158,32 @@ def job_facts(loader: Any) -> dict[str, Any]:
 
 
 def check_labels(batch: dict[str, Any], num_classes: int, loader: Any = None) -> None:
-    """ValueError naming the shard and key of the first real sample whose label is outside
-    [0, num_classes) (cross-entropy would fail with a bare IndexError, or a CUDA assert)."""
+    """ValueError naming the source, shard and key of the first real sample whose label is outside
+    [0, num_classes) (cross-entropy would fail with a bare IndexError, or a CUDA assert). Each
+    source's labels were checked against its own manifest by the loader; this checks the model's."""
     labels, mask = batch["label"], batch["mask"]
     bad = ((labels < 0) | (labels >= num_classes)) & mask
     if not bool(bad.any()):
         return
     i = int(bad.nonzero()[0, 0])
-    where = ""
-    shards = batch.get("__shard__")
-    if shards is not None:
-        shard = int(shards[i])
-        manifest = getattr(loader, "manifest", None)
-        store = getattr(loader, "store", None)
-        where = f" in shard {shard}"
-        if manifest is not None and store is not None:
-            where = f" in shard {store.url_of(manifest.shard_paths[shard])}"
     raise ValueError(
-        f"sample {batch['__key__'][i]!r}{where} has label {int(labels[i])}, outside the model's "
-        f"{num_classes} classes (0..{num_classes - 1}); fix --num-classes or the dataset's labels"
+        f"sample {batch['__key__'][i]!r}{where_from(batch, i, loader)} has label {int(labels[i])}, outside the "
+        f"model's {num_classes} classes (0..{num_classes - 1}); fix --num-classes or the dataset's labels"
     )
+
+
+def where_from(batch: dict[str, Any], i: int, loader: Any) -> str:
+    """' in shard URL' (' of source N' for a mixture) for sample i of a batch, as far as known."""
+    shards = batch.get("__shard__")
+    if shards is None:
+        return ""
+    shard, source = int(shards[i]), int(batch["source"][i]) if "source" in batch else 0
+    opened = getattr(loader, "sources", None)  # a mixture's stores and manifests, in source order
+    stores = opened.stores if opened is not None else (getattr(loader, "store", None),)
+    manifests = opened.manifests if opened is not None else (getattr(loader, "manifest", None),)
+    store, manifest = stores[source], manifests[source]
+    where = f" in shard {store.url_of(manifest.shard_paths[shard])}" if store and manifest else f" in shard {shard}"
+    return where + (f" of source {source + 1} ({store.url})" if opened is not None and store else "")
 
 
 def to_device(batch: dict[str, Any], device: torch.device,

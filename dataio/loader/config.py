@@ -5,7 +5,7 @@ A leaf of the loader package: start-up, state, worker and ShardLoader all read i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ TAILS = ("drop", "pad")
 ON_CORRUPT = ("raise", "skip")
 START_METHODS = (None, "fork", "spawn", "forkserver")
 WORKER_MODES = ("auto", "threads", "processes")
+LABEL_SPACES = ("same", "union")  # or a mapping: see dataio/loader/labels.py
 MiB = 1 << 20
 
 
@@ -98,6 +99,9 @@ class LoaderConfig:
     # out in a thread while the loader is built. The batches and their order are the same either
     # way; False: workers start at the first iteration and make every batch.
     early_start: bool = True
+    # One label space for every source (loader/labels.py): "same" (names must agree by index),
+    # "union" (merged by name, sorted), or a map {source: {name: index}} / {name: index}.
+    label_space: str | Mapping[str, Any] = "same"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "image_size", "shuffle_window", "prefetch_bytes", "max_in_flight",
@@ -147,6 +151,7 @@ class LoaderConfig:
             raise TypeError(f"reuse_buffers must be True or False, got {self.reuse_buffers!r}")
         if self.reuse_buffers and self.decode == "dali":
             raise ValueError("reuse_buffers=True is for raw bytes (decode=None or 'cpu'); DALI holds batches ahead")
+        check_label_space(self.label_space)
         if self.decode == "dali" and (self.transform is not None or self.collate is not None):
             raise ValueError("decode='dali' decodes in the main process: transform/collate hooks need decode='cpu' or None")
 
@@ -159,6 +164,15 @@ def window_samples(manifest: Manifest, config: LoaderConfig) -> int:
         return config.shuffle_window
     mean_bytes = max(1.0, manifest.num_bytes / total_samples)
     return max(1, min(config.shuffle_window, int(config.shuffle_window_bytes // mean_bytes)))
+
+
+def check_label_space(value: Any) -> None:
+    """ValueError unless `value` is one of LABEL_SPACES or a mapping (matched to the sources when opened)."""
+    if isinstance(value, Mapping):
+        return
+    if value not in LABEL_SPACES:
+        raise ValueError(f"label_space must be one of {list(LABEL_SPACES)}, a mapping {{source: {{name: index}}}} "
+                         f"or {{name: index}}, got {value!r}")
 
 
 def check_int(name: str, value: Any, *, minimum: int) -> None:

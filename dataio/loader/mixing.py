@@ -2,9 +2,11 @@
 
 make_loader([url_a, url_b], weights=[...]) or make_loader([Source(url, weight=...), ...]) opens
 every source (tar or Parquet, local or s3://) and builds the pure plan's Mixture (plan/mix.py).
-The sources must give the batch the same fields (the image field may be named differently: it is
-decoded, or renamed to the first source's); else start-up fails naming the source. One shuffle
-window (in samples, sized from the mixture's mean sample bytes) and one prefetch budget serve all
+Every batch holds the same fields whatever source its samples come from: each sample's image
+(from whichever image field it has: a folder's jpg/png/webp, a Hugging Face export's `image`),
+its label, and the other fields all sources share (or those `fields` names: a source that lacks
+one is refused, naming it). Their labels share one space (loader/labels.py). One shuffle window
+(in samples, sized from the mixture's mean sample bytes) and one prefetch budget serve all
 sources together: a mixture needs no more memory than one dataset.
 """
 
@@ -23,7 +25,8 @@ from dataio.errors import ManifestError
 from dataio.format.manifest import Manifest
 from dataio.loader.config import LoaderConfig, Source
 from dataio.loader.fields import label_field
-from dataio.loader.startup import fields_to_read, open_dataset
+from dataio.loader.labels import LabelSpace, SourceLabels, build_label_space
+from dataio.loader.startup import fields_to_read, image_fields_of, open_dataset
 from dataio.plan.mix import MixSource, Mixture
 from dataio.readers.base import sample_url_of
 from dataio.storage.store import Store
@@ -120,34 +123,49 @@ class MixedFields:
 
 
 def batch_fields(opened: OpenSources, config: LoaderConfig) -> MixedFields:
-    """The sources' fields, checked: the fields a batch carries (images decoded, labels as "label")
-    must be the same from every source, else ManifestError naming the source and the fix."""
-    per_source = [fields_to_read(m, own_fields(config, m), store.url)
-                  for store, m in zip(opened.stores, opened.manifests)]
-    labels = tuple(label_field(m) for m in opened.manifests)
-    delivered = []
-    for (images, fields), m, label in zip(per_source, opened.manifests, labels):
-        names = set(fields if fields is not None else m.field_names) - {label}
-        if config.decode is not None:
-            names -= set(images)  # decoded into "image": their names do not reach the batch
-        delivered.append(names)
-    first_url = opened.stores[0].url
-    for store, names in zip(opened.stores[1:], delivered[1:]):
-        if names != delivered[0]:
-            shared = sorted(set.intersection(*delivered))
-            raise ManifestError(
-                f"{store.url}: this source gives batches the fields {sorted(names)}, but {first_url} gives "
-                f"{sorted(delivered[0])}; mixed sources must agree: pass fields={shared} (the ones all share)"
-                + (", or decode images" if config.decode is None else ""))
-    images = order_image_fields(list(dict.fromkeys(f for imgs, _ in per_source for f in imgs)))
-    return MixedFields(image_fields=images, projections=tuple(f for _, f in per_source), label_fields=labels)
-
-
-def own_fields(config: LoaderConfig, manifest: Manifest) -> LoaderConfig:
-    """The config with `fields` narrowed to those this source has (None: all of them)."""
+    """What each source reads so that every batch has the same fields: each sample's image
+    (decoded into "image" from whichever image field it has, whatever its format; raw, every
+    source's image fields), its label as "label", and the other fields named in `fields` (each
+    source must have them, else ManifestError naming the field and the source), or with
+    fields=None those that all sources share."""
+    manifests, urls = opened.manifests, [store.url for store in opened.stores]
+    labels = tuple(label_field(m) for m in manifests)
+    images = [image_fields_of(m) for m in manifests]
+    others = [[f for f in m.field_names if f not in imgs and f != label]
+              for m, imgs, label in zip(manifests, images, labels)]
     if config.fields is None:
-        return config
-    return dataclasses.replace(config, fields=tuple(f for f in config.fields if f in manifest.field_names))
+        extras = [f for f in others[0] if all(f in o for o in others[1:])]  # the fields all share
+    else:
+        label_names = {*labels, "cls"}  # `cls` asks for each source's label, whatever its field's name
+        extras = [f for f in config.fields if f not in label_names and not any(f in imgs for imgs in images)]
+        for url, m, o in zip(urls, manifests, others):
+            lacking = [f for f in extras if f not in o]
+            if lacking:
+                raise ManifestError(
+                    f"{url}: this source has no field {lacking[0]!r} (its fields: {list(m.field_names)}), which "
+                    f"fields= asks of every mixed source; leave {lacking} out of fields=, or mix only sources "
+                    "that have them")
+    projections = []
+    for url, m, imgs in zip(urls, manifests, images):
+        if config.decode is not None and not imgs:
+            raise ManifestError(f"{url}: this source has no image field (its fields: {list(m.field_names)}), but "
+                                "images are decoded from every mixed source; mix only image datasets, or read "
+                                "raw fields with decode=None")
+        wanted = imgs if config.fields is None else tuple(f for f in imgs if f in config.fields)
+        own = dataclasses.replace(config, fields=(*wanted, *extras))
+        projections.append(fields_to_read(m, own, url)[1])
+    ordered = order_image_fields(list(dict.fromkeys(f for imgs in images for f in imgs
+                                                    if config.fields is None or f in config.fields)))
+    return MixedFields(image_fields=ordered, projections=tuple(projections), label_fields=labels)
+
+
+def label_space_of(url: str | Sequence[Source], stores: Sequence[Store], manifests: Sequence[Manifest],
+                   config: LoaderConfig) -> LabelSpace:
+    """The batches' one label space over these sources (one dataset: a mixture of one), per
+    config.label_space; ManifestError when the sources' label names do not fit it."""
+    given = [url] if isinstance(url, str) else [s.url for s in url]
+    return build_label_space([SourceLabels(url=store.url, given=g, store=store, manifest=m)
+                              for g, store, m in zip(given, stores, manifests)], config.label_space)
 
 
 def mixed_window_samples(opened: OpenSources, config: LoaderConfig) -> int:

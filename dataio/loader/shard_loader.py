@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from dataio.loader.mixing import (
     OpenSources,
     as_sources,
     batch_fields,
+    label_space_of,
     mixed_url_of,
     mixed_window_samples,
     open_sources,
@@ -110,12 +111,14 @@ def make_loader(
     reuse_buffers: bool = False,
     worker_mode: str = "auto",
     early_start: bool = True,
+    label_space: str | Mapping[str, Any] = "same",
 ) -> ShardLoader:
     """Open the dataset at `url` and return a ShardLoader; batch_size is per rank (see LoaderConfig).
 
     Several URLs (with `weights`, or Source objects with weight= or repeat=) make a mixture: one
     epoch of `epoch_samples` (default: the sources' sizes summed) split between the sources by
-    weight, and each batch's "source" tensor says where every sample came from (plan/mix.py).
+    weight, and each batch's "source" tensor says where every sample came from (plan/mix.py);
+    `label_space` gives their labels one space ("same", "union" or a map: loader/labels.py).
     rank and world_size default to torch.distributed's when its default group is initialised.
     """
     options = dict(locals())
@@ -208,9 +211,11 @@ class ShardLoader:
             self.fingerprint = self.manifest.fingerprint
             self.image_fields, self.read_fields = fields_to_read(self.manifest, config, self.store.url)
             window, self._total = window_samples(self.manifest, config), self.manifest.num_samples
+        stores, manifests = (self.sources.stores, self.sources.manifests) if self.sources else (
+            [self.store], [self.manifest])
+        self.labels = label_space_of(url, stores, manifests, config)  # labels checked, mapped per source
+        self.label_names = self.labels.names  # the batches' label names (None: the data names none)
         if config.verify_checksums and topology.rank == 0:
-            stores, manifests = (self.sources.stores, self.sources.manifests) if self.sources else (
-                [self.store], [self.manifest])
             note_unverified(stores, manifests)
         self.plan_config = PlanConfig(
             seed=config.seed, batch_size=config.batch_size, tail=config.tail, shuffle=config.shuffle,
@@ -337,6 +342,7 @@ class ShardLoader:
                         self.stats.add_hedges(hedges)
                     if self.config.decode == "dali":
                         batch.pop("__id__", None), batch.pop("epoch", None)
+                    batch = self.labels.apply(batch)
                 self._shard_check.poll()  # missing shards, listed beside the first batches
                 self._delivered += 1  # counted as it leaves: the state is what the caller got
                 if self._slab_keeper is not None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dataio import ManifestError, Source, StateError, make_loader
+from dataio import CorruptSampleError, ManifestError, Source, StateError, make_loader
 from dataio.format.manifest import Field, read_manifest, write_manifest
 from dataio.loader.raw import raw_fast_path
 from dataio.storage.store import Store
@@ -126,16 +126,22 @@ def test_state_of_another_mixture_is_refused_naming_it(sources) -> None:
         assert len(mixed) == 16 - 2
 
 
-def test_sources_whose_fields_disagree_fail_at_start_up_naming_it(sources, tmp_path) -> None:
+def test_sources_whose_fields_differ_give_the_fields_all_share(sources, tmp_path) -> None:
+    """Fields some sources lack are left out (once refused, with advice leading to a second error);
+    only a field asked for by name that a source lacks is refused, naming it and the source."""
     tar, _ = sources
     narrow = Store(str(tmp_path / "narrow"))
-    manifest, _ = write_parquet_dataset(narrow, [5], seed=2)
+    manifest, _ = write_parquet_dataset(narrow, [5], seed=2, real_images=True)
     write_manifest(narrow, dataclasses.replace(
         manifest, fields=(Field(name="jpg", type="image"), Field(name="cls", type="int"))))
     assert read_manifest(narrow).field_names == ("jpg", "cls")
-    with pytest.raises(ManifestError, match=r"narrow: this source gives batches the fields \['jpg'\], but "
-                                            r".* gives \['jpg', 'json'\]; .* fields=\['jpg'\]"):
-        make_loader([tar, narrow.raw_url], batch_size=2, num_workers=0, decode=None)
+    for decode in (None, "cpu"):
+        with make_loader([tar, narrow.raw_url], batch_size=2, num_workers=0, decode=decode, image_size=8) as loader:
+            keys = {k for b in loader for k in b if not k.startswith("__")}
+        assert keys == {"label", "source", "mask", "read_s", "decode_s", "batch_number",
+                        "jpg" if decode is None else "image"}  # no `json`: the narrow source has none
+    with pytest.raises(ManifestError, match=r"narrow: this source has no field 'json' .* leave \['json'\] out"):
+        make_loader([tar, narrow.raw_url], batch_size=2, num_workers=0, decode=None, fields=["jpg", "json"])
     with make_loader([tar, narrow.raw_url], batch_size=2, num_workers=0, decode=None, fields=["jpg", "cls"]) as ok:
         assert set(next(iter(ok))) >= {"jpg", "label", "source"}
 
@@ -266,3 +272,100 @@ def test_raw_tar_mixture_takes_the_fast_path_with_the_general_paths_batches(tar_
     sources = [s for batch in fast[0] for name, value in batch[2] if name == "source"
                for s in np.frombuffer(value[2], dtype=np.int64).tolist()]
     assert set(sources) == {0, 1}
+
+
+def named_tar(root, name: str, sizes: list[int], names: tuple[str, ...], *, bad: dict[int, int] | None = None) -> str:
+    """A tar dataset whose manifest names its labels; sample i has label i % len(names), or bad[i]."""
+    from tests.dataio.shardgen import make_samples, write_tar_samples
+
+    store = Store(str(root / name))
+    shards = make_samples(sizes, num_classes=len(names))
+    for s in (s for shard in shards for s in shard):
+        s["cls"] = (bad or {}).get(s["__id__"], s["cls"])
+    write_manifest(store, dataclasses.replace(write_tar_samples(store, shards), label_names=names))
+    return store.url
+
+
+def labels_by_source(loader) -> dict[tuple[int, str], int]:
+    return {(s, k): y for b in loader for s, k, y, m in zip(b["source"].tolist(), b["__key__"], b["label"].tolist(),
+                                                            b["mask"].tolist()) if m}
+
+
+def test_labels_are_checked_against_each_sources_own_names(tmp_path) -> None:
+    """A source may name more classes than another (one space, the longest names); a label its own
+    manifest does not name is refused naming that source, its shard and the sample."""
+    a = named_tar(tmp_path, "a", [6, 6], ("a", "b", "c"))
+    b = named_tar(tmp_path, "b", [10], ("a", "b", "c", "d", "e"))
+    with make_loader([a, b], batch_size=4, num_workers=0, decode=None) as loader:
+        assert loader.label_names == ("a", "b", "c", "d", "e")
+        got = labels_by_source(loader)
+    assert got == {(s, k): int(k) % (3, 5)[s] for s, k in got} and {y for (s, _), y in got.items() if s == 1} == {
+        0, 1, 2, 3, 4}
+    bad = named_tar(tmp_path, "bad", [10], ("a", "b", "c", "d", "e"), bad={7: 7})
+    with make_loader([a, bad], batch_size=4, num_workers=0, decode=None) as loader:
+        with pytest.raises(CorruptSampleError, match=r"bad/shards/shard-000000.tar: sample '000007' of source 2 "
+                                                     r"\(.*bad\) has label 7, but its manifest names 5 labels"):
+            list(loader)
+
+
+def test_label_names_that_differ_are_refused_naming_both_sets(tmp_path) -> None:
+    a = named_tar(tmp_path, "a", [6], ("bird", "cat", "dog"))
+    b = named_tar(tmp_path, "b", [6], ("ant", "bee", "cow"))
+    with pytest.raises(ManifestError, match=r"a names \[bird, cat, dog\] and .*b names \[ant, bee, cow\].*"
+                                            r"label_space='union'.*--label-map"):
+        make_loader([a, b], batch_size=4, num_workers=0, decode=None)
+
+
+@pytest.mark.parametrize("worker_mode", ["threads", "processes"])  # RAW batches, and sample dicts
+def test_union_label_space_remaps_each_source_by_name(tmp_path, worker_mode) -> None:
+    a = named_tar(tmp_path, "a", [6, 5], ("bird", "cat", "dog"))
+    b = named_tar(tmp_path, "b", [9], ("eel", "cat", "ant"))
+    options = dict(batch_size=4, num_workers=1, decode=None, worker_mode=worker_mode, tail="pad")
+    with make_loader([a, b], label_space="union", **options) as loader:
+        assert loader.label_names == ("ant", "bird", "cat", "dog", "eel")
+        got = labels_by_source(loader)
+    space = loader.label_names
+    own = (("bird", "cat", "dog"), ("eel", "cat", "ant"))
+    assert {s for s, _ in got} == {0, 1} and all(space[y] == own[s][int(k) % 3] for (s, k), y in got.items())
+    by_map = {"a": {"bird": 0, "cat": 1, "dog": 2}, b: {"eel": 3, "cat": 1, "ant": 4}}
+    with make_loader([a, b], label_space=by_map, **options) as loader:
+        assert loader.label_names == ("bird", "cat", "dog", "eel", "ant")
+        got = labels_by_source(loader)
+    assert all(loader.label_names[y] == own[s][int(k) % 3] for (s, k), y in got.items())
+    flat = {"eel": 2, "cat": 0, "ant": 1, "dog": 3}  # one map for every source (names it lacks allowed)
+    with make_loader(b, label_space=flat, **options) as one:  # a mixture of one
+        got = {k: y for batch in one for k, y in zip(batch["__key__"], batch["label"].tolist())}
+    assert len(got) == 9 and all(y == flat[own[1][int(k) % 3]] for k, y in got.items())
+
+
+def test_a_label_map_that_does_not_fit_is_refused(tmp_path) -> None:
+    a = named_tar(tmp_path, "a", [6], ("bird", "cat", "dog"))
+    b = named_tar(tmp_path, "b", [6], ("ant", "bee", "cow"))
+    options = dict(batch_size=4, num_workers=0, decode=None)
+    with pytest.raises(ManifestError, match=r"leaves out labels of .*b: \[cow\]"):
+        make_loader([a, b], label_space={"a": {"bird": 0, "cat": 1, "dog": 2}, "b": {"ant": 0, "bee": 1}}, **options)
+    with pytest.raises(ManifestError, match=r"key 'c' names no source; .* \['a', 'b'\]"):
+        make_loader([a, b], label_space={"a": {"bird": 0}, "c": {"ant": 0}}, **options)
+    with pytest.raises(ManifestError, match=r"no entry for \[.*b'\]"):
+        make_loader([a, b], label_space={"a": {"bird": 0, "cat": 1, "dog": 2}}, **options)
+    with pytest.raises(ValueError, match="label_space must be one of"):
+        make_loader([a, b], label_space="by-index", **options)
+
+
+def test_label_space_lookup_in_one_batch() -> None:
+    """Pure: one lookup for all sources; -1 (no label) and padding pass; an unnamed source is mapped
+    by its integer labels as keys, and one the map leaves out is refused."""
+    from types import SimpleNamespace
+
+    from dataio.loader.labels import SourceLabels, build_label_space
+
+    def src(name, names):
+        return SourceLabels(url=name, given=name, store=None, manifest=SimpleNamespace(label_names=names))
+
+    space = build_label_space([src("x", ("b", "a")), src("y", None)], {"x": {"a": 0, "b": 1}, "y": {"0": 2, "2": 0}})
+    assert space.names == ("a", "b", "0")
+    batch = {"label": torch.tensor([0, 1, -1, 0, 2, 9]), "source": torch.tensor([0, 0, 0, 1, 1, 1]),
+             "mask": torch.tensor([True] * 5 + [False]), "__key__": list("uvwxyz")}
+    assert space.apply(dict(batch))["label"].tolist()[:5] == [1, 0, -1, 2, 0]
+    with pytest.raises(CorruptSampleError, match=r"y: sample 'y' of source 2 \(y\) has label 1, but the label map"):
+        space.apply({**batch, "label": torch.tensor([0, 1, -1, 0, 1, 0]), "mask": torch.ones(6, dtype=torch.bool)})
