@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench faults s3-server clean
+.PHONY: setup demo test test-fast lint bench faults s3-server clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,11 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The tier to run while working (under 2 minutes): no test marked slow, so no SeaweedFS, torchrun,
+# Ray or other program started (tests/conftest.py marks and checks that).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

@@ -190,6 +190,7 @@ def test_abandoned_map_is_superseded(eval_config) -> None:
         next(old)
 
 
+@pytest.mark.slow  # runs a new interpreter
 def test_dali_is_imported_only_when_a_pipeline_is_built() -> None:
     code = ("import sys, dataio.decode.dali, dataio.loader.shard_loader, dataio.decode.cpu; "
             "sys.exit(1 if any(m.startswith('nvidia.dali') for m in sys.modules) else 0)")
