@@ -60,7 +60,10 @@ def test_a_small_stalled_request_is_hedged_after_the_small_floor():
     assert hedger.stats.hedged == 1 and calls[0] == 9 and results[:6] == list(range(6))
     assert policy.floor_s(0) == policy.floor_s(64 << 10) == 0.05 and policy.floor_s(16 << 20) == 0.2
     assert 0.05 < policy.floor_s(2 << 20) < 0.2  # growing with the size in between
-    assert hedger.threshold_s(4096) < 0.2  # 3 x a ~5 ms median, or the 50 ms floor
+    small = Hedger(policy)
+    for _ in range(4):
+        small._record(4096, 0.005)  # four 5 ms reads: 3 x their median is under the small floor
+    assert small.threshold_s(4096) == pytest.approx(0.05)
     assert HedgePolicy(floor_ms=10, small_floor_ms=50).floor_s(0) == 0.01  # never above floor_ms
 
 
