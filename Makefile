@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint docs bench faults s3-server clean
+.PHONY: setup demo test test-fast lint docs bench faults s3-server clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,11 @@ test: $(STAMP) lint
 # The documentation site, built and served on http://127.0.0.1:8000 (rebuilt on every edit).
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
+
+# The tier to run while working (under 2 minutes): no test marked slow, so no SeaweedFS, torchrun,
+# Ray or other program started (tests/conftest.py marks and checks that).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

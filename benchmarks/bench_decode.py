@@ -23,7 +23,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from benchmarks.machine import machine_markdown
+from tools.machine import machine_markdown
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.decode.transforms import jpeg_scale_denom, random_resized_crop
 from dataio.rand import SampleRandom, sample_seed

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from benchmarks.bench_loader import PEER_TORCH, TORCH, run_config, tar_urls
-    from benchmarks.machine import machine_markdown
+    from tools.machine import machine_markdown
     from benchmarks.peers_env import prepare_peer_formats
 
     work = Path(args.work)

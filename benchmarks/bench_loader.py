@@ -28,10 +28,10 @@ from typing import Any
 
 import psutil
 
-from benchmarks.machine import _version
+from tools.machine import package_version
 
 ROOT = Path(__file__).resolve().parents[1]
-TORCH = _version("torch").split("+")[0]  # the project's torch, the rows' second field
+TORCH = package_version("torch").split("+")[0]  # the project's torch, the rows' second field
 PEER_TORCH = "2.14.1"  # benchmarks/.peers-venv (peers_env.PACKAGES)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks.machine import machine_markdown
+from tools.machine import machine_markdown
 from dataio.format.manifest import read_manifest
 from dataio.storage.store import Store
 from tools.faults import Size, write_raw_dataset

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.machine import machine_markdown
+from tools.machine import machine_markdown
 from sharding.cli import main as shardify
 from sharding.cli import parse_size
 

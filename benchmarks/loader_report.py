@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.machine import machine_markdown
+from tools.machine import machine_markdown
 
 PEERS = ("webdataset", "imagefolder", "streaming", "litdata")
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.machine import machine_markdown
+from tools.machine import machine_markdown
 
 
 def _median(rs: list[dict[str, Any]], key: str) -> float:

@@ -1,7 +1,9 @@
-"""Shared fixtures: real S3 endpoints (SeaweedFS, moto) and a guard against leaked threads/processes."""
+"""Shared fixtures: real S3 endpoints (SeaweedFS, moto), guards against leaked threads/processes
+and against unmarked server tests (the `slow` marker decides what `make test-fast` skips)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,10 +30,56 @@ _GRACE_S = 3.0
 _SESSION_PIDS: set[int] = set()
 
 
+# Fixtures that start a server subprocess: every test using one (directly or through another
+# fixture) is marked `slow`, so `make test-fast` (-m "not slow") never starts one.
+SERVER_FIXTURES = frozenset({"s3_server"})
+
+# Programs the test process started while the current test ran (the audit hook below appends).
+_STARTED: list[str] = []
+_WATCHING = [False]
+
+
+def _audit(event: str, args: tuple) -> None:
+    # Every subprocess.Popen (SeaweedFS, torchrun, Ray's daemons, `python -m ...`) raises this event,
+    # from any thread. Forked or spawned multiprocessing workers do not: they are not servers.
+    if event == "subprocess.Popen" and _WATCHING[0]:
+        _STARTED.append(" ".join(str(a) for a in (args[1] or [args[0]]))[:200])
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "allow_leaks: do not fail this test for threads or child processes it leaves behind"
     )
+    sys.addaudithook(_audit)  # stays for the process; does nothing unless _WATCHING
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the markers added here count
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `slow` every test that uses a server fixture."""
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Watch for programs started by a test not marked `slow`, from its fixtures' set-up on (a
+    module or session fixture that starts a server counts for the first test that needs it)."""
+    _STARTED.clear()
+    _WATCHING[0] = item.get_closest_marker("slow") is None
+
+
+@pytest.fixture(autouse=True)
+def no_unmarked_subprocesses() -> Iterator[None]:
+    """Fail a test not marked `slow` that starts a program (a server, torchrun, the CLI in a new
+    interpreter): it would make the fast tier slow. Its marker belongs on the test."""
+    yield
+    _WATCHING[0] = False
+    started, _STARTED[:] = list(_STARTED), []
+    if started:
+        pytest.fail("a test not marked slow started a subprocess; mark it @pytest.mark.slow so that "
+                    "`make test-fast` skips it (it still runs in `make test`):\n  " + "\n  ".join(started),
+                    pytrace=False)
 
 
 @pytest.fixture(scope="session")

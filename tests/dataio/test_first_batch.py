@@ -122,6 +122,7 @@ def test_decoding_in_threads_raises_the_first_bad_sample() -> None:
         CpuDecoder(DecodeConfig(size=16), num_threads=0)
 
 
+@pytest.mark.slow  # spawned workers each import torch: seconds
 def test_spawned_workers_take_over_after_the_first_batch(dataset) -> None:
     """With spawn the workers take seconds to start: the first batch is made meanwhile."""
     options = dict(batch_size=4, tail="pad", num_workers=1)

@@ -159,6 +159,7 @@ def test_retry_budget_bounds_all_tries_together():
         time.monotonic = original  # type: ignore[assignment]
 
 
+@pytest.mark.slow  # waits out read timeouts: seconds
 def test_stuck_endpoint_fails_the_loader_within_its_budget():
     with stuck_endpoint() as endpoint:
         start = time.monotonic()

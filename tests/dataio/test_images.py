@@ -119,6 +119,7 @@ def _gif_screen(width: int, height: int) -> bytes:
     return screen + b"," + struct.pack("<HHHHB", 0, 0, 1, 1, 0) + b"\x02\x02\x44\x01\x00;"
 
 
+@pytest.mark.slow  # decodes a very large image: seconds
 def test_a_limit_above_twice_pils_own_is_honoured_by_writer_and_decoder():
     from dataio.decode.cpu import CpuDecoder, DecodeConfig
 

@@ -41,7 +41,9 @@ def digests(url: str, epochs: int = 2, **options) -> list[list[tuple[str, str]]]
     return out
 
 
-@pytest.mark.parametrize("num_workers,context", [(0, None), (2, "fork"), (2, "spawn"), (2, "threads")])
+@pytest.mark.parametrize("num_workers,context", [
+    (0, None), (2, "fork"), pytest.param(2, "spawn", marks=pytest.mark.slow), (2, "threads"),  # spawn: seconds
+])
 def test_reused_slabs_deliver_the_same_bytes(dataset, num_workers, context):
     options: dict = {"num_workers": num_workers}
     if context == "threads":

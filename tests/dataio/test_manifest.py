@@ -1,9 +1,8 @@
-"""The manifest: round trip, refusal of what is unsafe or unknown, load time at 100k shards."""
+"""The manifest: round trip, refusal of what is unsafe or unknown, a 100k-shard round trip."""
 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -186,15 +185,12 @@ def test_checksums():
     assert label_histogram([3, 1, 3]) == {1: 1, 3: 2}
 
 
-def test_100k_shard_manifest_loads_quickly(store):
+def test_100k_shard_manifest_round_trips(store):
+    # How fast it loads is a question for a benchmark, not a test (STYLE 10): this checks it loads whole.
     manifest = tar_manifest(num_shards=100_000, samples_per_shard=50_000)
     write_manifest(store, manifest)
-    start = time.perf_counter()
     loaded = read_manifest(store)
-    elapsed_s = time.perf_counter() - start
-    print(f"100k-shard manifest ({store.size(MANIFEST_NAME) / 1e6:.1f} MB) loaded in {elapsed_s:.3f} s")
     assert loaded.num_shards == 100_000 and loaded.num_samples == 5_000_000_000
-    assert elapsed_s < 5.0  # a sanity bound only; the design target is well under a second
 
 
 @pytest.mark.parametrize("make", [tar_manifest, parquet_manifest])

@@ -134,20 +134,30 @@ def test_early_stop_joins_threads_and_cancels_the_rest(how):
     assert len(started) <= 2 + 3  # only what was in flight ran, nothing more
 
 
-def test_injected_latency_is_overlapped():
-    delay_s, n = 0.1, 12
+def test_requests_run_ahead_of_the_consumer_and_overlap():
+    # Overlap is shown by events, not elapsed time: the first six fetches wait at a barrier for each
+    # other (a prefetcher that ran them one by one would break it at its deadline and raise), and
+    # while the consumer holds result 0 the next requests are already in flight, unasked.
+    delay_s, n, width = 0.05, 12, 6
+    barrier = threading.Barrier(width)
+    started: list[int] = []
 
     def fetch(i: int) -> int:
+        started.append(i)
+        if i < width:
+            barrier.wait(timeout=30)
         time.sleep(delay_s)
         return i
 
-    pf = Prefetcher(fetch, size_of=lambda i: 1, budget_bytes=1 << 20, max_in_flight=6)
-    start = time.perf_counter()
-    out = list(pf.run(range(n)))
-    elapsed = time.perf_counter() - start
-    assert [r for r, _, _ in out] == list(range(n))
-    assert all(s >= delay_s * 0.9 for _, _, s in out)  # it reports the delay we injected
-    assert elapsed < 0.6 * n * delay_s  # loose: the machine is shared
+    pf = Prefetcher(fetch, size_of=lambda i: 1, budget_bytes=1 << 20, max_in_flight=width)
+    out = []
+    for request, result, seconds in pf.run(range(n)):
+        if request == 0:
+            assert set(range(width)) <= set(started)  # requested before the consumer asked for them
+        out.append((request, result, seconds))
+    assert [r for r, _, _ in out] == list(range(n)) and [x for _, x, _ in out] == list(range(n))
+    assert all(s >= delay_s for _, _, s in out)  # it reports (at least) the delay we injected
+    assert not barrier.broken
 
 
 def test_rejects_bad_arguments():
@@ -158,7 +168,7 @@ def test_rejects_bad_arguments():
 
 
 @pytest.mark.slow
-def test_prefetch_hides_s3_latency_from_the_delay_proxy(s3_server):
+def test_prefetch_overlaps_s3_reads_through_the_delay_proxy(s3_server):
     from dataclasses import replace
 
     from dataio.readers.by_format import make_reader
@@ -169,8 +179,10 @@ def test_prefetch_hides_s3_latency_from_the_delay_proxy(s3_server):
     store = Store(f"s3://{s3_server.new_bucket()}/ds", s3_server.options())
     manifest, samples = write_tar_dataset(store, [6, 6, 6])
     segments = [Seg(shard, start, start + 2) for shard in range(3) for start in (0, 2, 4)] * 2
-    delay_s = 0.1
-    with DelayProxy(s3_server.endpoint_url, delay_s=delay_s) as proxy:
+    width = 6
+    barrier = threading.Barrier(width)  # the first six GETs meet: they were in flight together
+    calls = [0]
+    with DelayProxy(s3_server.endpoint_url, delay_s=0.1) as proxy:
         # No hedging here: on a loaded machine a 0.1 s read can look slow enough to hedge, and this
         # test counts one GET per segment (hedged reads have their own tests).
         slow = Store(store.raw_url, replace(s3_server.options(), endpoint_url=proxy.url, hedge=None))
@@ -178,13 +190,18 @@ def test_prefetch_hides_s3_latency_from_the_delay_proxy(s3_server):
         for shard in range(3):
             reader.index(shard)  # indexes first: from here on one GET per segment
         before = proxy.stats.num_requests
-        pf = Prefetcher(reader.fetch, size_of=reader.payload_bytes, budget_bytes=1 << 20, max_in_flight=6)
-        start = time.perf_counter()
+
+        def fetch(seg: Seg) -> object:
+            calls[0] += 1
+            if calls[0] <= width:
+                barrier.wait(timeout=30)
+            return reader.fetch(seg)
+
+        pf = Prefetcher(fetch, size_of=reader.payload_bytes, budget_bytes=1 << 20, max_in_flight=width)
         got = [reader.parse(seg, payload) for seg, payload, _ in pf.run(segments)]
-        elapsed = time.perf_counter() - start
         assert proxy.stats.num_requests - before == len(segments)
     assert got == [samples[s.shard][s.start : s.stop] for s in segments]
-    assert elapsed < 0.6 * len(segments) * delay_s  # loose: the machine is shared
+    assert not barrier.broken
 
 
 def test_a_group_comes_in_finishing_order_so_a_straggler_holds_one_slot():

@@ -33,6 +33,7 @@ def test_inspect_shows_shards_fields_labels_and_skipped(dataset: Path, capsys) -
         assert text in out, text
 
 
+@pytest.mark.slow  # runs the CLI in a new interpreter
 def test_inspect_piped_shows_every_shard_path_whole_and_every_column(dataset: Path) -> None:
     import subprocess
     import sys

@@ -64,6 +64,7 @@ def _dali_read(paths: list[str], index_paths: list[str], num_samples: int) -> di
     return out
 
 
+@pytest.mark.slow  # runs wds2idx
 @pytest.mark.timeout(120)
 def test_dali_reads_with_our_index_and_with_wds2idx(tar_dataset: Path, image_folder: Path, tmp_path: Path) -> None:
     pytest.importorskip("nvidia.dali")

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests import conftest
 
@@ -31,6 +32,7 @@ def test_guard_sees_a_new_thread_and_ignores_known_ones():
     assert conftest._leaks(threads_before, procs_before) == ([], [])
 
 
+@pytest.mark.slow  # starts a program
 def test_guard_sees_a_child_process_and_kills_it():
     threads_before, procs_before = set(threading.enumerate()), conftest._children()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -45,21 +47,35 @@ def test_guard_sees_a_child_process_and_kills_it():
     assert not any(p.pid == child.pid for p in conftest._children() if p.status() != psutil.STATUS_ZOMBIE)
 
 
-def test_guard_fails_a_leaking_test_end_to_end(pytester, monkeypatch):
+@pytest.mark.slow  # runs pytest in a new interpreter
+def test_guards_fail_a_leaking_test_and_an_unmarked_server_test_end_to_end(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[2]))
     pytester.makeconftest("from tests.conftest import *  # noqa: F403\n"
                           "from tests.conftest import pytest_configure  # noqa: F401\n")
+    pytester.makeini("[pytest]\nmarkers =\n    slow: starts programs\n")
     pytester.makepyfile(
         """
         import subprocess, sys
 
+        import pytest
+
+        @pytest.mark.slow
         def test_leaks_a_process():
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
+        @pytest.mark.slow
         def test_clean():
             subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+        def test_starts_a_program_unmarked():
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+        def test_in_process():
+            pass
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, errors=1)
+    result.assert_outcomes(passed=4, errors=2)  # an error at teardown follows its test's pass
     result.stdout.fnmatch_lines(["*left threads or child processes running*"])
+    result.stdout.fnmatch_lines(["*test_starts_a_program_unmarked*", "*not marked slow started a subprocess*"])
+    result.stdout.no_fnmatch_line("*test_clean - *")

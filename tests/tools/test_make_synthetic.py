@@ -54,6 +54,7 @@ def test_bad_configs_are_refused():
         SyntheticConfig(num_images=5, num_classes=1, quality=0)
 
 
+@pytest.mark.slow  # runs the CLI in a new interpreter
 def test_cli(tmp_path):
     out = subprocess.run([sys.executable, "-m", "tools.make_synthetic", str(tmp_path), "--num-images", "3",
                           "--num-classes", "2", "--seed", "1"], capture_output=True, text=True, check=True,

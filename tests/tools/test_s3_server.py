@@ -51,6 +51,7 @@ def test_buckets_are_fresh_and_distinct(s3_server):
     assert Store(f"s3://{a}", s3_server.options()).list() == []
 
 
+@pytest.mark.slow  # starts SeaweedFS
 def test_stop_leaves_no_process_socket_or_folder():
     with S3Server(startup_timeout_s=60) as server:
         pid, tmp, ports = server.pid, server._tmp, dict(server.ports)
@@ -79,6 +80,7 @@ def test_moto_server_round_trip(moto_s3):
     assert store.read("x.bin") == b"123"
 
 
+@pytest.mark.slow  # starts SeaweedFS
 @pytest.mark.timeout(120)
 def test_cli_prints_exports_and_stops_on_sigterm():
     proc = subprocess.Popen([sys.executable, "-m", "tools.s3_server"], stdout=subprocess.PIPE,
@@ -101,6 +103,7 @@ def test_cli_prints_exports_and_stops_on_sigterm():
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in weed)
 
 
+@pytest.mark.slow  # starts SeaweedFS
 def test_startup_timeout_names_the_endpoint_and_shows_the_log():
     server = S3Server(startup_timeout_s=0.05)
     with pytest.raises(TimeoutError, match=r"did not answer within .* log tail:") as err:

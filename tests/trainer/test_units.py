@@ -236,3 +236,14 @@ def test_mixture_report_shows_observed_vs_requested_shares():
     text = console.export_text()
     assert "runs/curated" in text and "68.8%" in text
     assert "sources" not in metrics_line(combine(rows), step=1, epoch=0, loss=0.0, lr=0.1)
+
+
+@pytest.mark.parametrize("timeout_s", [1.0, 15.0, 120.0])
+def test_a_stopped_rank_is_named_within_the_dist_timeout_by_construction(timeout_s):
+    # The promise as arithmetic (the 2-rank run in test_hostile_training checks it happens): the
+    # collective gives up, the heartbeats are watched and the message written, all within the timeout.
+    from trainer.runtime import Watch
+
+    w = Watch.for_timeout(timeout_s)
+    assert w.collective_s + w.watch_s + w.slack_s == pytest.approx(timeout_s)
+    assert w.collective_s > 0 and w.watch_s > 0 and w.slack_s > 0 and w.every_s < w.watch_s

@@ -1,4 +1,7 @@
-"""Describe the machine a benchmark ran on, so a figure is never quoted without it."""
+"""Describe the machine a benchmark or the fault suite ran on, so a figure is never quoted without it.
+
+Here in tools, not in benchmarks: benchmarks import tools, never the other way (pyproject.toml).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def _version(dist: str) -> str:
+def package_version(dist: str) -> str:
+    """The installed version of distribution `dist`, or "not installed"."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -40,14 +44,15 @@ def describe_machine() -> dict[str, str]:
         "memory": mem_gib,
         "os": platform.platform(),
         "python": sys.version.split()[0],
-        "torch": _version("torch"),
-        "webdataset": _version("webdataset"),
-        "nvidia-dali": _version("nvidia-dali-cuda130"),
-        "shardify": _version("shardify"),
+        "torch": package_version("torch"),
+        "webdataset": package_version("webdataset"),
+        "nvidia-dali": package_version("nvidia-dali-cuda130"),
+        "shardify": package_version("shardify"),
     }
 
 
 def machine_markdown() -> str:
+    """One "Machine: ..." line for a results file."""
     m = describe_machine()
     return (
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory']} RAM, {m['os']}; Python {m['python']}, "
