@@ -27,7 +27,7 @@ COMMANDS = {
 MARKER = re.compile(r"<!-- cli: ([\w.]+) -->")
 
 
-class _Caught(Exception):
+class _Caught(BaseException):  # not Exception: an entry point may catch those to report them
     def __init__(self, parser: argparse.ArgumentParser) -> None:
         super().__init__(parser.prog)
         self.parser = parser
@@ -76,10 +76,19 @@ def render(name: str) -> str:
     subs = subcommands(parser)
     if not subs:
         return _render_parser(parser, level=3)
+    return _render_subcommands(parser, subs, level=3)
+
+
+def _render_subcommands(parser: argparse.ArgumentParser, subs: dict[str, argparse.ArgumentParser],
+                        level: int) -> str:
+    """Each subcommand under a heading of `level`, its own subcommands (`shardify tokenizer train`) nested."""
     parts = [_usage(parser)]
     helps = {a.dest: a.help for a in _sub_actions(parser)}
     for sub_name, sub in subs.items():
-        parts.append(f"### `{sub.prog}`\n\n{helps.get(sub_name) or ''}\n\n{_render_parser(sub, level=4)}")
+        nested = subcommands(sub)
+        body = (_render_subcommands(sub, nested, level + 1) if nested
+                else _render_parser(sub, level=level + 1))
+        parts.append(f"{'#' * level} `{sub.prog}`\n\n{helps.get(sub_name) or ''}\n\n{body}")
     return "\n\n".join(parts)
 
 

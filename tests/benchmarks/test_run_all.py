@@ -78,6 +78,7 @@ def test_gather_writes_one_headline_table_from_the_newest_runs(bench_dir):
     assert "The run before" not in page and "issue" not in page
 
 
+@pytest.mark.slow  # runs git to date each results file
 def test_gather_reads_every_results_file_of_this_checkout(bench_dir):
     """A bench script that changes its table without its headline reader fails here, not on the page."""
     for f in BENCH.glob("*.md"):

@@ -71,6 +71,7 @@ def _journals(dest: Path) -> list[str]:
     return sorted(p.parent.name for p in (dest / "versions").glob("v*/journal.json"))
 
 
+@pytest.mark.slow  # starts writer processes
 def test_second_overwrite_is_refused_while_the_first_holds_the_lease(image_folder: Path, tmp_path: Path,
                                                                        capsys) -> None:
     dest, go = tmp_path / "ds", tmp_path / "go"
@@ -93,6 +94,7 @@ def test_second_overwrite_is_refused_while_the_first_holds_the_lease(image_folde
     assert not (dest / LEASE_NAME).exists()  # released at the end
 
 
+@pytest.mark.slow  # starts writer processes
 @pytest.mark.parametrize("stale", ["dead pid", "old heartbeat"])
 def test_resume_takes_over_the_lease_of_a_killed_writer(image_folder: Path, tmp_path: Path, capsys,
                                                         stale: str) -> None:
@@ -123,6 +125,7 @@ def test_a_lease_without_heartbeat_for_a_minute_expires(image_folder: Path, tmp_
     assert re.search(r"its last heartbeat was 9\d s ago \(over 60 s\)", capsys.readouterr().out)  # (90, 91: slow)
 
 
+@pytest.mark.slow  # starts writer processes
 def test_ctrl_c_releases_the_lease(image_folder: Path, tmp_path: Path) -> None:
     dest, go = tmp_path / "ds", tmp_path / "go"
     first = blocked_writer.start(go, "write", image_folder, dest, "--workers", 1, "--quiet")
@@ -191,6 +194,7 @@ def test_the_heartbeat_refreshes_the_lease(tmp_path: Path) -> None:
         lease.check()
 
 
+@pytest.mark.slow  # starts writer processes
 def test_pid_alive_sees_a_reaped_child_as_gone() -> None:
     from sharding.lease import pid_alive
 

@@ -75,6 +75,7 @@ def test_a_stopped_rank_is_named_and_the_job_exits_within_timeout_plus_shutdown(
     assert "ended by this rank as it exits" in err
 
 
+@pytest.mark.slow  # starts and stops a child process
 def test_kill_ends_a_stopped_process_and_only_that_process():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

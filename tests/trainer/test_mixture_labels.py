@@ -58,6 +58,7 @@ def test_labels_beyond_one_sources_classes_within_its_own_train_and_a_label_outs
     assert "has label 7, but its manifest names 5 labels" in result.stderr
 
 
+@pytest.mark.slow  # runs the trainer in a new interpreter
 def test_label_names_that_differ_are_refused_naming_both_sets(tmp_path):
     a = named_tar(tmp_path, "a", [8], ("bird", "cat", "dog"))
     b = named_tar(tmp_path, "b", [8], ("ant", "bee", "cow"))
