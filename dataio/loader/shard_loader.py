@@ -25,6 +25,7 @@ from dataio.format.manifest import Manifest
 from dataio.loader.collate import HEDGES_KEY, SKIPPED_KEY
 from dataio.loader.config import LoaderConfig, MiB, Source, check_int, window_samples
 from dataio.loader.first_batch import FirstBatch, first_batch_in_main
+from dataio.loader.history import HISTORY_KEY, HistoryKeeper
 from dataio.loader.mixing import (
     OpenSources,
     as_sources,
@@ -231,6 +232,7 @@ class ShardLoader:
         self._active_steps: int | None = None
         self._token = 0  # the iteration in progress (or last started): older generators stop
         self._sampler = _TicketSampler()
+        self.history = HistoryKeeper()  # every pass of the run, for `shardify which` (loader/history.py)
         self._dataloader: torch.utils.data.DataLoader | None = None
         self._threads: ReaderThreads | None = None
         self.uses_threads = config.num_workers > 0 and (
@@ -275,6 +277,7 @@ class ShardLoader:
         """Select the epoch the next iteration delivers; a resumed epoch keeps its position."""
         check_int("epoch", epoch, minimum=0)
         if epoch != self._state.epoch or self._finished:
+            self._record_history(new_pass=True)
             self._state, self._delivered, self._finished = PlanState(epoch=epoch), 0, False
 
     def _position(self) -> PlanState:
@@ -302,6 +305,7 @@ class ShardLoader:
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
         start = self._next_start()
+        self._record_history(new_pass=self._finished)
         self._state, self._delivered, self._finished = start, 0, False
         steps = self._steps_from(start)
         self._token += 1
@@ -415,8 +419,23 @@ class ShardLoader:
     # --- Stateful (torch.distributed.checkpoint) -------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What has been delivered so far, in a form any rank of any topology can load."""
-        return make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
-                          mixture=self.mixture, epoch_complete=self._finished and self._active_steps is None)
+        state = make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
+                           mixture=self.mixture, epoch_complete=self._finished and self._active_steps is None)
+        state[HISTORY_KEY] = self.history.snapshot(position=self._state, delivered=self._delivered,
+                                                   topology=self.topology, fingerprint=self.fingerprint,
+                                                   plan=self.plan_config)
+        return state
+
+    # --- the run's history (loader/history.py) -------------------------------------------------
+    def _record_history(self, *, new_pass: bool) -> None:
+        """Fold the batches delivered since `_state` into the history before the position moves."""
+        self.history.advance(position=self._state, delivered=self._delivered, topology=self.topology,
+                             fingerprint=self.fingerprint, plan=self.plan_config, new_pass=new_pass)
+
+    def load_history(self, state_dict: dict[str, Any]) -> None:
+        """Take only the run's history from a saved state (a checkpoint at an epoch's end, whose
+        position is not resumed); the position stays where it is."""
+        self.history.load(state_dict, self._state, fingerprint=self.fingerprint, plan=self.plan_config)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
@@ -428,6 +447,7 @@ class ShardLoader:
             self._steps_from(state)  # replays the saved progress: refuses positions past the epoch
         except (ValueError, IndexError) as exc:
             raise StateError(f"loader state does not fit this dataset: {exc}") from None
+        self.history.load(state_dict, state, fingerprint=self.fingerprint, plan=self.plan_config)
         self._state, self._delivered, self._finished = state, 0, False
 
     def close(self) -> None:
