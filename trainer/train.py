@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from dataio.loader.which import sidecar_doc
 from dataio.storage.store import RetryPolicy, Store
 from trainer import checkpoint as ckpt_io
 from trainer import comm_hooks, data, runtime
@@ -71,6 +72,8 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | N
     else:
         loader, val_loader = loaders
     loader.set_epoch(0)
+    if hasattr(loader, "history"):  # a ShardLoader: its run history counts optimizer steps (shardify which)
+        loader.history.grad_accum = cfg.grad_accum
     steps_per_epoch = len(loader) // cfg.grad_accum
     if steps_per_epoch < 1:
         raise ValueError(
@@ -157,6 +160,8 @@ def resume(run: Run) -> None:
     run.step, run.epoch, run.last_saved_step = int(ckpt["step"]), int(ckpt["epoch"]), int(ckpt["step"])
     if ckpt["epoch_done"]:
         run.epoch += 1
+        if hasattr(run.loader, "load_history"):  # the position starts afresh, the run's history goes on
+            run.loader.load_history(ckpt["loader"])
     else:
         run.loader.load_state_dict(ckpt["loader"])
     replan(run, ckpt.get("config", {}))
@@ -230,11 +235,28 @@ def save(run: Run, *, epoch_done: bool) -> None:
                               f"{'none' if run.last_saved_step < 0 else f'step {run.last_saved_step}'})")
         else:
             run.checkpoints_stored += 1
+            save_loader_sidecar(run, payload["loader"])
             run.recorder.event({"kind": "checkpoint", "step": run.step, "epoch": run.epoch, "url": url,
                                 "xxh3_128": checksum})
             run.last_saved_step = run.step
     # Rank 0 knows whether the store confirmed it; the gather is also the barrier after the save.
     run.last_saved_step = runtime.gather(run.rt, run.last_saved_step)[0]
+
+
+def save_loader_sidecar(run: Run, loader_state: dict[str, Any]) -> None:
+    """Beside the checkpoint, the loader state as JSON for `shardify which` (rank 0); a failure is warned."""
+    if not hasattr(run.loader, "history"):
+        return  # the synthetic loader: nothing to name
+    opened = run.loader.sources
+    urls = [st.url for st in opened.stores] if opened is not None else [run.loader.store.url]
+    weights = [s.weight for s in run.cfg.sources] if opened is not None else [None]
+    doc = sidecar_doc(step=run.step, epoch=run.epoch, grad_accum=run.cfg.grad_accum,
+                      sources=list(zip(urls, weights)), loader_state=loader_state)
+    try:
+        ckpt_io.save_sidecar(run.store, run.step, doc)
+    except ckpt_io.CheckpointWriteError as exc:
+        run.recorder.warn(f"the loader-state sidecar of step {run.step} was not stored ({exc}); "
+                          "`shardify which` cannot read this checkpoint")
 
 
 def checkpoint_facts(run: Run) -> dict[str, Any]:
