@@ -102,6 +102,8 @@ class LoaderConfig:
     # One label space for every source (loader/labels.py): "same" (names must agree by index),
     # "union" (merged by name, sorted), or a map {source: {name: index}} / {name: index}.
     label_space: str | Mapping[str, Any] = "same"
+    # A mixture's weights over the run (plan/schedule.py Pieces): make_loader(weights=Schedule); None: fixed.
+    mix_schedule: tuple[Any, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "image_size", "shuffle_window", "prefetch_bytes", "max_in_flight",

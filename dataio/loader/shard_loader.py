@@ -42,7 +42,8 @@ from dataio.loader.startup import ShardCheck, agree_on_dataset, fields_to_read, 
 from dataio.loader.state import check_state, make_state
 from dataio.loader.threads import ReaderThreads
 from dataio.loader.worker import BatchDataset, Ticket, WorkerJob
-from dataio.plan.mix import Mixture, delivered_epoch
+from dataio.plan.mix import Mixture
+from dataio.plan.schedule import Schedule
 from dataio.plan.plan import steps_of_total
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.readers.base import sample_url_of
@@ -78,7 +79,7 @@ def make_loader(
     url: str | Sequence[str | Source],
     *,
     batch_size: int,
-    weights: Sequence[float] | None = None,
+    weights: Sequence[float] | Schedule | None = None,
     epoch_samples: int | None = None,
     num_workers: int = 2,
     seed: int = 0,
@@ -124,6 +125,8 @@ def make_loader(
     """
     options = dict(locals())
     del options["url"], options["weights"]
+    if isinstance(weights, Schedule):  # weights that change over the run (plan/schedule.py)
+        options["mix_schedule"], weights = weights.pieces, None
     config = LoaderConfig(**options)
     topology, kv_store = job_topology(config)
     sources = as_sources(url, weights)
@@ -292,8 +295,8 @@ class ShardLoader:
 
     def _steps_from(self, state: PlanState) -> int:
         total, world_size = self._total, self.topology.world_size
-        if self.mixture is not None:  # a mixture's epoch is first rounded down to the global batch
-            total = delivered_epoch(self.mixture, config=self.plan_config, world_size=world_size, state=state).total
+        if self.mixture is not None:  # rounded down to the global batch (per schedule segment)
+            return int(self.mixture.steps_from(config=self.plan_config, world_size=world_size, state=state))
         return int(steps_of_total(total, config=self.plan_config, world_size=world_size, state=state))
 
     def __len__(self) -> int:

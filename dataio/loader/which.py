@@ -26,6 +26,7 @@ from dataio.format.provenance import read_sources
 from dataio.loader.fields import label_field
 from dataio.loader.history import HISTORY_KEY, loads_history, resolved_grad_accum
 from dataio.plan.mix import MixSource, Mixture
+from dataio.plan.schedule import Piece, scheduled
 from dataio.plan.types import Segment
 from dataio.plan.which import batch_ids, locate_ids, locate_step
 from dataio.readers.by_format import make_reader
@@ -133,6 +134,10 @@ def _plan_data(doc: dict[str, Any], stores: list[Store], manifests: list[Manifes
         if s.fingerprint != d.get("fingerprint"):
             raise StateError(f"{st.url}: fingerprint {s.fingerprint}, the run read {d.get('fingerprint')}: the "
                              "source was rewritten since; its samples cannot be named")
+    pieces = (described.get("schedule") or {}).get("pieces")
+    if pieces:  # a scheduled mixture: its segments follow the pieces the run had
+        return scheduled(srcs, [Piece(tuple(p["weights"]), p["samples"]) for p in pieces],
+                         int(described["epoch_samples"]))
     return Mixture(sources=srcs, epoch_samples=int(described["epoch_samples"]))
 
 

@@ -341,6 +341,9 @@ def check_mixture(mixture: Mixture, saved: Mapping) -> None:
             if a.get(what) != b[what]:
                 raise StateError(f"cannot resume: source {i} ({b['name']}) had {what} {a.get(what)!r} when "
                                  f"saved, this mixture has {b[what]!r}; use the saved mixture or start afresh")
+    if "schedule" in saved and "schedule" not in mine:
+        raise StateError("cannot resume: the state was saved by a mixture with a weight schedule, this one has fixed "
+                         "weights; pass the same schedule (pieces after the epoch in progress may change)")
     if saved.get("epoch_samples") != mine["epoch_samples"]:
         raise StateError(f"cannot resume: the mixture's epoch had {saved.get('epoch_samples')!r} samples when "
                          f"saved, this one has {mine['epoch_samples']}; pass the same epoch_samples")

@@ -49,6 +49,21 @@ class Piece:
             raise ValueError(f"a schedule piece lasts an int >= 1 of samples (or None: to the end), got {self.samples!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """Mixture weights over the run, for make_loader(weights=...): pieces, the last one open-ended."""
+
+    pieces: tuple[Piece, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pieces", pieces_checked(self.pieces))
+
+    @classmethod
+    def parse(cls, text: str) -> Schedule:
+        """From text (parse_schedule's syntax), as --mix-schedule takes it."""
+        return cls(parse_schedule(text))
+
+
 def linear_ramp(start: Sequence[float], end: Sequence[float], *, samples: int, num_pieces: int) -> tuple[Piece, ...]:
     """A linear ramp from `start` to `end` weights over `samples`, as num_pieces constant pieces
     (each the ramp's value at its middle); follow it with a piece of `end` to hold there."""
@@ -213,25 +228,36 @@ class ScheduledMixture(Mixture):
             {"weights": list(p.weights), "samples": p.samples} for p in self.pieces]}}
 
     def check_schedule(self, saved: dict, epoch: int) -> list[str]:
-        """StateError when a piece the run used up to the end of `epoch` differs from the saved one;
-        else the changes of later pieces, in words (allowed: they are the future)."""
+        """StateError when the weights of the run's positions up to the end of `epoch` (the past and the
+        epoch in progress) differ from the saved schedule's; else the later changes, in words (allowed)."""
         theirs = (saved.get("schedule") or {}).get("pieces")
         if not isinstance(theirs, list):
             raise StateError("cannot resume: the state was saved by an unscheduled mixture, this one has a weight "
                              "schedule; resume with the same weights (a schedule may start with a fresh run)")
-        mine, horizon, start, notes = self.describe()["schedule"]["pieces"], (epoch + 1) * self.total, 0, []
-        for i in range(max(len(mine), len(theirs))):
-            a = theirs[i] if i < len(theirs) else None
-            b = mine[i] if i < len(mine) else None
-            if a != b and start < horizon:
-                raise StateError(f"cannot resume: schedule piece {i} ran (or runs in epoch {epoch}, which is in "
-                                 f"progress) as {a}, this schedule has {b}; change only pieces that start after "
-                                 f"run position {horizon} (the end of epoch {epoch})")
+        mine, horizon = self.describe()["schedule"]["pieces"], (epoch + 1) * self.total
+        past = [_spans(x, horizon) for x in (theirs, mine)]
+        for i, (a, b) in enumerate(zip(*past)):
             if a != b:
-                notes.append(f"schedule piece {i} from run position {start}: {a} -> {b}")
-            length = (b or a or {}).get("samples")
-            start = math.inf if length is None else start + length
-        return notes
+                raise StateError(f"cannot resume: schedule piece {i} gave run positions {a[0]}..{a[1]} the weights "
+                                 f"{list(a[2])} when saved, this schedule gives {b[0]}..{b[1]} {list(b[2])}; the run "
+                                 f"has used (or uses, in epoch {epoch}) every position below {horizon}: change only "
+                                 "pieces after it")
+        full = [_spans(x, math.inf) for x in (theirs, mine)]
+        return [f"schedule piece {i} from run position {b[0]}: {list(a[2])} until {a[1]} -> {list(b[2])} until {b[1]}"
+                for i, (a, b) in enumerate(zip(*full)) if a != b] + (
+            [f"the schedule now has {len(mine)} pieces (was {len(theirs)})"] if len(mine) != len(theirs) else [])
+
+
+def _spans(pieces: list, horizon: float) -> list[tuple]:
+    """(start, stop, weights) of each described piece, clipped to run positions below `horizon`."""
+    out, start = [], 0
+    for p in pieces:
+        stop = math.inf if p.get("samples") is None else start + p["samples"]
+        if start >= horizon:
+            break
+        out.append((start, min(stop, horizon), tuple(p.get("weights", ()))))
+        start = stop
+    return out
 
 
 def scheduled(sources: Sequence[MixSource], pieces: Sequence[Piece], epoch_samples: int | None = None

@@ -10,6 +10,7 @@ import pytest
 from dataio.errors import StateError
 from dataio.loader.shard_loader import make_loader
 from dataio.loader.which import samples_of_step, sidecar_doc
+from dataio.plan.schedule import Piece, Schedule
 from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
 
@@ -48,14 +49,16 @@ def _train(loaders, steps, grad_accum, recorded, *, epoch):
 
 
 def _doc(url, weights, loaders, recorded, grad_accum):
-    sources = [(url, None)] if isinstance(url, str) else list(zip(url, weights))
+    sources = [(url, None)] if isinstance(url, str) else [(u, None) for u in url]
     return json.loads(sidecar_doc(step=len(recorded), epoch=0, grad_accum=grad_accum, sources=sources,
                                   loader_state=loaders[0].state_dict()))
 
 
-@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("mixed", ["one", "mixture", "schedule"])
 def test_which_names_every_step_of_a_resumed_run(datasets, mixed):
-    url, weights = (list(datasets), [0.7, 0.3]) if mixed else (datasets[0], None)
+    url, weights = (datasets[0], None) if mixed == "one" else (list(datasets), [0.7, 0.3])
+    if mixed == "schedule":  # 40 samples at 0.7/0.3, then 0.2/0.8: the resume falls in the first piece
+        weights = Schedule((Piece((0.7, 0.3), 40), Piece((0.2, 0.8))))
     recorded: dict[int, dict[int, list[str]]] = {}
     first = _loaders(url, 2, weights=weights)
     _train(first, 3, 1, recorded, epoch=0)  # 3 steps at 2 ranks, grad_accum 1
