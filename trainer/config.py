@@ -119,6 +119,7 @@ class TrainConfig:
     # --- labels of the --data sources: one label space (dataio/loader/labels.py) ---
     label_space: str = "same"  # same: names agree by index | union: merged by name, sorted
     label_map: str = ""  # JSON file {source: {name: index}} or {name: index}; empty: none
+    mix_schedule: str = ""  # mixture weights over the run (dataio/plan/schedule.py syntax); empty: fixed weights
 
     def __post_init__(self) -> None:
         positive = ("epochs", "batch_size", "grad_accum", "image_size", "log_every", "keep_checkpoints",
@@ -153,6 +154,8 @@ class TrainConfig:
         object.__setattr__(self, "data", sources[0].url if plain else sources)
         if len(sources) > 1 and any(s.url.startswith("synthetic:") for s in sources):
             raise ValueError("--data synthetic: cannot be mixed with other datasets")
+        if self.mix_schedule:
+            _check_schedule(self.mix_schedule, sources)
         if not self.data:
             raise ValueError("--data is required: a dataset URL made by `shardify`, e.g. --data runs/digits/train")
         if not self.out:
@@ -175,6 +178,16 @@ class TrainConfig:
     @property
     def checkpoint_url(self) -> str:
         return self.checkpoint_dir or f"{self.out.rstrip('/')}/checkpoints"
+
+
+def _check_schedule(text: str, sources: tuple[DataSource, ...]) -> None:
+    """ValueError unless --mix-schedule parses and gives one weight per --data source (two or more)."""
+    from dataio.plan.schedule import parse_schedule
+
+    pieces = parse_schedule(text)
+    if len(sources) < 2 or len(pieces[0].weights) != len(sources):
+        raise ValueError(f"--mix-schedule gives {len(pieces[0].weights)} weights per piece; it needs one per --data "
+                         f"source, and two or more sources (got {len(sources)})")
 
 
 def _check_labels_flags(label_space: str, label_map: str) -> None:
@@ -233,6 +246,10 @@ _HELP = {
     "tensorboard": "directory for TensorBoard scalars of every report interval (needs the tensorboard package)",
     "label_space": "one label space for the --data sources: same (their label names must agree by index; else "
                    "refused) or union (merged by name into the sorted union; each source's labels remapped)",
+    "mix_schedule": "mixture weights that change over the run, by samples since its start (across epochs): "
+                    "'0.7,0.3@1000000; 0.5,0.5' is 0.7/0.3 for the first 1M samples, then 0.5/0.5; a piece "
+                    "FROM~TO@SAMPLES/PIECES ramps linearly in PIECES steps (one weight per --data source, in order; "
+                    "pieces after the epoch in progress may change on resume, earlier ones not)",
     "label_map": "JSON file giving the label space explicitly: {\"SOURCE\": {\"NAME\": INDEX}} (SOURCE: a --data URL "
                  "or the last part of its path) or {\"NAME\": INDEX} for every source",
 }

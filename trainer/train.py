@@ -333,6 +333,9 @@ def train(run: Run) -> None:
         try:
             for done in range(1, steps + 1):
                 rec, loss, keys = train_step(run, batches)
+                shares = data.requested_at(run.loader, run.schedule.samples_seen)
+                if shares is not None:  # a scheduled mixture: the report's requested shares follow it
+                    run.recorder.requested = shares
                 run.recorder.step(rec, loss, keys, lr=run.schedule.lr)
                 if _at_max(run):
                     break

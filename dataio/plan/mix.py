@@ -176,9 +176,11 @@ class Mixture:
         """(sum of shards,) int64: every source's shard sizes, concatenated (global shard order)."""
         return np.concatenate([s.shard_sizes for s in self.sources]).astype(np.int64)
 
-    def plan_worker(self, *, config: PlanConfig, slot: WorkerSlot, state: MixState) -> WorkerPlan:
-        """One worker's windows from the state's position (a scheduled mixture plans its segments)."""
-        return _plan_mix_epoch(self, config=config, slot=slot, state=state)
+    def plan_worker(self, *, config: PlanConfig, slot: WorkerSlot, state: MixState,
+                    orders: dict | None = None) -> WorkerPlan:
+        """One worker's windows from the state's position (a scheduled mixture plans its segments);
+        `orders` caches the sources' pass orders between calls."""
+        return _plan_mix_epoch(self, config=config, slot=slot, state=state, orders={} if orders is None else orders)
 
     def steps_from(self, *, config: PlanConfig, world_size: int, state: PlanState) -> int:
         """Batches every rank delivers from `state` to the epoch's end."""
@@ -372,14 +374,13 @@ def plan_mix_worker(mixture: Mixture, *, config: PlanConfig, slot: WorkerSlot, s
     return mixture.plan_worker(config=config, slot=slot, state=state)
 
 
-def _plan_mix_epoch(mixture: Mixture, *, config: PlanConfig, slot: WorkerSlot, state: MixState) -> WorkerPlan:
+def _plan_mix_epoch(mixture: Mixture, *, config: PlanConfig, slot: WorkerSlot, state: MixState,
+                    orders: dict) -> WorkerPlan:
     """plan_mix_worker of one unscheduled epoch (Mixture.plan_worker)."""
     epoch = state.plan.epoch
     delivered = delivered_epoch(mixture, config=config, world_size=slot.world_size, state=state.plan)
     offsets = np.concatenate([[0], np.cumsum(mixture.shard_sizes)]).astype(np.int64)
     place = np.arange(len(offsets) - 1, dtype=np.int64)  # a window's reads: sources in order, shards too
-
-    orders: dict = {}
 
     def make_window(pos0: np.ndarray, is_pad: np.ndarray) -> Window:
         source, k = delivered.locate(pos0)

@@ -118,6 +118,15 @@ class ScheduledMixture(Mixture):
     pieces: tuple[Piece, ...] = ()
     _segment_cache: dict = field(default_factory=dict, repr=False)
 
+    def shares_at(self, position: int) -> list[float]:
+        """The requested shares (weights / their sum) of the piece holding run position `position`."""
+        start = 0
+        for piece in self.pieces:
+            if piece.samples is None or position < start + piece.samples:
+                break
+            start += piece.samples
+        return [w / sum(piece.weights) for w in piece.weights]
+
     def segments(self, epoch: int) -> list[tuple[int, int]]:
         """(piece, requested length) of each segment of `epoch`, in order."""
         n, out = self.total, []
@@ -210,13 +219,14 @@ class ScheduledMixture(Mixture):
         segment it takes the role of the worker that makes its batches (round robin goes on)."""
         epoch = state.plan.epoch
         index, seg = self.split(state.plan, config)
-        windows, numbers, offset = [], [], 0
+        windows, numbers, offset, orders = [], [], 0, {}  # orders: the sources' pass orders, shared by segments
         for j in range(index, len(self.segments(epoch))):
             sub = seg if j == index else PlanState(epoch=_plan_epoch(epoch, j))
             mix = self.segment(epoch, j)
             worker = slot if j == index else dataclasses.replace(
                 slot, worker_id=(slot.worker_id - offset) % slot.num_workers)
-            plan = Mixture.plan_worker(mix, config=config, slot=worker, state=MixState(plan=sub, mixture={}))
+            plan = Mixture.plan_worker(mix, config=config, slot=worker, state=MixState(plan=sub, mixture={}),
+                                       orders=orders)
             windows += plan.windows
             numbers.append(plan.batch_numbers + offset)
             offset += plan.num_steps

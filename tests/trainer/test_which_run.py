@@ -68,3 +68,22 @@ def test_which_matches_the_recorded_keys_of_every_step_across_a_resume(tmp_path)
     bad = subprocess.run([sys.executable, "-m", "trainer.which", str(out), "--step", "99"], cwd=REPO, env=env_for(),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "step 99 is outside" in bad.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_scheduled_mixture_resumed_at_another_world_size_is_named_step_by_step(tmp_path):
+    a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    write_tar_dataset(Store(str(a)), [40, 32], real_images=True)
+    write_tar_dataset(Store(str(b)), [24, 24], seed=3, real_images=True)
+    args = ["--data", str(a), "--data", str(b), "--num-classes", "10", "--model", "tests.trainer.fakes:sleepy",
+            "--batch-size", "4", "--image-size", "8", "--num-workers", "1", "--log-every", "2", "--out", str(out),
+            "--record-keys", "--dist-timeout-s", "60", "--epochs", "1", "--mix-schedule", "0.8,0.2@48; 0.2,0.8"]
+    ok(run_trainer([*args, "--max-steps", "3"], nproc=2, timeout_s=120))  # 24 samples into the 48 of piece 0
+    ok(run_trainer([*args, "--resume", "auto"], nproc=3, timeout_s=150))
+    recorded = _recorded(out)
+    named: dict[tuple[int, int], list[str]] = {}
+    for step in sorted({s for s, _ in recorded}):
+        named.update(_named(str(out), step))
+    assert named == recorded and len(recorded) > 3 * 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert [round(r["requested"], 2) for r in summary["sources"]] == [0.2, 0.8]  # the piece at the end
