@@ -119,6 +119,8 @@ class TrainConfig:
     # --- labels of the --data sources: one label space (dataio/loader/labels.py) ---
     label_space: str = "same"  # same: names agree by index | union: merged by name, sorted
     label_map: str = ""  # JSON file {source: {name: index}} or {name: index}; empty: none
+    spike_factor: float = 3.0  # a step whose loss exceeds this x the running median is a spike; 0: off
+    spike_sample_losses: bool = False  # keep per-sample losses so a spike names its worst samples
     mix_schedule: str = ""  # mixture weights over the run (dataio/plan/schedule.py syntax); empty: fixed weights
 
     def __post_init__(self) -> None:
@@ -146,6 +148,8 @@ class TrainConfig:
         if self.comm_hook not in COMM_HOOKS and ":" not in self.comm_hook:
             raise ValueError(f"--comm-hook must be one of {COMM_HOOKS} or package.module:function, "
                              f"got {self.comm_hook!r}")
+        if not self.spike_factor >= 0:
+            raise ValueError(f"--spike-factor must be >= 0 (0: off), got {self.spike_factor}")
         if not self.dist_timeout_s > 0:
             raise ValueError("--dist-timeout-s must be > 0")
         _check_labels_flags(self.label_space, self.label_map)
@@ -246,6 +250,11 @@ _HELP = {
     "tensorboard": "directory for TensorBoard scalars of every report interval (needs the tensorboard package)",
     "label_space": "one label space for the --data sources: same (their label names must agree by index; else "
                    "refused) or union (merged by name into the sorted union; each source's labels remapped)",
+    "spike_factor": "a step whose loss on a rank exceeds this many times the running median of that rank's loss "
+                    "(last 200 steps, from step 20) is a spike: listed in the report, metrics.jsonl and spikes.jsonl "
+                    "with its ranks and the keys of its samples, computed from the plan; 0: off",
+    "spike_sample_losses": "also keep each step's per-sample losses, so a spike names its worst samples (a little "
+                           "extra work per step)",
     "mix_schedule": "mixture weights that change over the run, by samples since its start (across epochs): "
                     "'0.7,0.3@1000000; 0.5,0.5' is 0.7/0.3 for the first 1M samples, then 0.5/0.5; a piece "
                     "FROM~TO@SAMPLES/PIECES ramps linearly in PIECES steps (one weight per --data source, in order; "
