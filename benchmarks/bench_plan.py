@@ -51,7 +51,8 @@ CASES = {
     "mix20-resumed": (RESUMED, WorkerSlot(rank=777, world_size=2048, worker_id=2, num_workers=4),
                       "20-source mixture (deadline order), the same 2 prior levels, 2048 ranks x 4 workers"),
     "sched10-fresh": (PlanState(epoch=3), WorkerSlot(rank=1234, world_size=4096, worker_id=3, num_workers=8),
-                      "3-source mixture, 10-piece schedule (10 segments in this epoch), epoch start, 4096 ranks x 8 workers"),
+                      "3-source mixture, 10-piece schedule (10 segments in this epoch), epoch start, "
+                      "4096 ranks x 8 workers"),
     "sched10-resumed": (RESUMED, WorkerSlot(rank=777, world_size=2048, worker_id=2, num_workers=4),
                         "3-source mixture, 10-piece schedule, the same 2 prior levels, now 2048 ranks x 4 workers"),
 }

@@ -43,8 +43,8 @@ from dataio.loader.state import check_state, make_state
 from dataio.loader.threads import ReaderThreads
 from dataio.loader.worker import BatchDataset, Ticket, WorkerJob
 from dataio.plan.mix import Mixture
-from dataio.plan.schedule import Schedule
 from dataio.plan.plan import steps_of_total
+from dataio.plan.schedule import Schedule
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.readers.base import sample_url_of
 from dataio.storage.store import StorageOptions, Store
@@ -429,15 +429,13 @@ class ShardLoader:
                                                    plan=self.plan_config)
         return state
 
-    # --- the run's history (loader/history.py) -------------------------------------------------
     def _record_history(self, *, new_pass: bool) -> None:
-        """Fold the batches delivered since `_state` into the history before the position moves."""
+        """Fold the batches delivered since `_state` into the run's history before the position moves."""
         self.history.advance(position=self._state, delivered=self._delivered, topology=self.topology,
                              fingerprint=self.fingerprint, plan=self.plan_config, new_pass=new_pass)
 
     def load_history(self, state_dict: dict[str, Any]) -> None:
-        """Take only the run's history from a saved state (a checkpoint at an epoch's end, whose
-        position is not resumed); the position stays where it is."""
+        """Take only the run's history from a saved state (an epoch-end checkpoint, not resumed)."""
         self.history.load(state_dict, self._state, fingerprint=self.fingerprint, plan=self.plan_config)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dataio.errors import ManifestError, ShardifyError, StateError
+from dataio.errors import ManifestError, StateError
 from dataio.format.manifest import Manifest, read_manifest
 from dataio.format.provenance import read_sources
 from dataio.loader.fields import label_field
@@ -153,7 +153,8 @@ class _Samples:
         store, manifest, reader = self.stores[source], self.manifests[source], self.readers[source]
         seg = Segment(shard=shard, start=position, stop=position + 1)
         (sample,) = reader.parse(seg, reader.fetch(seg))
-        members = {k: bytes(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, memoryview))}
+        members = {k: bytes(v) for k, v in sample.items()
+                   if not k.startswith("__") and isinstance(v, (bytes, memoryview))}
         return StepSample(rank=rank, micro=micro, key=str(sample["__key__"]), dataset=store.url,
                           shard=manifest.shard_paths[shard], position=position,
                           label=_label(sample.get(label_field(manifest))),
@@ -237,6 +238,3 @@ def run_which(args: argparse.Namespace, storage: StorageOptions | None = None) -
         lines.append(f"exported {sum(not s.is_pad for s in samples)} samples to {export(samples, args.export)}")
     return lines
 
-
-__all__ = ["ShardifyError", "SIDECAR_SUFFIX", "add_which_arguments", "find_sidecar", "run_which",
-           "samples_of_step", "sidecar_doc"]

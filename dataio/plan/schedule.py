@@ -46,7 +46,7 @@ class Piece:
         object.__setattr__(self, "weights", weights)
         if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
                                          or self.samples < 1):
-            raise ValueError(f"a schedule piece lasts an int >= 1 of samples (or None: to the end), got {self.samples!r}")
+            raise ValueError(f"a schedule piece lasts an int >= 1 of samples (None: to the end), got {self.samples!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +99,7 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def pieces_checked(pieces: Sequence[Piece]) -> tuple[Piece, ...]:
-    """The pieces as a tuple: one weight count, only the last open-ended (else one is added? no: refused)."""
+    """The pieces as a tuple; ValueError unless all give as many weights and only the last is open-ended."""
     pieces = tuple(pieces)
     if not pieces or any(not isinstance(p, Piece) for p in pieces):
         raise ValueError(f"a schedule is a non-empty sequence of Piece, got {pieces!r}")

@@ -69,8 +69,8 @@ def test_pieces_deliver_exact_counts_in_time_order_and_continue_source_passes():
 
 
 @settings(max_examples=25, deadline=None)
-@given(cut=st.integers(1, 32), first=st.sampled_from([(2, 1), (2, 3)]), second=st.sampled_from([(3, 1), (3, 2), (1, 4)]),
-       epoch=st.integers(0, 1))
+@given(cut=st.integers(1, 32), first=st.sampled_from([(2, 1), (2, 3)]),
+       second=st.sampled_from([(3, 1), (3, 2), (1, 4)]), epoch=st.integers(0, 1))
 def test_resume_mid_piece_at_another_topology_delivers_the_same_multiset(cut, first, second, epoch):
     # Segment lengths are multiples of 12 (world sizes 1, 2, 3: global batch 2, 4, 6), so only the
     # segment cut by the resume may drop a new tail, under one global batch of the new topology.
