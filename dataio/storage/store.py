@@ -24,6 +24,7 @@ from dataio.storage import s3_ranges
 from dataio.storage.paths import check_relative
 from dataio.storage.redact import redact, split_userinfo, url_secrets
 from dataio.storage.upload import confirm, size_and_md5, upload_parts
+from dataio.storage.forked import keep_in_forked_children
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
     FIRST_REQUEST_DEADLINE_S,
     FIRST_REQUEST_UNREACHABLE_ATTEMPTS,
@@ -108,6 +109,7 @@ class Store:
                     "for s3:// install shardify[s3], for gs:// gcsfs, for http(s):// aiohttp"
                 ) from safe_cause(exc, self.secrets)
             self._root = self._root.rstrip("/")
+            keep_in_forked_children(self._fs)
             if self.protocol in ("s3", "s3a") and s3_ranges.available():
                 self._range_options = options
             if hasattr(self._fs, "retries") and self.protocol in ("s3", "s3a"):
