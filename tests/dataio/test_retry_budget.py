@@ -128,6 +128,18 @@ def test_a_deadline_or_a_count_must_end_the_retries() -> None:
     assert RetryPolicy(deadline_s=None, max_attempts=2).max_attempts == 2
 
 
+def test_the_budget_comes_from_a_flag_or_the_storage_config_and_reaches_every_store(tmp_path) -> None:
+    config = tmp_path / "s3.toml"
+    config.write_text("[s3]\nretry_budget_s = 7.5\n")
+    assert StorageOptions.resolve(config_path=str(config)).retry.deadline_s == 7.5
+    assert StorageOptions.resolve(config_path=str(config), retry_budget_s=3).retry.deadline_s == 3  # the flag wins
+    assert StorageOptions.resolve().retry == RetryPolicy()  # 120 s, no count
+    assert Store("s3://b/p", StorageOptions.resolve(retry_budget_s=3)).child("x").retry.deadline_s == 3
+    config.write_text('[s3]\nretry_budget_s = "soon"\n')
+    with pytest.raises(ValueError, match=r"retry_budget_s in \[s3\] of .*s3.toml.* seconds above 0"):
+        StorageOptions.resolve(config_path=str(config))
+
+
 # --- against SeaweedFS, through the fault proxy ---------------------------------------------------
 
 
