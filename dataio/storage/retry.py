@@ -88,6 +88,8 @@ _TRANSIENT_WORDS = (
     # a flexible checksum): the bytes we hold are right, so sending them again is the fix.
     "baddigest", "did not match what we received", "sha256mismatch", "xamzcontentsha256mismatch",
     "checksum you specified did not match",
+    # 409s that ask for another try: a conflicting operation (or conditional write) in progress.
+    "operationaborted", "conditionalrequestconflict",
 )
 # s3fs turns HTTP 503/SlowDown into OSError(EBUSY), 500/InternalError into OSError(EREMOTEIO), and
 # an error code it does not know into OSError(EIO): a 4xx among those is told apart by _refused.

@@ -18,13 +18,12 @@ from dataclasses import replace
 from typing import Any, BinaryIO, TypeVar
 
 from dataio.errors import ShardFormatError, StorageError
+from dataio.storage.forked import keep_in_forked_children
 from dataio.storage.hedge import Hedger, shared_hedger
 from dataio.storage.options import StorageOptions
 from dataio.storage import s3_ranges
 from dataio.storage.paths import check_relative
 from dataio.storage.redact import redact, split_userinfo, url_secrets
-from dataio.storage.upload import confirm, size_and_md5, upload_parts
-from dataio.storage.forked import keep_in_forked_children
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
     FIRST_REQUEST_DEADLINE_S,
     FIRST_REQUEST_UNREACHABLE_ATTEMPTS,
@@ -35,6 +34,7 @@ from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co.
     safe_cause,
     with_retry,
 )
+from dataio.storage.upload import confirm, size_and_md5, upload_parts
 
 T = TypeVar("T")
 

@@ -116,6 +116,7 @@ def test_4xx_answers_are_permanent_unless_they_say_otherwise() -> None:
 
     assert not is_transient(translated(400, "InvalidTag"))
     assert not is_transient(translated(409, "ObjectLockConflict"))
+    assert is_transient(translated(409, "ConditionalRequestConflict"))  # "retry the request"
     assert is_transient(translated(429, "TooManyRequests"))
     assert is_transient(translated(400, "XAmzContentSHA256Mismatch"))  # the body was damaged on the way
     assert is_transient(translated(503, "SlowDown"))
