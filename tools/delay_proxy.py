@@ -30,6 +30,12 @@ _SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate. (injected by tools.delay_proxy)</Message></Error>"
 )
+# The answers `error_status` can pick: (status line, body). 503 is transient; 403 a refusal no retry fixes.
+_ERRORS = {
+    503: (b"503 Service Unavailable", _SLOWDOWN),
+    403: (b"403 Forbidden", b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+                            b"<Message>Access Denied (injected by tools.delay_proxy)</Message></Error>"),
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,7 +43,8 @@ class Faults:
     """What the proxy does to each request; rates are probabilities per request in [0, 1]."""
 
     delay_s: float = 0.05
-    error_rate: float = 0.0  # answered 503 SlowDown without reaching upstream
+    error_rate: float = 0.0  # answered 503 SlowDown (or error_status) without reaching upstream
+    error_status: int = 503  # 503 SlowDown, or 403 AccessDenied: a store that refuses
     truncate_rate: float = 0.0  # response body cut in half, then the connection closed
     reset_rate: float = 0.0  # connection reset (RST) instead of an answer
     hang_rate: float = 0.0  # request read, never forwarded, never answered (a stuck endpoint)
@@ -53,6 +60,8 @@ class Faults:
             raise ValueError("delay_s must be >= 0")
         if self.error_first < 0:
             raise ValueError("error_first must be >= 0")
+        if self.error_status not in _ERRORS:
+            raise ValueError(f"error_status must be one of {sorted(_ERRORS)}")
         if self.stall_s < 0:
             raise ValueError("stall_s must be >= 0")
         for name in ("error_rate", "truncate_rate", "reset_rate", "hang_rate", "stall_rate", "corrupt_rate"):
@@ -146,6 +155,7 @@ class DelayProxy:
         stall_s: float = 2.0,
         corrupt_rate: float = 0.0,
         error_first: int = 0,
+        error_status: int = 503,
         methods: tuple[str, ...] = ("GET",),
         seed: int = 0,
         port: int = 0,
@@ -156,7 +166,7 @@ class DelayProxy:
         self.upstream = (parts.hostname, parts.port or 80)
         self.faults = Faults(delay_s=delay_s, error_rate=error_rate, truncate_rate=truncate_rate,
                              reset_rate=reset_rate, hang_rate=hang_rate, stall_rate=stall_rate, stall_s=stall_s,
-                             corrupt_rate=corrupt_rate, error_first=error_first,
+                             corrupt_rate=corrupt_rate, error_first=error_first, error_status=error_status,
                              methods=tuple(m.upper() for m in methods), seed=seed)
         self._errors_first = error_first  # how many of the first requests are still to be answered 503
         self.stats = ProxyStats()
@@ -278,9 +288,9 @@ class DelayProxy:
                     return
                 if fault == "error":
                     self.stats.num_errors += 1
-                    body = b"" if request.method == "HEAD" else _SLOWDOWN  # an answer to HEAD has no body
-                    writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\n"
-                                 b"Content-Length: %d\r\n\r\n%s" % (len(_SLOWDOWN), body))
+                    status, body = _ERRORS[self.faults.error_status]
+                    writer.write(b"HTTP/1.1 %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (status, len(body), b"" if request.method == "HEAD" else body))  # HEAD: no body
                     await writer.drain()
                     continue
                 if up is None:
@@ -372,15 +382,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-ms", type=float, default=2000.0, help="how long a stalled request waits")
     parser.add_argument("--corrupt-rate", type=float, default=0.0,
                         help="fraction of request bodies (of --methods) with one byte flipped on the way up")
+    parser.add_argument("--error-status", type=int, default=503, choices=sorted(_ERRORS),
+                        help="the status injected errors get: 503 SlowDown (default) or 403 AccessDenied")
     parser.add_argument("--error-first", type=int, default=0,
-                        help="answer the first N requests (of --methods) 503 SlowDown, then apply the rates")
+                        help="answer the first N requests (of --methods) with the error, then apply the rates")
     parser.add_argument("--methods", default="GET", help="comma-separated methods the faults apply to, e.g. PUT")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     proxy = DelayProxy(args.upstream, args.delay_ms / 1000, error_rate=args.error_rate,
                        truncate_rate=args.truncate_rate, reset_rate=args.reset_rate, hang_rate=args.hang_rate,
                        stall_rate=args.stall_rate, stall_s=args.stall_ms / 1000, corrupt_rate=args.corrupt_rate,
-                       error_first=args.error_first,
+                       error_first=args.error_first, error_status=args.error_status,
                        methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), seed=args.seed,
                        port=args.port)
     with proxy:

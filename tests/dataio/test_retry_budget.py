@@ -186,6 +186,10 @@ def test_permanent_errors_fail_at_once_with_one_request(s3_server) -> None:
             assert proxy.stats.num_requests - before == 1
             assert time.monotonic() - start < 5  # not the 20 s budget
     assert s3_server.secret not in str(info.value)
+    with DelayProxy(s3_server.endpoint_url, 0.0, error_rate=1.0, error_status=403, methods=("PUT",)) as proxy:
+        with pytest.raises(StorageError, match=r"uploading .*AccessDenied|uploading .*Access Denied"):
+            Store(f"s3://{bucket}/p", _through(s3_server, proxy, short)).write_bytes("x", b"x")
+        assert proxy.stats.num_requests == 1  # a store that refuses writes is not asked again
 
 
 @pytest.mark.slow
