@@ -19,7 +19,7 @@ from dataio.errors import ShardifyError
 from dataio.format.manifest import read_manifest
 from dataio.format.manifest_parts import PARTS_THRESHOLD
 from dataio.storage.redact import split_userinfo, url_secrets
-from dataio.storage.store import FIRST_REQUEST_DEADLINE_S, RetryPolicy, StorageOptions, Store, redact
+from dataio.storage.store import FIRST_REQUEST_DEADLINE_S, RetryPolicy, StorageOptions, Store, redact, with_retry
 from sharding.text_cli import add_text_flags, add_tokenizer_parser, tokenizer_command, write_text
 
 
@@ -217,7 +217,8 @@ def _check_reachable(store: Store) -> None:
     bucket = split_userinfo(store.raw_url)[0].split("://", 1)[1].split("/", 1)[0]
     try:
         probe.list()
-        if not probe._retry(lambda: probe.fs.exists(bucket), f"checking bucket {bucket}"):
+        if not with_retry(lambda: probe.fs.exists(bucket), what=f"checking bucket {bucket}", policy=probe.retry,
+                          secrets=probe.secrets):
             raise ShardifyError(f"{store.url}: bucket {bucket!r} does not exist; create it first")
     except ShardifyError as exc:
         raise ShardifyError(
@@ -230,7 +231,7 @@ def _write(args: argparse.Namespace) -> int:
     from sharding.progress import Progress
     from sharding.sources.base import IMAGE_EXT_SET
     from sharding.sources.by_path import open_source
-    from sharding.writer import WriteConfig, write_dataset
+    from sharding.write.writer import WriteConfig, write_dataset
 
     options = _options(args)
     append = args.command == "append"

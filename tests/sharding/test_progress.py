@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from sharding.config import ShardResult
+from sharding.write.config import ShardResult
 from sharding.progress import Progress
 
 
