@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from trainer.cost import describe
+from trainer.scaling.cost import describe
 from trainer.report import STAGE_LABELS
 from trainer.timing import PHASES
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from rich.console import Console
 
-from trainer import cost, runtime
+from trainer import runtime
+from trainer.scaling import cost
 from trainer.config import TrainConfig, config_dict, config_secrets
 from trainer.display import LiveTable, print_summary
 from trainer.redaction import scrub
