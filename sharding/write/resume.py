@@ -26,8 +26,8 @@ from dataio.format.versions import (
     read_journal,
 )
 from dataio.storage.store import Store
-from sharding.write.config import Layout, ShardResult, ShardTask
 from sharding.sources.base import Source, SourceError
+from sharding.write.config import Layout, ShardResult, ShardTask
 
 
 def _result(row: dict[str, Any]) -> ShardResult:

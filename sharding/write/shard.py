@@ -12,9 +12,9 @@ from dataio.format.checksums import dumps_sums, file_row_group_sums, sums_path
 from dataio.format.manifest import checksum_bytes
 from dataio.format.provenance import dumps_sources, sources_path
 from dataio.storage.store import redact
+from sharding.sources.base import RawSample, Ref, Source, extras_json
 from sharding.write.config import ShardResult, ShardTask, WriteConfig, WriteJob, without_used_advice
 from sharding.write.parquet import ParquetShardWriter, parquet_schema
-from sharding.sources.base import RawSample, Ref, Source, extras_json
 from sharding.write.tar import TarShardWriter
 from sharding.write.tokens import write_token_shard
 

@@ -29,9 +29,9 @@ from dataio.format.tokens import (
     token_sums_path,
 )
 from dataio.storage.store import redact
-from sharding.write.config import ShardResult, ShardTask, TokenOptions, WriteConfig, WriteJob
 from sharding.sources.base import RawSample, Ref, Source, SourceError
 from sharding.sources.text import TextSource, sample_texts
+from sharding.write.config import ShardResult, ShardTask, TokenOptions, WriteConfig, WriteJob
 from sharding.write.tokenizer import Tokenizer, as_token_array, bytes_per_token, load_tokenizer
 
 ENCODE_BATCH = 256  # documents per encode_batch call: enough for the tokenizer's threads, little memory

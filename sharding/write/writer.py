@@ -1,8 +1,9 @@
 """`shardify write`: plan which samples go to which shard, write shards in parallel, publish the manifest last.
 
-The plan (a list of sample runs, one per shard) is computed in the parent from the scanned refs
-and the seed alone, so the output is the same for any number of workers. Each worker writes
-whole shards, each published atomically and confirmed by the store (`Store.open_atomic`). A
+The plan (one ShardTask per shard, sharding/write/plan.py) is computed in the parent from the
+scanned refs and the seed alone, so the output is the same for any number of workers. Each
+worker (a local process or a Ray task) gets the WriteJob once and writes whole shards, each
+published atomically and confirmed by the store (`Store.open_atomic`). A
 write is a new version of the dataset (`dataio.format.versions`): its shards go beside the old
 version's, a journal records each one confirmed, and the manifest, last, replaces the old one
 atomically, so at any moment — even after kill -9 — the prefix holds the complete old dataset or
@@ -34,8 +35,9 @@ from dataio.format.versions import (
     write_head,
 )
 from dataio.storage.store import Store, redact
-from sharding.write.config import ProgressSink, ShardResult, ShardTask, WriteConfig, WriteJob, layout_of
+from sharding.sources.base import Source, SourceError
 from sharding.write.collect import collect
+from sharding.write.config import ProgressSink, ShardResult, ShardTask, WriteConfig, WriteJob, layout_of
 from sharding.write.lease import Lease
 from sharding.write.parallel import run_parallel
 from sharding.write.plan import default_prefixes, plan_shards, shard_tasks
@@ -48,7 +50,6 @@ from sharding.write.resume import (
     resume_point,
 )
 from sharding.write.shard import shard_files, write_shard
-from sharding.sources.base import Source, SourceError
 from sharding.write.tokens import appended_token_manifest, check_token_append, dropped_counts, token_manifest
 
 __all__ = ["WriteConfig", "WriteReport", "prepare_destination", "write_dataset"]
@@ -145,7 +146,7 @@ class WriteReport:
 
 
 class _Journaled:
-    """The progress sink of a write, also recording every confirmed shard in the journal.
+    """The progress sink of a write, also recording every confirmed shard in the journal it builds.
 
     Local shards are written without an fsync each (the workers' time); this process fsyncs each
     one's files and directory in a thread as its result arrives (beside the workers' writing),

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from dataio.storage.store import Store
-from sharding.write.config import WriteConfig
 from sharding.progress import Progress
 from sharding.sources.by_path import open_source
+from sharding.write.config import WriteConfig
 from sharding.write.writer import write_dataset
 from tests.sharding.conftest import run
 

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from trainer import comm_hooks
-from trainer.scaling import cost, predict
 from trainer.config import parse_config
+from trainer.scaling import cost, predict
 from trainer.scaling.predict import Link, Measured
 
 
