@@ -15,7 +15,7 @@ from PIL import Image
 from dataio.format.manifest import read_manifest
 from dataio.format.tar_index import build_index, parse_index
 from dataio.storage.store import Store
-from sharding.cli import parse_size
+from sharding.flags import parse_size
 from tests.sharding.conftest import CLASSES, manifest_of, run
 
 
