@@ -95,7 +95,6 @@ class Store(ConditionalWrites):
             from fsspec.core import url_to_fs
 
             self._fs_pid = os.getpid()
-
             url, options = self.raw_url, self.options
             if self.protocol in ("s3", "s3a"):
                 # s3://KEY:SECRET@bucket/... means those credentials (flags still win).
@@ -119,10 +118,15 @@ class Store(ConditionalWrites):
                 self._fs.retries = 1
         return self._fs
 
+    @property
+    def root(self) -> str:
+        """The filesystem path of the prefix itself (a local folder, or bucket/key on a store)."""
+        return self.fs and self._root  # fs resolves the root
+
     def path(self, rel: str) -> str:
         """The filesystem path of `rel` below the prefix (checked to stay inside it)."""
-        self.fs  # noqa: B018 - resolves the root
-        return f"{self._root}/{check_relative(rel)}" if self._root else check_relative(rel)
+        root = self.root
+        return f"{root}/{check_relative(rel)}" if root else check_relative(rel)
 
     def url_of(self, rel: str) -> str:
         """Redacted URL of `rel`, for messages."""
@@ -219,12 +223,12 @@ class Store(ConditionalWrites):
 
     def prefix_exists(self) -> bool:
         """True if the prefix itself exists (a directory, or any object below it on a store)."""
-        root = self.fs and self._root
+        root = self.root
         return bool(self._retry(lambda: self.fs.exists(root), f"checking {self.url}"))
 
     def list(self) -> list[str]:
         """Relative names of every file below the prefix (recursive); empty if the prefix is absent."""
-        root = self.fs and self._root
+        root = self.root
 
         def once() -> list[str]:
             try:
@@ -238,7 +242,7 @@ class Store(ConditionalWrites):
 
     def list_info(self) -> list[tuple[str, int, float]]:
         """(relative name, size, modification time in epoch seconds) of every file below the prefix."""
-        root = self.fs and self._root
+        root = self.root
 
         def once() -> list[tuple[str, int, float]]:
             try:
@@ -255,7 +259,7 @@ class Store(ConditionalWrites):
         """Abort the S3 multipart uploads below the prefix started more than `older_than_s` ago; their keys."""
         if self.protocol not in ("s3", "s3a"):
             return []
-        bucket, _, key_prefix = (self.fs and self._root).partition("/")
+        bucket, _, key_prefix = self.root.partition("/")
         now = time.time()
         aborted = []
         resp = self._retry(lambda: self.fs.call_s3("list_multipart_uploads", Bucket=bucket,
@@ -384,7 +388,3 @@ def _fsync_directory(directory: str) -> None:
         finally:
             os.close(fd)
 
-
-def with_options(store: Store, **changes: Any) -> Store:
-    """A copy of `store` with some StorageOptions fields changed."""
-    return Store(store.raw_url, replace(store.options, **changes), store.retry)

@@ -142,7 +142,7 @@ def test_trainer_reports_failed_checkpoints_keeps_training_and_records_none(s3_s
 def test_write_dataset_through_hanging_puts_fails_and_publishes_nothing(s3_server, image_folder: Path) -> None:
     from sharding.progress import Progress
     from sharding.sources.by_path import open_source
-    from sharding.writer import WriteConfig, write_dataset
+    from sharding.write.writer import WriteConfig, write_dataset
 
     url = f"s3://{s3_server.new_bucket()}/ds"
     source = open_source(str(image_folder))
