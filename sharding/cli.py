@@ -19,7 +19,7 @@ from dataio.errors import ShardifyError
 from dataio.format.manifest import read_manifest
 from dataio.format.manifest_parts import PARTS_THRESHOLD
 from dataio.storage.redact import split_userinfo, url_secrets
-from dataio.storage.store import FIRST_REQUEST_DEADLINE_S, RetryPolicy, StorageOptions, Store, redact
+from dataio.storage.store import StorageOptions, Store, redact
 from sharding.text_cli import add_text_flags, add_tokenizer_parser, tokenizer_command, write_text
 
 
@@ -93,6 +93,9 @@ def _storage_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--secret-key", help="S3 secret access key")
     g.add_argument("--region", help="S3 region")
     g.add_argument("--storage-config", metavar="TOML", help="a TOML file with an [s3] table of the same keys")
+    g.add_argument("--retry-budget", type=_positive_seconds, metavar="SECONDS",
+                   help="how long each storage request may retry transient errors (503, resets, timeouts) "
+                        "in all, with backoff (default 120; the first request: at most 30)")
 
 
 def _sample_flags(p: argparse.ArgumentParser) -> None:
@@ -201,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _options(args: argparse.Namespace) -> StorageOptions:
     return StorageOptions.resolve(
         endpoint_url=args.endpoint_url, key=args.access_key, secret=args.secret_key, region=args.region,
-        config_path=args.storage_config, env=os.environ,
+        config_path=args.storage_config, env=os.environ, retry_budget_s=args.retry_budget,
     )
 
 
@@ -211,9 +214,8 @@ def _check_reachable(store: Store) -> None:
         return
     options = replace(store.options, connect_timeout_s=min(store.options.connect_timeout_s, 3.0))
     # One budget over every try of the probe: a stuck endpoint (accepts, never answers) fails
-    # within FIRST_REQUEST_DEADLINE_S (30 s).
-    probe = Store(store.raw_url, options, RetryPolicy(max_attempts=3, base_delay_s=0.2, max_delay_s=0.5,
-                                                      deadline_s=FIRST_REQUEST_DEADLINE_S))
+    # within FIRST_REQUEST_DEADLINE_S (30 s), a refused connection after a few tries.
+    probe = Store(store.raw_url, options, store.retry).first_request()
     bucket = split_userinfo(store.raw_url)[0].split("://", 1)[1].split("/", 1)[0]
     try:
         probe.list()
