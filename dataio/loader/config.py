@@ -85,7 +85,7 @@ class LoaderConfig:
     startup_timeout_s: float = 300.0  # how long ranks wait for each other to open the dataset
     dali_threads: int = 2
     epoch_samples: int | None = None  # a mixture's epoch (None: the sum of its sources' sizes)
-    # RAW bytes packed into reused slabs (dataio/loader/slabs.py): a batch's PackedBytes stay valid
+    # RAW bytes packed into reused slabs (dataio/stream/slabs.py): a batch's PackedBytes stay valid
     # until the caller asks for the next batch; False: fresh tensors the caller may keep.
     reuse_buffers: bool = False
     # Who runs the num_workers plan workers: "threads" (reader threads in this process, RAW only),

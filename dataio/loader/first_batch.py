@@ -26,8 +26,10 @@ from typing import Any
 import torch
 
 from dataio.loader.config import LoaderConfig
-from dataio.loader.worker import BatchDataset, WorkerJob, WorkerStream
 from dataio.plan.types import PlanState
+from dataio.stream.decoded import WorkerStream
+from dataio.stream.job import WorkerJob
+from dataio.stream.worker import BatchDataset
 
 
 def first_batch_in_main(config: LoaderConfig, *, uses_threads: bool) -> bool:
@@ -102,7 +104,7 @@ class FirstBatch:
     def _open(self, state: PlanState) -> WorkerStream | None:
         if self._state != state:
             self.close()
-            stream = WorkerStream(self._dataset, 0, state, batches=(0, 1))
+            stream = WorkerStream(self._dataset.opened, 0, state, batches=(0, 1))
             if stream.reads_only_its_batches:
                 self._stream = stream
             else:

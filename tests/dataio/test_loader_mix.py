@@ -11,7 +11,7 @@ import torch
 
 from dataio import CorruptSampleError, ManifestError, Source, StateError, make_loader
 from dataio.format.manifest import Field, read_manifest, write_manifest
-from dataio.loader.raw import raw_fast_path
+from dataio.stream.raw import raw_fast_path
 from dataio.storage.store import Store
 from tests.dataio.loader_helpers import batch_summary, take
 from tests.dataio.resume_harness import (
@@ -64,7 +64,7 @@ def test_one_url_in_a_list_is_the_plain_case(sources) -> None:
     tar, _ = sources
     options = {"batch_size": 4, "num_workers": 0, "decode": None, "shuffle_window": 8}
     with make_loader([tar], **options) as listed, make_loader(tar, **options) as plain:
-        assert listed.mixture is None
+        assert listed.mixture.single
         a, b = list(listed), list(plain)
     assert [x["__key__"] for x in a] == [x["__key__"] for x in b] and "source" not in a[0]
 
@@ -233,7 +233,7 @@ def test_one_window_and_one_prefetch_budget_for_all_sources(sources) -> None:
         assert loader.plan_config.shuffle_window == int(budget // mean)
         job = loader._worker_job()
         assert job.prefetch_bytes == loader.config.prefetch_bytes  # one budget, whatever the sources
-        assert [m.num_samples for _, m, _ in job.sources] == [48, 16]
+        assert [d.manifest.num_samples for d in job.datasets] == [48, 16]
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +262,7 @@ def raw_summaries(urls: list, epochs: int = 2, **options) -> list[list[tuple]]:
     dict(batch_size=3, shuffle_window=5, num_workers=2, worker_mode="processes", tail="pad"),
 ])
 def test_raw_tar_mixture_takes_the_fast_path_with_the_general_paths_batches(tar_sources, options) -> None:
-    """RAW over tar sources reads windows into buffers (loader/raw.py) as for one dataset: the same
+    """RAW over tar sources reads windows into buffers (stream/raw.py) as for one dataset: the same
     batches as the general path (sample dicts), the source index and positions included."""
     a, b = tar_sources
     urls = [Source(a, weight=3.0), Source(b, repeat=2.0)]  # b upsampled: two passes an epoch
