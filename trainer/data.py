@@ -139,8 +139,9 @@ def check_labels(batch: dict[str, Any], num_classes: int, loader: TrainLoader | 
     if not bool(bad.any()):
         return
     i = int(bad.nonzero()[0, 0])
+    where = loader.where(batch, i) if loader is not None else ""
     raise ValueError(
-        f"sample {batch['__key__'][i]!r}{loader.where(batch, i) if loader is not None else ''} has label {int(labels[i])}, outside the "
+        f"sample {batch['__key__'][i]!r}{where} has label {int(labels[i])}, outside the "
         f"model's {num_classes} classes (0..{num_classes - 1}); fix --num-classes or the dataset's labels"
     )
 

@@ -58,7 +58,7 @@ def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | None = None) -> Run:
+def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, TrainLoader | None] | None = None) -> Run:
     """Open loaders (or take `loaders` = (train, val or None)), build model/optimizer/schedule and
     resume; raises on bad config. No collectives here: ranks agree it worked first, then `wrap`."""
     if cfg.num_threads:

@@ -32,11 +32,11 @@ from dataio.stream.job import WorkerJob
 from dataio.stream.worker import BatchDataset
 
 
-def first_batch_in_main(config: LoaderConfig, *, uses_threads: bool) -> bool:
+def first_batch_in_main(config: LoaderConfig, *, uses_threads: bool, num_workers: int) -> bool:
     """Whether the main process makes each iteration's first batch: early_start with worker
     processes decoding on the CPU, and no hook (transform, collate) or slab that lives in a worker."""
     c = config
-    return (c.early_start and c.num_workers > 0 and not uses_threads and c.decode == "cpu"
+    return (c.early_start and num_workers > 0 and not uses_threads and c.decode == "cpu"
             and c.transform is None and c.collate is None and not c.reuse_buffers)
 
 

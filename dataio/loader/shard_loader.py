@@ -65,16 +65,16 @@ class ShardLoader:
 
     Iterating again without set_epoch repeats a finished epoch, or continues one left early;
     set_epoch(e) with the epoch of a loaded state keeps its position, any other epoch starts fresh.
-    `make_loader` builds one; `topology` (plan workers: max(1, config.num_workers)) and the
-    start-up agreement's `kv_store` (None: this rank opens the dataset alone) are arguments here.
+    `make_loader` builds one; the `topology` (its plan workers read in worker processes or reader
+    threads, or with `in_process` in this process: num_workers=0) and the start-up agreement's
+    `kv_store` (None: this rank opens the dataset alone) are arguments here.
     """
 
     def __init__(self, url: str | Sequence[str | Source], config: LoaderConfig, *, topology: Topology,
-                 kv_store: Any = None) -> None:
-        if topology.num_workers != max(1, config.num_workers):
-            raise ValueError(f"topology plans {topology.num_workers} workers but num_workers is {config.num_workers}")
-        if config.world_size is not None and (config.rank, config.world_size) != (topology.rank, topology.world_size):
-            raise ValueError(f"topology {topology} differs from the config's rank and world_size")
+                 in_process: bool = False, kv_store: Any = None) -> None:
+        if in_process and topology.num_workers != 1:
+            raise ValueError(f"an in-process loader plans 1 worker, not {topology.num_workers}")
+        self.num_workers = 0 if in_process else topology.num_workers  # worker processes or reader threads
         self.config = config
         self.topology = topology
         sources = as_sources(url, None)  # one dataset: a mixture of one
@@ -116,17 +116,18 @@ class ShardLoader:
         self._sampler = TicketSampler()
         self._dataloader: torch.utils.data.DataLoader | None = None
         self._threads: ReaderThreads | None = None
-        self.uses_threads = config.num_workers > 0 and (
+        self.uses_threads = self.num_workers > 0 and (
             config.worker_mode == "threads" or (config.worker_mode == "auto" and raw_fast_path(self._worker_job())))
         # Worker processes' slabs stay mapped in this process while it holds them (slabs.py).
-        self._slab_keeper = (SlabKeeper(max_storages=4 * max(1, config.num_workers) * (config.prefetch_factor + 2))
+        self._slab_keeper = (SlabKeeper(max_storages=4 * max(1, self.num_workers) * (config.prefetch_factor + 2))
                              if config.reuse_buffers and not self.uses_threads else None)
         self._dali: Any = None
-        self._first = (FirstBatch(self._worker_job(), num_threads=min(config.num_workers, os.cpu_count() or 1))
-                       if first_batch_in_main(config, uses_threads=self.uses_threads) else None)
-        if config.early_start and config.num_workers > 0 and not self.uses_threads:
+        in_main = first_batch_in_main(config, uses_threads=self.uses_threads, num_workers=self.num_workers)
+        self._first = (FirstBatch(self._worker_job(), num_threads=min(self.num_workers, os.cpu_count() or 1))
+                       if in_main else None)
+        if config.early_start and self.num_workers > 0 and not self.uses_threads:
             self._start_workers()
-        elif config.early_start and config.num_workers == 0:
+        elif config.early_start and self.num_workers == 0:
             # RAW in this process: the first window's indexes and layout are made in a thread while
             # the caller goes on (worker.py bet_in_process).
             self._get_dataloader().dataset.bet_in_process(self._next_start())
@@ -136,7 +137,7 @@ class ShardLoader:
         first iteration will probably start and reads its first window, then waits for tickets."""
         start = self._next_start()
         head = self._first.head(start) if self._first is not None else 0
-        self._sampler.warm(start, head, self.config.num_workers)
+        self._sampler.warm(start, head, self.num_workers)
         iter(self._get_dataloader())  # starts the persistent workers and sends them the warm tickets
         if self._first is not None:
             self._first.warm_up(start)  # threads only after the fork
@@ -198,7 +199,7 @@ class ShardLoader:
         if self.uses_threads:
             if self._threads is None:
                 c = self.config
-                self._threads = ReaderThreads(self._worker_job(), num_workers=c.num_workers,
+                self._threads = ReaderThreads(self._worker_job(), num_workers=self.num_workers,
                                               prefetch_factor=c.prefetch_factor, pin_memory=c.pin_memory)
             sampler = self._sampler
             batches = self._threads.iterate(self._token, start, steps, lambda: sampler.released_below)
@@ -245,12 +246,12 @@ class ShardLoader:
                 batches.close()  # stops DALI's queue (or the DataLoader iterator) of this iteration
             if token == self._token:
                 self._active_steps = None
-            if self.config.num_workers == 0 and self._dataloader is not None:
+            if self.num_workers == 0 and self._dataloader is not None:
                 self._dataloader.dataset.close()  # in-process streams: stop their prefetch threads
 
     def _get_dataloader(self) -> torch.utils.data.DataLoader:
         if self._dataloader is None:
-            workers = self.config.num_workers
+            workers = self.num_workers
             self._dataloader = torch.utils.data.DataLoader(
                 BatchDataset(self._worker_job()),
                 batch_size=None,
