@@ -83,7 +83,9 @@ class LoaderConfig:
     prefetch_factor: int = 2  # batches ready per worker process (DataLoader's queue); reader threads: in all
     startup_timeout_s: float = 300.0  # how long ranks wait for each other to open the dataset
     dali_threads: int = 2
-    epoch_samples: int | None = None  # a mixture's epoch (None: the sum of its sources' sizes)
+    # The epoch's samples (None: the sum of the sources' sizes); one dataset given another size is
+    # resampled as a mixture of one (plan/mix.py).
+    epoch_samples: int | None = None
     # RAW bytes packed into reused slabs (dataio/stream/slabs.py): a batch's PackedBytes stay valid
     # until the caller asks for the next batch; False: fresh tensors the caller may keep.
     reuse_buffers: bool = False

@@ -90,23 +90,7 @@ class ShardLoader:
             )
         else:
             opened = opener()[0]
-        self.opened: OpenSources = opened
-        self.mixture = opened.mixture  # Mixture.single: one dataset
-        self.store, self.manifest = opened.stores[0], opened.manifests[0]  # the first source's
-        self.fingerprint = opened.fingerprint
-        self._fields = batch_fields(opened, config)
-        self.image_fields = self._fields.image_fields
-        self.labels = label_space_of(sources, opened, config)  # labels checked, mapped per source
-        self.label_names = self.labels.names  # the batches' label names (None: the data names none)
-        self.num_classes = len(self.label_names) if self.label_names else None
-        self.facts: DatasetFacts = dataset_facts(opened, self.labels)  # what a trainer reads (protocol.py)
-        if config.verify_checksums and topology.rank == 0:
-            note_unverified(opened.stores, opened.manifests)
-        self.plan_config = PlanConfig(
-            seed=config.seed, batch_size=config.batch_size, tail=config.tail, shuffle=config.shuffle,
-            shuffle_window=mixed_window_samples(opened, config),
-        )
-        self._shard_check = ShardCheck(list(zip(opened.stores, opened.manifests)), enabled=config.check_shards)
+        self._adopt(opened, sources)
         self.stats = LoaderStats()
         self._state = PlanState(epoch=0)  # where the current (or next) iteration starts
         self._delivered = 0  # batches handed to the caller since `_state`
@@ -131,6 +115,27 @@ class ShardLoader:
             # RAW in this process: the first window's indexes and layout are made in a thread while
             # the caller goes on (worker.py bet_in_process).
             self._get_dataloader().dataset.bet_in_process(self._next_start())
+
+    def _adopt(self, opened: OpenSources, sources: list[Source]) -> None:
+        """What the opened sources fix: fields, labels, facts and the plan's settings."""
+        config = self.config
+        self.opened = opened
+        self.mixture = opened.mixture  # Mixture.single: one dataset
+        self.store, self.manifest = opened.stores[0], opened.manifests[0]  # the first source's
+        self.fingerprint = opened.fingerprint
+        self._fields = batch_fields(opened, config)
+        self.image_fields = self._fields.image_fields
+        self.labels = label_space_of(sources, opened, config)  # labels checked, mapped per source
+        self.label_names = self.labels.names  # the batches' label names (None: the data names none)
+        self.num_classes = len(self.label_names) if self.label_names else None
+        self.facts: DatasetFacts = dataset_facts(opened, self.labels)  # what a trainer reads (protocol.py)
+        if config.verify_checksums and self.topology.rank == 0:
+            note_unverified(opened.stores, opened.manifests)
+        self.plan_config = PlanConfig(
+            seed=config.seed, batch_size=config.batch_size, tail=config.tail, shuffle=config.shuffle,
+            shuffle_window=mixed_window_samples(opened, config),
+        )
+        self._shard_check = ShardCheck(list(zip(opened.stores, opened.manifests)), enabled=config.check_shards)
 
     def _start_workers(self) -> None:
         """Fork (or spawn) the worker processes now: each opens its slot's stream from where the

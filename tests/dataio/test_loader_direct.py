@@ -16,7 +16,7 @@ import pytest
 from dataio import make_loader
 from dataio.errors import ShardFormatError
 from dataio.format.manifest import read_manifest
-from dataio.stream.raw import RawIo
+from dataio.stream.raw_io import RawIo
 from dataio.readers.by_format import make_reader
 from dataio.storage.store import Store
 from tests.dataio.loader_helpers import SIZES, TOTAL, batch_summary

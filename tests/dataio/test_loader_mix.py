@@ -11,8 +11,8 @@ import torch
 
 from dataio import CorruptSampleError, ManifestError, Source, StateError, make_loader
 from dataio.format.manifest import Field, read_manifest, write_manifest
-from dataio.stream.raw import raw_fast_path
 from dataio.storage.store import Store
+from dataio.stream.raw import raw_fast_path
 from tests.dataio.loader_helpers import batch_summary, take
 from tests.dataio.resume_harness import (
     check_resume,
@@ -369,3 +369,16 @@ def test_label_space_lookup_in_one_batch() -> None:
     assert space.apply(dict(batch))["label"].tolist()[:5] == [1, 0, -1, 2, 0]
     with pytest.raises(CorruptSampleError, match=r"y: sample 'y' of source 2 \(y\) has label 1, but the label map"):
         space.apply({**batch, "label": torch.tensor([0, 1, -1, 0, 1, 0]), "mask": torch.ones(6, dtype=torch.bool)})
+
+
+def test_one_dataset_is_a_mixture_of_one(dataset) -> None:
+    """One URL: the single-dataset plan, batches and state (no 'source', no 'mixture'); given another
+    epoch size it is resampled as a real mixture of one."""
+    with make_loader(dataset, batch_size=4, num_workers=0, decode=None) as loader:
+        assert loader.mixture.single and not loader.facts.mixed
+        batch = next(iter(loader))
+        assert "source" not in batch and "mixture" not in loader.state_dict()
+    with make_loader(dataset, batch_size=4, num_workers=0, decode=None, epoch_samples=20) as loader:
+        assert not loader.mixture.single and len(loader) == 5
+        batches = list(loader)
+        assert all(b["source"].tolist() == [0] * 4 for b in batches) and "mixture" in loader.state_dict()
