@@ -14,9 +14,9 @@ Local shards without a disk cache take no window buffer at all: windows are only
 in the shards, each sample's checksummed span) and each batch is read straight into its own
 tensors (raw_direct.py); a lone stream lays out its next window in an I/O thread.
 
-Buffers (object storage, a disk cache): RawIo hands out one window buffer per stream for the window it serves, plus `spares`
-shared by the whole process for reading the next window ahead (the prefetch budget, shared by the
-reader threads of a process, not per stream). Buffers are reused, so their pages fault once.
+Buffers (object storage, a disk cache) come from the process's RawIo (raw_io.py): one window buffer
+per stream for the window it serves, plus `spares` shared by the whole process for reading the next
+window ahead. Buffers are reused, so their pages fault once.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """What runs inside one DataLoader worker: its own plan, its own storage client, whole batches out.
 
 The main process hands each worker small tickets ("batch k of iteration t, starting from plan
-state S"); the worker computes its plan for its WorkerSlot (WorkerJob.plan: no shared memory, no locks:
-every worker can compute its own) and runs its slot's stream: decoded.py (sample dicts) or
-raw.py (RAW tar bytes), whole batches per the contract in dataio/batch.py. Everything here is picklable, so the
-`spawn` start method works: the Store opens its fsspec client lazily inside the worker.
+state S"); the worker computes its plan for its WorkerSlot (WorkerJob.plan: no shared memory, no
+locks: every worker can compute its own) and runs its slot's stream: decoded.py (sample dicts)
+or raw.py (RAW tar bytes), whole batches per the contract in dataio/batch.py. Everything here is
+picklable, so the `spawn` start method works: the Store opens its fsspec client lazily inside
+the worker.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from dataio.stream.job import OpenJob, Ticket, WorkerJob
 from dataio.stream.raw import RawStream, all_local, raw_fast_path
 from dataio.stream.raw_io import RawIo, process_io
 from dataio.stream.slabs import SlabRing
-
 
 _MALLOC_TUNED = False
 
