@@ -23,7 +23,6 @@ import numpy as np
 from dataio.errors import ManifestError, StateError
 from dataio.format.manifest import Manifest, read_manifest
 from dataio.format.provenance import read_sources
-from dataio.loader.fields import label_field
 from dataio.loader.history import HISTORY_KEY, loads_history, resolved_grad_accum
 from dataio.plan.mix import MixSource, Mixture
 from dataio.plan.schedule import Piece, scheduled
@@ -31,6 +30,7 @@ from dataio.plan.types import Segment
 from dataio.plan.which import batch_ids, locate_ids, locate_step
 from dataio.readers.by_format import make_reader
 from dataio.storage.store import StorageOptions, Store
+from dataio.stream.fields import label_field
 
 SIDECAR_SUFFIX = ".loader-state.json"
 SIDECAR_VERSION = 1

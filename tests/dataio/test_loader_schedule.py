@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from dataio.errors import StateError
-from dataio.loader.shard_loader import make_loader
+from dataio.loader.make import make_loader
 from dataio.plan.schedule import Piece, Schedule
 from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dataio.errors import StateError
-from dataio.loader.shard_loader import make_loader
+from dataio.loader.make import make_loader
 from dataio.loader.which import samples_of_step, sidecar_doc
 from dataio.plan.schedule import Piece, Schedule
 from dataio.storage.store import Store

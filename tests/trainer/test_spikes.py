@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from dataio.loader.shard_loader import make_loader
+from dataio.loader.make import make_loader
 from dataio.plan.which import batch_ids
 from dataio.storage.store import Store
 from tests.trainer.test_tabular import FEATURES, write_table_dataset
