@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from dataio.storage.options import StorageOptions
+from typing import Any
 
 GCS_PROTOCOLS = ("gs", "gcs")
 AZURE_PROTOCOLS = ("az", "abfs", "abfss")
@@ -49,8 +46,9 @@ def env_fields(env: Mapping[str, str]) -> dict[str, Any]:
     return {field: env[name] for field, name in names.items() if env.get(name)}
 
 
-def fsspec_kwargs(options: StorageOptions, protocol: str) -> dict[str, Any]:
-    """gcsfs / adlfs keyword arguments for `options` ({} for other protocols)."""
+def fsspec_kwargs(options: Any, protocol: str) -> dict[str, Any]:
+    """gcsfs / adlfs keyword arguments for `options` (a StorageOptions; typed Any: options.py imports
+    this module); {} for other protocols."""
     if protocol in GCS_PROTOCOLS:
         kwargs: dict[str, Any] = {"requests_timeout": options.read_timeout_s}
         if options.gcs_endpoint_url:

@@ -133,16 +133,17 @@ class StorageOptions:
             clouds["gcs_endpoint_url"] = gcs_endpoint_url
         if clouds.get("gcs_endpoint_url") and "://" not in clouds["gcs_endpoint_url"]:
             clouds["gcs_endpoint_url"] = "http://" + clouds["gcs_endpoint_url"]  # STORAGE_EMULATOR_HOST form
-        budget = pick(retry_budget_s, "retry_budget_s")
+        budget, budget_table = pick(retry_budget_s, "retry_budget_s"), "s3"
         for table in ("gcs", "azure"):
-            budget = tables.get(table, {}).get("retry_budget_s") if budget is None else budget
+            if budget is None and tables.get(table, {}).get("retry_budget_s") is not None:
+                budget, budget_table = tables[table]["retry_budget_s"], table
         return cls(
             endpoint_url=pick(endpoint_url, "endpoint_url", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
             key=pick(key, "key", "AWS_ACCESS_KEY_ID"),
             secret=pick(secret, "secret", "AWS_SECRET_ACCESS_KEY"),
             region=pick(region, "region", "AWS_REGION", "AWS_DEFAULT_REGION"),
             anon=bool(conf.get("anon", False)),
-            retry=_retry_policy(budget, config_path),
+            retry=_retry_policy(budget, config_path, budget_table),
             **clouds,
         )
 
@@ -171,11 +172,11 @@ def _load_tables(config_path: str) -> dict[str, dict[str, Any]]:
 _CONFIG_KEYS = ("endpoint_url", "key", "secret", "region", "anon", "retry_budget_s")
 
 
-def _retry_policy(budget_s: Any, config_path: str | None) -> RetryPolicy:
+def _retry_policy(budget_s: Any, config_path: str | None, table: str = "s3") -> RetryPolicy:
     """The default RetryPolicy with `budget_s` seconds per call (None: the default budget)."""
     if budget_s is None:
         return RetryPolicy()
     if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0:
-        where = f" in {config_path!r}" if config_path else ""
+        where = f" in [{table}] of {config_path!r}" if config_path else ""
         raise ValueError(f"retry_budget_s{where} must be a number of seconds above 0, got {budget_s!r}")
     return RetryPolicy(deadline_s=float(budget_s))
