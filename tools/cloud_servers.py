@@ -224,7 +224,7 @@ def _http_answers(url: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a local GCS (fake-gcs-server) or Azure Blob (Azurite) "
+    parser = argparse.ArgumentParser(prog="python -m tools.cloud_servers", description="Run a local GCS (fake-gcs-server) or Azure Blob (Azurite) "
                                                  "endpoint on 127.0.0.1 until Ctrl-C.")
     parser.add_argument("kind", choices=("gcs", "azure"), help="which emulator to run")
     args = parser.parse_args(argv)
