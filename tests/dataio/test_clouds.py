@@ -141,3 +141,13 @@ def test_loader_start_up_lists_nothing(cloud: Cloud) -> None:
     listings = [line for line in before if "list-type" in line or "prefix=" in line or "comp=list" in line]
     assert not listings and len(before) <= 10, before
     assert sum("manifest.json" in line for line in before) == 1
+
+
+def test_abfs_reads_what_az_wrote_over_the_blob_endpoint(azure_server) -> None:
+    from dataio.storage.store import Store
+
+    bucket = azure_server.new_bucket()
+    Store(f"az://{bucket}/p", azure_server.options()).write_bytes("obj.bin", b"same blob")
+    abfs = Store(f"abfs://{bucket}/p", azure_server.options())
+    assert abfs.read("obj.bin", 5, 9) == b"blob" and abfs.list() == ["obj.bin"]
+    assert abfs.exclusive_is_atomic and not abfs.create_exclusive("obj.bin", b"other")
