@@ -112,3 +112,34 @@ def get_tagged(options: StorageOptions, path: str) -> tuple[bytes, str] | None:
         return None
     except HttpResponseError as exc:
         raise _mapped(exc, path) from exc
+
+
+def discard_uncommitted(options: StorageOptions, prefix_path: str, older_than_s: float) -> list[str]:
+    """Discard the uncommitted blocks of blobs below `prefix_path` ("container/prefix") that have no
+    committed version and were last touched more than `older_than_s` ago (an upload cut off); their
+    names relative to the prefix. Azure deletes no uncommitted-only blob directly: an empty block list
+    is committed (only where no blob was committed meanwhile: If-None-Match: *), then deleted by its ETag."""
+    import time
+
+    from azure.core import MatchConditions
+    from azure.core.exceptions import HttpResponseError
+
+    container, _, prefix = prefix_path.partition("/")
+    prefix = prefix.rstrip("/") + "/"
+    client = client_for(options).get_container_client(container)
+    committed = {b.name for b in client.list_blobs(name_starts_with=prefix)}
+    now, discarded = time.time(), []
+    for blob in client.list_blobs(name_starts_with=prefix, include=["uncommittedblobs"]):
+        touched = blob.last_modified or blob.creation_time
+        if blob.name in committed or (touched is not None and now - touched.timestamp() < older_than_s):
+            continue
+        handle = client.get_blob_client(blob.name)
+        try:
+            out = handle.commit_block_list([], headers={"If-None-Match": "*"})
+            handle.delete_blob(etag=out["etag"], match_condition=MatchConditions.IfNotModified)
+        except HttpResponseError as exc:
+            if exc.status_code in (404, 409, 412):  # committed, or gone, meanwhile: not ours to touch
+                continue
+            raise _mapped(exc, blob.name) from exc
+        discarded.append(blob.name[len(prefix):])
+    return discarded

@@ -22,7 +22,7 @@ from dataio.storage.exclusive import ConditionalWrites  # create_exclusive, repl
 from dataio.storage.forked import keep_in_forked_children
 from dataio.storage.hedge import Hedger, shared_hedger
 from dataio.storage.options import StorageOptions
-from dataio.storage import cloud_options, gcs, s3_ranges
+from dataio.storage import azure, cloud_options, gcs, s3_ranges
 from dataio.storage.paths import check_relative
 from dataio.storage.redact import redact, split_userinfo, url_secrets
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
@@ -261,7 +261,12 @@ class Store(ConditionalWrites):
         return self._retry(once, f"listing {self.url}")
 
     def abort_uploads(self, older_than_s: float) -> list[str]:
-        """Abort the S3 multipart uploads below the prefix started more than `older_than_s` ago; their keys."""
+        """Abort the S3 multipart uploads below the prefix started more than `older_than_s` ago (Azure: discard
+        blobs' uncommitted blocks; GCS: none, see the object-storage guide); their keys."""
+        if self.protocol in cloud_options.AZURE_PROTOCOLS:
+            root = self.fs and self._root
+            return self._retry(lambda: azure.discard_uncommitted(self.options, root, older_than_s),
+                               f"discarding uncommitted blocks below {self.url}")
         if self.protocol not in ("s3", "s3a"):
             return []
         bucket, _, key_prefix = (self.fs and self._root).partition("/")

@@ -151,3 +151,19 @@ def test_abfs_reads_what_az_wrote_over_the_blob_endpoint(azure_server) -> None:
     abfs = Store(f"abfs://{bucket}/p", azure_server.options())
     assert abfs.read("obj.bin", 5, 9) == b"blob" and abfs.list() == ["obj.bin"]
     assert abfs.exclusive_is_atomic and not abfs.create_exclusive("obj.bin", b"other")
+
+
+def test_gc_discards_uncommitted_blocks_of_cut_off_uploads_only(azure_server) -> None:
+    from dataio.storage.azure import client_for
+    from dataio.storage.store import Store
+
+    bucket = azure_server.new_bucket()
+    store = Store(f"az://{bucket}/p", azure_server.options())
+    store.write_bytes("done.bin", b"kept")
+    container = client_for(azure_server.options()).get_container_client(bucket)
+    container.get_blob_client("p/cut.bin").stage_block("YmxvY2sx", b"x" * 100)  # an upload cut off
+    container.get_blob_client("p/done.bin").stage_block("YmxvY2sx", b"y" * 10)  # a retry of a committed blob
+    assert store.abort_uploads(3600.0) == []  # younger than the grace period
+    assert store.abort_uploads(0.0) == ["cut.bin"]
+    names = [b.name for b in container.list_blobs(name_starts_with="p/", include=["uncommittedblobs"])]
+    assert names == ["p/done.bin"] and store.read("done.bin") == b"kept"
