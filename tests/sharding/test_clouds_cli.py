@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from dataio.format.manifest import read_manifest
@@ -30,6 +32,13 @@ def test_write_append_inspect_verify_index_gc(cloud: Cloud, image_folder: Path, 
     assert read_manifest(store).num_samples == 48
     for command in (("inspect", url), ("verify", url, "--quiet"), ("gc", url, "--grace", "0s")):
         assert run(*command, "--storage-config", conf) == 0, command
+    parquet = cloud.new_url("export")  # shardify index: existing Parquet files made a dataset in place
+    table = pa.table({"image": [b"\x00" * 10, b"\x01" * 10], "label": [0, 1]})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    cloud.store(parquet).write_bytes("train-0.parquet", sink.getvalue().to_pybytes())
+    assert run("index", parquet, "--storage-config", conf) == 0
+    assert read_manifest(cloud.store(parquet)).num_samples == 2
     out = capsys.readouterr()
     for secret in cloud.secrets:
         if len(secret) >= 8:
