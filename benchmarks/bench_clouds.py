@@ -97,13 +97,13 @@ def loader_rows(kind: str, server: Any, local: Path, repeats: int) -> list[dict[
 
     def webdataset() -> tuple[float, float]:
         began = time.perf_counter()
-        first = None
+        first, members = None, 0
         for shard in shards:  # the Store's filesystem: gcsfs's core one (see dataio/storage/gcs.py)
             with store.fs.open(store.path(shard[len(url) + 1:]), "rb") as stream:
-                for n, _ in enumerate(wds.tariterators.tar_file_expander([{"stream": io.BufferedReader(stream),
-                                                                            "url": ""}])):
-                    if first is None and n + 1 >= 2 * 256:  # members: a .jpg and a .cls per sample
-                        first = time.perf_counter() - began  # a batch of 256 samples (shards >= 256)
+                for _ in wds.tariterators.tar_file_expander([{"stream": io.BufferedReader(stream), "url": ""}]):
+                    members += 1
+                    if first is None and members >= 2 * 256:  # a .jpg and a .cls per sample: 256 samples
+                        first = time.perf_counter() - began
         return total_bytes / (time.perf_counter() - began) / 1e6, float(first or 0.0)
 
     got: dict[str, list[tuple[float, float]]] = {"shardify RAW": [], "webdataset": []}

