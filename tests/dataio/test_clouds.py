@@ -167,3 +167,28 @@ def test_gc_discards_uncommitted_blocks_of_cut_off_uploads_only(azure_server) ->
     assert store.abort_uploads(0.0) == ["cut.bin"]
     names = [b.name for b in container.list_blobs(name_starts_with="p/", include=["uncommittedblobs"])]
     assert names == ["p/done.bin"] and store.read("done.bin") == b"kept"
+
+
+def test_disk_cache_serves_a_second_epoch_without_the_store(cloud: Cloud, tmp_path) -> None:
+    url = cloud.new_url("ds")
+    write_tar_dataset(cloud.store(url), [6] * 4)
+    with DelayProxy(cloud.endpoint_url, delay_s=0.0) as proxy:
+        options = replace(cloud.options(proxy.url), hedge=None)
+
+        def epoch() -> int:
+            with make_loader(url, batch_size=4, num_workers=0, decode=None, shuffle=False, storage=options,
+                             cache_dir=str(tmp_path / "cache"), cache_limit_bytes=64 << 20) as loader:
+                return sum(1 for _ in loader)
+
+        first = epoch()
+        shard_reads = sum(map(_reads_shard_bytes, proxy.stats.requests))
+        assert epoch() == first == 6
+        again = sum(map(_reads_shard_bytes, proxy.stats.requests)) - shard_reads
+        assert shard_reads > 0 and again == 0, proxy.stats.requests[-10:]  # (a size check per shard remains)
+
+
+def _reads_shard_bytes(line: str) -> bool:
+    """A GET of a tar shard's bytes (not its index or sidecar; on GCS not its metadata)."""
+    path = line.split(" ")[1]
+    return (line.startswith("GET") and ".tar" in path and ".tar." not in path and "%2Etar." not in path
+            and ("/storage/v1/" not in path or "alt=media" in path))
