@@ -13,7 +13,11 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,s3,dali,demo,bench,ray,docs,text]"
+	$(PY) -m pip install -q -e ".[test,s3,gcs,azure,dali,demo,bench,ray,docs,text]"
+	# Azurite (Azure Blob's emulator) for the storage tests, into .tools/azurite; where npm cannot
+	# reach its registry, set-up goes on and the Azure tests skip saying so.
+	npm install --prefix .tools/azurite --no-audit --no-fund --silent azurite@3 \
+		|| echo "note: npm could not install Azurite: the Azure storage tests will be skipped"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -23,6 +23,7 @@ COMMANDS = {
     "trainer": ("trainer.__main__", "main"),
     "trainer.scaling": ("trainer.scaling", "main"),
     "tools.s3_server": ("tools.s3_server", "main"),
+    "tools.cloud_servers": ("tools.cloud_servers", "main"),
 }
 MARKER = re.compile(r"<!-- cli: ([\w.]+) -->")
 

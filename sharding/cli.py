@@ -30,7 +30,13 @@ def _storage_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--access-key", help="S3 access key id")
     g.add_argument("--secret-key", help="S3 secret access key")
     g.add_argument("--region", help="S3 region")
-    g.add_argument("--storage-config", metavar="TOML", help="a TOML file with an [s3] table of the same keys")
+    g.add_argument("--gcs-endpoint-url", metavar="URL",
+                   help="Google Cloud Storage endpoint for gs:// URLs, e.g. a fake-gcs-server at "
+                        "http://127.0.0.1:4443 (else [gcs] endpoint_url, else STORAGE_EMULATOR_HOST, else Google's)")
+    g.add_argument("--storage-config", metavar="TOML",
+                   help="a TOML file with an [s3] table of the same keys, a [gcs] table (endpoint_url, token: a "
+                        "service-account JSON path, project) and an [azure] table (account_name with account_key "
+                        "or sas_token, or connection_string); see the object-storage guide")
     g.add_argument("--retry-budget", type=positive_seconds, metavar="SECONDS",
                    help="how long each storage request may retry transient errors (503, resets, timeouts) "
                         "in all, with backoff (default 120; the first request: at most 30)")
@@ -144,6 +150,7 @@ def _options(args: argparse.Namespace) -> StorageOptions:
     return StorageOptions.resolve(
         endpoint_url=args.endpoint_url, key=args.access_key, secret=args.secret_key, region=args.region,
         config_path=args.storage_config, env=os.environ, retry_budget_s=args.retry_budget,
+        gcs_endpoint_url=args.gcs_endpoint_url,
     )
 
 

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+from tests.clouds import Cloud
+from tools.cloud_servers import AzuriteServer, EmulatorUnavailable, GcsServer
 from tools.s3_server import MotoS3Server, S3Server
 
 # Threads that libraries start once and keep for the life of the process, by name prefix:
@@ -18,7 +20,9 @@ from tools.s3_server import MotoS3Server, S3Server
 # dataio-hedge: the losing request of a hedged read is not waited for (dataio/storage/hedge.py: the
 # first result wins, the others run out on their own, bounded by the store's read timeout); on a
 # loaded machine a loser can outlive the grace below.
-_KNOWN_THREAD_PREFIXES = ("fsspecIO", "asyncio_", "pytest_timeout", "ThreadPoolExecutor-fsspec", "dataio-hedge")
+# gcsfs-deferred-close: gcsfs's one worker per process that closes files without blocking the event loop.
+_KNOWN_THREAD_PREFIXES = ("fsspecIO", "asyncio_", "pytest_timeout", "ThreadPoolExecutor-fsspec", "dataio-hedge",
+                          "gcsfs-deferred-close")
 # Per-connection handler threads of threaded HTTP servers (moto's werkzeug) live as long as a
 # pooled client keeps its connection open; they belong to the session server, not the test.
 _KNOWN_THREAD_PARTS = ("process_request_thread",)
@@ -32,7 +36,7 @@ _SESSION_PIDS: set[int] = set()
 
 # Fixtures that start a server subprocess: every test using one (directly or through another
 # fixture) is marked `slow`, so `make test-fast` (-m "not slow") never starts one.
-SERVER_FIXTURES = frozenset({"s3_server"})
+SERVER_FIXTURES = frozenset({"s3_server", "gcs_server", "azure_server", "cloud"})
 
 # Programs the test process started while the current test ran (the audit hook below appends).
 _STARTED: list[str] = []
@@ -90,6 +94,40 @@ def s3_server() -> Iterator[S3Server]:
         _SESSION_PIDS.add(server.pid)
         yield server
     _SESSION_PIDS.discard(server.pid or -1)
+
+
+def _emulator(server_type: type) -> Iterator[object]:
+    try:
+        server = server_type()
+        server.start()
+    except EmulatorUnavailable as exc:
+        pytest.skip(str(exc))
+    assert server.pid is not None
+    _SESSION_PIDS.add(server.pid)
+    try:
+        yield server
+    finally:
+        _SESSION_PIDS.discard(server.pid or -1)
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[GcsServer]:
+    """fake-gcs-server on 127.0.0.1 for the whole session; use .new_bucket() per test."""
+    yield from _emulator(GcsServer)  # type: ignore[misc]
+
+
+@pytest.fixture(scope="session")
+def azure_server() -> Iterator[AzuriteServer]:
+    """Azurite's blob service on 127.0.0.1 for the whole session; skipped where set-up could not install it."""
+    yield from _emulator(AzuriteServer)  # type: ignore[misc]
+
+
+@pytest.fixture(params=["s3", "gcs", "azure"])
+def cloud(request: pytest.FixtureRequest) -> Cloud:
+    """Each object store in turn (SeaweedFS, fake-gcs-server, Azurite), one server per scheme per session."""
+    fixture = {"s3": "s3_server", "gcs": "gcs_server", "azure": "azure_server"}[request.param]
+    return Cloud(request.param, request.getfixturevalue(fixture))
 
 
 @pytest.fixture(scope="session")

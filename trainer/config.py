@@ -302,7 +302,7 @@ def load_toml(path: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {path!r} is not valid TOML: {exc}") from None
     table = dict(raw.get("trainer", {}))
-    table.update({k: v for k, v in raw.items() if k not in ("trainer", "s3")})
+    table.update({k: v for k, v in raw.items() if k not in ("trainer", "s3", "gcs", "azure")})  # storage tables
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(table) - known)
     if unknown:

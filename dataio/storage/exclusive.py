@@ -6,7 +6,9 @@ the file's inode, modification time and size, in memory:// a hash of the bytes. 
 O_EXCL creates, and each operation holds an flock on the object's directory for its few
 system calls, so a reader never sees a half-written file and a replace cannot interleave with
 another (one host; NFS gives no such lock). S3: If-None-Match: * and If-Match (SeaweedFS and AWS
-hold them under concurrency; tests/sharding/test_lease_s3.py). Other stores (gs://, http://):
+hold them under concurrency; tests/sharding/test_lease_s3.py). GCS: ifGenerationMatch (0 to
+create), the tag being the object's generation (dataio/storage/gcs.py). Azure: If-None-Match: * and
+If-Match on the blob's ETag (dataio/storage/azure.py). Other stores (http://):
 best effort, read then write; `exclusive_is_atomic` says which.
 """
 
@@ -22,7 +24,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from dataio import forksafe
-from dataio.storage import s3_ranges
+from dataio.storage import azure, gcs, s3_ranges
+from dataio.storage.cloud_options import AZURE_PROTOCOLS, GCS_PROTOCOLS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -39,6 +42,7 @@ class ConditionalWrites:
         protocol: str
         is_local: bool
         fs: Any
+        options: StorageOptions
         _range_options: StorageOptions | None
 
         def path(self, rel: str) -> str: ...
@@ -51,12 +55,20 @@ class ConditionalWrites:
     def exclusive_is_atomic(self) -> bool:
         """True where exactly one of racing `create_exclusive` / `replace_if` calls can win (local disk,
         memory://, S3 servers that honour If-None-Match and If-Match); False: read, then write."""
-        return self.is_local or self.protocol == "memory" or self._s3 is not None
+        return self.is_local or self.protocol == "memory" or self._s3 is not None or self._gcs or self._azure
 
     @property
     def _s3(self) -> StorageOptions | None:
         self.fs  # noqa: B018 - decides whether S3 calls go through botocore
         return self._range_options if self.protocol in ("s3", "s3a") else None
+
+    @property
+    def _gcs(self) -> bool:
+        return self.protocol in GCS_PROTOCOLS
+
+    @property
+    def _azure(self) -> StorageOptions | None:
+        return self.options if self.protocol in AZURE_PROTOCOLS else None
 
     def create_exclusive(self, rel: str, data: bytes) -> bool:
         """Create `rel` holding `data` only if no object is there: True if this call created it, False if
@@ -72,6 +84,10 @@ class ConditionalWrites:
             options = self._s3
             return self._retry(lambda: s3_ranges.put_if(options, path, data, absent=True),
                                f"creating {self.url_of(rel)}")
+        if self._gcs:
+            return self._retry(lambda: gcs.put_if(self.fs, path, data, "0"), f"creating {self.url_of(rel)}")
+        if (az := self._azure) is not None:
+            return self._retry(lambda: azure.put_if(az, path, data), f"creating {self.url_of(rel)}")
         with _MEMORY_LOCK:  # memory:// (atomic); other stores: best effort, see the module's doc
             if self.read_tagged(rel) is not None:
                 return None
@@ -86,6 +102,10 @@ class ConditionalWrites:
         if self._s3 is not None:
             options = self._s3
             return self._retry(lambda: s3_ranges.get_tagged(options, path), f"reading {self.url_of(rel)}")
+        if self._gcs:
+            return self._retry(lambda: gcs.get_tagged(self.fs, path), f"reading {self.url_of(rel)}")
+        if (az := self._azure) is not None:
+            return self._retry(lambda: azure.get_tagged(az, path), f"reading {self.url_of(rel)}")
         try:
             data = self.fs.cat_file(path)
         except FileNotFoundError:
@@ -102,6 +122,10 @@ class ConditionalWrites:
             options = self._s3
             return self._retry(lambda: s3_ranges.put_if(options, path, data, etag=tag),
                                f"replacing {self.url_of(rel)}")
+        if self._gcs:
+            return self._retry(lambda: gcs.put_if(self.fs, path, data, tag), f"replacing {self.url_of(rel)}")
+        if (az := self._azure) is not None:
+            return self._retry(lambda: azure.put_if(az, path, data, etag=tag), f"replacing {self.url_of(rel)}")
         with _MEMORY_LOCK:
             now = self.read_tagged(rel)
             if now is None or now[1] != tag:
@@ -121,6 +145,10 @@ class ConditionalWrites:
         if self._s3 is not None:
             options = self._s3
             return bool(self._retry(lambda: s3_ranges.delete_if(options, path, tag), f"removing {self.url_of(rel)}"))
+        if self._gcs:
+            return bool(self._retry(lambda: gcs.delete_if(self.fs, path, tag), f"removing {self.url_of(rel)}"))
+        if (az := self._azure) is not None:
+            return bool(self._retry(lambda: azure.delete_if(az, path, tag), f"removing {self.url_of(rel)}"))
         with _MEMORY_LOCK:
             now = self.read_tagged(rel)
             if now is not None and now[1] == tag:

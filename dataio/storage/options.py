@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dataio.storage import cloud_options
 from dataio.storage.hedge import HedgePolicy
+from dataio.storage.redact import connection_string_secrets, url_secrets
 from dataio.storage.retry import RetryPolicy
 
 
@@ -24,6 +26,16 @@ class StorageOptions:
     secret: str | None = field(default=None, repr=False)
     region: str | None = None
     anon: bool = False
+    # Google Cloud Storage (gs://): an endpoint (fake-gcs-server; None: Google's), a token (a service-account
+    # JSON path, "anon", "google_default", ...; as gcsfs takes it) and the project.
+    gcs_endpoint_url: str | None = None
+    gcs_token: str | None = field(default=None, repr=False)
+    gcs_project: str | None = None
+    # Azure Blob (az://, abfs://): an account with its key or a SAS token, or a connection string.
+    azure_account_name: str | None = None
+    azure_account_key: str | None = field(default=None, repr=False)
+    azure_connection_string: str | None = field(default=None, repr=False)
+    azure_sas_token: str | None = field(default=None, repr=False)
     # With one botocore attempt per try and RetryPolicy.deadline_s over the tries, an endpoint
     # that accepts connections but never answers fails a first request (FIRST_REQUEST_DEADLINE_S)
     # after two read timeouts; a healthy store rarely goes 10 s without sending a byte, and
@@ -47,12 +59,18 @@ class StorageOptions:
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        return tuple(s for s in (self.key, self.secret) if s)
+        """Every credential these options hold, and the parts of a connection string or SAS token
+        that are secret on their own (a key, a signature), for redact()."""
+        found = [self.key, self.secret, self.gcs_token, self.azure_account_key, self.azure_sas_token,
+                 self.azure_connection_string]
+        found += connection_string_secrets(self.azure_connection_string or "")
+        found += url_secrets("?" + (self.azure_sas_token or "").lstrip("?"))
+        return tuple(dict.fromkeys(s for s in found if s))
 
     def fsspec_kwargs(self, protocol: str) -> dict[str, Any]:
-        """Keyword arguments for fsspec's filesystem of `protocol` (only S3 takes any)."""
+        """Keyword arguments for fsspec's filesystem of `protocol` (S3, GCS and Azure take some)."""
         if protocol not in ("s3", "s3a"):
-            return {}
+            return cloud_options.fsspec_kwargs(self, protocol)
         client_kwargs: dict[str, Any] = {}
         if self.endpoint_url:
             client_kwargs["endpoint_url"] = self.endpoint_url
@@ -89,24 +107,14 @@ class StorageOptions:
         config_path: str | None = None,
         env: Mapping[str, str] | None = None,
         retry_budget_s: float | None = None,
+        gcs_endpoint_url: str | None = None,
     ) -> StorageOptions:
-        """Merge flags (first), a TOML config file's [s3] table, then AWS_* variables in `env`;
-        retry_budget_s (a flag, or the table's key): each call's retry budget (RetryPolicy.deadline_s)."""
+        """Merge flags (first), a TOML config file's [s3], [gcs] and [azure] tables, then the AWS_*,
+        GOOGLE_* / STORAGE_EMULATOR_HOST and AZURE_STORAGE_* variables in `env`; retry_budget_s (a flag,
+        or any table's key): each call's retry budget (RetryPolicy.deadline_s)."""
         env = {} if env is None else env
-        conf: dict[str, Any] = {}
-        if config_path:
-            try:
-                with open(config_path, "rb") as f:
-                    conf = tomllib.load(f).get("s3", {})
-            except FileNotFoundError:
-                raise ValueError(f"storage config file {config_path!r} does not exist") from None
-            except tomllib.TOMLDecodeError as exc:
-                raise ValueError(f"storage config file {config_path!r} is not valid TOML: {exc}") from None
-            unknown = set(conf) - set(_CONFIG_KEYS)
-            if unknown:
-                raise ValueError(
-                    f"unknown keys {sorted(unknown)} in [s3] of {config_path!r}; allowed: {', '.join(_CONFIG_KEYS)}"
-                )
+        tables = _load_tables(config_path) if config_path else {}
+        conf = tables.get("s3", {})
 
         def pick(flag: Any, conf_key: str, *env_keys: str) -> Any:
             if flag is not None:
@@ -118,24 +126,57 @@ class StorageOptions:
                     return env[name]
             return None
 
+        clouds = {**cloud_options.env_fields(env)}
+        for table in ("gcs", "azure"):
+            clouds.update(cloud_options.table_fields(table, tables.get(table, {}), str(config_path)))
+        if gcs_endpoint_url is not None:
+            clouds["gcs_endpoint_url"] = gcs_endpoint_url
+        if clouds.get("gcs_endpoint_url") and "://" not in clouds["gcs_endpoint_url"]:
+            clouds["gcs_endpoint_url"] = "http://" + clouds["gcs_endpoint_url"]  # STORAGE_EMULATOR_HOST form
+        budget, budget_table = pick(retry_budget_s, "retry_budget_s"), "s3"
+        for table in ("gcs", "azure"):
+            if budget is None and tables.get(table, {}).get("retry_budget_s") is not None:
+                budget, budget_table = tables[table]["retry_budget_s"], table
         return cls(
             endpoint_url=pick(endpoint_url, "endpoint_url", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
             key=pick(key, "key", "AWS_ACCESS_KEY_ID"),
             secret=pick(secret, "secret", "AWS_SECRET_ACCESS_KEY"),
             region=pick(region, "region", "AWS_REGION", "AWS_DEFAULT_REGION"),
             anon=bool(conf.get("anon", False)),
-            retry=_retry_policy(pick(retry_budget_s, "retry_budget_s"), config_path),
+            retry=_retry_policy(budget, config_path, budget_table),
+            **clouds,
         )
+
+
+def _load_tables(config_path: str) -> dict[str, dict[str, Any]]:
+    """The [s3], [gcs] and [azure] tables of a storage config file; ValueError naming the file otherwise."""
+    try:
+        with open(config_path, "rb") as f:
+            tables = tomllib.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"storage config file {config_path!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"storage config file {config_path!r} is not valid TOML: {exc}") from None
+    unknown_tables = set(tables) - {"s3", "gcs", "azure"}
+    if unknown_tables:
+        raise ValueError(f"unknown tables {sorted(unknown_tables)} in {config_path!r}; allowed: [s3], [gcs], [azure]")
+    conf = tables.get("s3", {})
+    unknown = set(conf) - set(_CONFIG_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown keys {sorted(unknown)} in [s3] of {config_path!r}; allowed: {', '.join(_CONFIG_KEYS)}"
+        )
+    return tables
 
 
 _CONFIG_KEYS = ("endpoint_url", "key", "secret", "region", "anon", "retry_budget_s")
 
 
-def _retry_policy(budget_s: Any, config_path: str | None) -> RetryPolicy:
+def _retry_policy(budget_s: Any, config_path: str | None, table: str = "s3") -> RetryPolicy:
     """The default RetryPolicy with `budget_s` seconds per call (None: the default budget)."""
     if budget_s is None:
         return RetryPolicy()
     if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0:
-        where = f" in [s3] of {config_path!r}" if config_path else ""
+        where = f" in [{table}] of {config_path!r}" if config_path else ""
         raise ValueError(f"retry_budget_s{where} must be a number of seconds above 0, got {budget_s!r}")
     return RetryPolicy(deadline_s=float(budget_s))

@@ -11,7 +11,8 @@ _BARE_USERINFO = re.compile(r"(?<![\w.+%~/-])[\w.+%~-]+:[^\s/@\"']+@(?=[\w.-])")
 _URL_USERINFO = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://(?P<user>[^/@\s:]*)(?::(?P<password>[^/@\s]*))?@")
 _SECRET_QUERY = re.compile(
     r"(?i)(?P<name>x-amz-credential|x-amz-signature|x-amz-security-token|awsaccesskeyid|"
-    r"signature|sig|token|access_token|secret|password)=[^&\s]+"
+    r"signature|sig|token|access_token|secret|password|accountkey|sharedaccesssignature|client_secret)"
+    r"=[^&;\s\"']+"
 )
 
 
@@ -36,6 +37,19 @@ def url_secrets(url: str) -> tuple[str, ...]:
     found += [q.group(0).split("=", 1)[1] for q in _SECRET_QUERY.finditer(url)]
     found += [unquote(v) for v in found if unquote(v) != v]  # a client may quote them back decoded
     return tuple(dict.fromkeys(found))
+
+
+def connection_string_secrets(text: str) -> list[str]:
+    """The secret values of an Azure connection string ("AccountKey=...;SharedAccessSignature=..."):
+    each is redacted wherever it reappears, also alone (a client may quote the key back)."""
+    found: list[str] = []
+    for part in str(text).split(";"):
+        name, _, value = part.partition("=")
+        if name.strip().lower() in ("accountkey", "sharedaccesssignature") and value:
+            found.append(value.strip())
+            if name.strip().lower() == "sharedaccesssignature":
+                found += url_secrets("?" + value.strip())
+    return found
 
 
 def split_userinfo(url: str) -> tuple[str, str | None, str | None]:

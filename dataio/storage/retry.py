@@ -117,6 +117,9 @@ def is_transient(exc: BaseException) -> bool:
         return False  # the store said no (a 4xx), e.g. an error code s3fs maps to EIO
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
+    status = _status(exc)
+    if status is not None and (status >= 500 or status in _TRANSIENT_4XX):
+        return True  # gcsfs and Azure say 503 in a status, not always in the text
     # botocore's and aiohttp's connection errors do not derive from the builtin ConnectionError.
     if any(cls.__name__ in _TRANSIENT_CLASS_NAMES for cls in type(exc).__mro__):
         return True
@@ -146,9 +149,20 @@ def _error_code(exc: BaseException) -> str:
     return str(_response(exc).get("Error", {}).get("Code", ""))
 
 
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status the store answered with: botocore's response, gcsfs's HttpError.code, Azure's
+    HttpResponseError.status_code; None when no answer is known."""
+    status = _response(exc).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    for e in _chain(exc):
+        if isinstance(status, int):
+            break
+        status = getattr(e, "status_code", None) if type(e).__name__ != "HttpError" else getattr(e, "code", None)
+    return status if isinstance(status, int) else None
+
+
 def _refused(exc: BaseException) -> bool:
     """True when the store answered with a 4xx status other than 408 and 429."""
-    status = _response(exc).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    status = _status(exc)
     return isinstance(status, int) and 400 <= status < 500 and status not in _TRANSIENT_4XX
 
 

@@ -22,7 +22,7 @@ from dataio.storage.exclusive import ConditionalWrites  # create_exclusive, repl
 from dataio.storage.forked import keep_in_forked_children
 from dataio.storage.hedge import Hedger, shared_hedger
 from dataio.storage.options import StorageOptions
-from dataio.storage import s3_ranges
+from dataio.storage import azure, cloud_options, gcs, s3_ranges
 from dataio.storage.paths import check_relative
 from dataio.storage.redact import redact, split_userinfo, url_secrets
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
@@ -102,16 +102,21 @@ class Store(ConditionalWrites):
                 if user and password and options.key is None:
                     options = replace(options, key=user, secret=password)
             try:
-                self._fs, self._root = url_to_fs(url, **options.fsspec_kwargs(self.protocol))
+                if self.protocol in cloud_options.GCS_PROTOCOLS:  # the JSON API only: see gcs.py
+                    self._fs, self._root = gcs.open_fs(url, options.fsspec_kwargs(self.protocol))
+                else:
+                    self._fs, self._root = url_to_fs(url, **options.fsspec_kwargs(self.protocol))
             except (ImportError, ValueError) as exc:
                 raise StorageError(
                     f"{self.url}: cannot open this URL ({redact(str(exc), self.secrets)}); "
-                    "for s3:// install shardify[s3], for gs:// gcsfs, for http(s):// aiohttp"
+                    "for s3:// install shardify[s3], for gs:// shardify[gcs], for az:// and abfs:// "
+                    "shardify[azure], for http(s):// aiohttp"
                 ) from safe_cause(exc, self.secrets)
             self._root = self._root.rstrip("/")
             keep_in_forked_children(self._fs)
             if self.protocol in ("s3", "s3a") and s3_ranges.available():
                 self._range_options = options
+            cloud_options.one_try(self._fs, self.protocol)  # gcsfs, Azure's SDK: our retries only
             if hasattr(self._fs, "retries") and self.protocol in ("s3", "s3a"):
                 # s3fs retries 5 times on its own (under botocore's tries, under ours): one layer of
                 # backoff, ours, spends the budget; a layer below would multiply it or cap it.
@@ -212,10 +217,14 @@ class Store(ConditionalWrites):
         path, ends_at = self.path(rel), self.retry.ends_at(time.monotonic())  # one budget for its hedges too
 
         def once() -> int:
-            return int(self._retry(lambda: self.fs.size(path), f"size of {self.url_of(rel)}", ends_at))
+            return int(self._retry(lambda: self._stat(path)["size"], f"size of {self.url_of(rel)}", ends_at))
 
         hedger = self.hedger
         return once() if hedger is None else hedger.call(once, 0)
+
+    def _stat(self, path: str) -> dict[str, Any]:
+        """fsspec's info of `path`; on GCS one GET of the object (gcsfs's info also lists it as a folder)."""
+        return gcs.stat(self.fs, path) if self.protocol in cloud_options.GCS_PROTOCOLS else self.fs.info(path)
 
     def exists(self, rel: str) -> bool:
         path = self.path(rel)
@@ -256,7 +265,12 @@ class Store(ConditionalWrites):
         return self._retry(once, f"listing {self.url}")
 
     def abort_uploads(self, older_than_s: float) -> list[str]:
-        """Abort the S3 multipart uploads below the prefix started more than `older_than_s` ago; their keys."""
+        """Abort the S3 multipart uploads below the prefix started more than `older_than_s` ago (Azure: discard
+        blobs' uncommitted blocks; GCS: none, see the object-storage guide); their keys."""
+        if self.protocol in cloud_options.AZURE_PROTOCOLS:
+            root = self.fs and self._root
+            return self._retry(lambda: azure.discard_uncommitted(self.options, root, older_than_s),
+                               f"discarding uncommitted blocks below {self.url}")
         if self.protocol not in ("s3", "s3a"):
             return []
         bucket, _, key_prefix = self.root.partition("/")
@@ -360,7 +374,7 @@ class Store(ConditionalWrites):
             else:
                 etag = upload_parts(self.fs, path, spool, part_bytes,
                                     lambda put, part: self._retry(put, f"{what}, {part}", ends_at))
-            confirm(self.fs, path, self.url_of(rel), size, etag)
+            confirm(self.fs, path, self.url_of(rel), size, etag, self._stat)
 
         self._retry(once, what, ends_at)
 

@@ -8,6 +8,7 @@ ETag computed from the bytes sent (MD5 for one PUT, MD5 of the parts' MD5s and "
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 from collections.abc import Callable
@@ -52,26 +53,47 @@ def upload_parts(fs: Any, path: str, spool: Any, part_bytes: int, retry: PartRet
     return f"{hashlib.md5(b''.join(digests), usedforsecurity=False).hexdigest()}-{len(parts)}"
 
 
-def confirm(fs: Any, path: str, url: str, size: int, etag_sent: str) -> None:
+def confirm(fs: Any, path: str, url: str, size: int, etag_sent: str,
+            stat: Callable[[str], dict[str, Any]] | None = None) -> None:
     """HEAD the object just written at `path` (`url` in messages): the expected size, and the ETag where
     the store gives one of the usual form (MD5 of the bytes for one PUT, MD5 of the part MD5s and "-N"
     for a multipart upload); a store that gives another form (or none) is checked on size only."""
     with contextlib.suppress(Exception):
         fs.invalidate_cache(path)
     try:
-        info = fs.info(path)
+        info = (stat or fs.info)(path)
     except FileNotFoundError:
         raise UnconfirmedWriteError(f"the store accepted the upload but has no object at {url}") from None
     got = int(info.get("size", -1))
     etag = str(info.get("ETag") or info.get("etag") or "").strip('"').lower()
     if got != size:
         raise UnconfirmedWriteError(f"the store holds {got} bytes, {size} were written")
+    stated = stated_md5(info)  # GCS: md5Hash; Azure: Content-MD5 (the ETag there is opaque)
+    if stated is not None:
+        if "-" not in etag_sent and stated != etag_sent:
+            with contextlib.suppress(Exception):
+                fs.rm_file(path)
+            raise UnconfirmedWriteError(f"the store's MD5 {stated} is not {etag_sent}, that of the bytes written")
+        return
     if _same_form(etag, etag_sent) and etag != etag_sent:
         # Other bytes than ours were stored (changed after they were checksummed): readers must
         # not find them, whatever the next try does.
         with contextlib.suppress(Exception):
             fs.rm_file(path)
         raise UnconfirmedWriteError(f"the store's ETag {etag} is not {etag_sent}, that of the bytes written")
+
+
+def stated_md5(info: dict[str, Any]) -> str | None:
+    """The MD5 (hex) of an object's bytes as GCS (md5Hash, base64) or Azure (content_settings.content_md5)
+    states it in `fs.info`; None where the store states none (S3: the ETag; composite GCS objects)."""
+    md5 = info.get("md5Hash")
+    if md5 is None:
+        settings = info.get("content_settings") or {}
+        md5 = settings.get("content_md5") if isinstance(settings, dict) else getattr(settings, "content_md5", None)
+    if not md5:
+        return None
+    raw = bytes(md5) if isinstance(md5, (bytes, bytearray)) else base64.b64decode(str(md5))
+    return raw.hex() if len(raw) == 16 else None
 
 
 def is_md5(etag: str) -> bool:
