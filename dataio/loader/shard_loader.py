@@ -40,6 +40,7 @@ from dataio.loader.slabs import SlabKeeper, release_pooled
 from dataio.loader.startup import ShardCheck, agree_on_dataset, fields_to_read, open_dataset
 from dataio.loader.state import check_state, make_state
 from dataio.loader.threads import ReaderThreads
+from dataio.loader.tokens import TokenLoadConfig, TokenLoader, open_token_loader
 from dataio.loader.worker import BatchDataset, Ticket, WorkerJob
 from dataio.plan.mix import Mixture, delivered_epoch
 from dataio.plan.plan import steps_of_total
@@ -112,7 +113,10 @@ def make_loader(
     worker_mode: str = "auto",
     early_start: bool = True,
     label_space: str | Mapping[str, Any] = "same",
-) -> ShardLoader:
+    seq_len: int | None = None,
+    packing: str = "concat",
+    tokenizer: str | None = None,
+) -> ShardLoader | TokenLoader:
     """Open the dataset at `url` and return a ShardLoader; batch_size is per rank (see LoaderConfig).
 
     Several URLs (with `weights`, or Source objects with weight= or repeat=) make a mixture: one
@@ -120,11 +124,17 @@ def make_loader(
     weight, and each batch's "source" tensor says where every sample came from (plan/mix.py);
     `label_space` gives their labels one space ("same", "union" or a map: loader/labels.py).
     rank and world_size default to torch.distributed's when its default group is initialised.
+    seq_len (token datasets): batches of packed sequences, `packing` "concat" or "aligned", the
+    dataset's `tokenizer` file checked by hash (dataio/loader/tokens.py).
     """
     options = dict(locals())
     del options["url"], options["weights"]
+    token_options = {k: options.pop(k) for k in ("seq_len", "packing", "tokenizer")}
     config = LoaderConfig(**options)
     topology, kv_store = job_topology(config)
+    if seq_len is not None:  # --- token datasets: their own loader (dataio/loader/tokens.py) ---
+        return open_token_loader(url, weights, config, TokenLoadConfig(**token_options), topology=topology,
+                                 kv_store=kv_store)
     sources = as_sources(url, weights)
     return ShardLoader(plain_url(url) if sources is None else sources, config, topology=topology,
                        kv_store=kv_store)

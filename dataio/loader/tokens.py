@@ -1,0 +1,296 @@
+"""The token loader: `make_loader(url, seq_len=L, batch_size=B)` on a token dataset -> packed sequences.
+
+The unit of the plan is the sequence (dataio/plan/tokens.py): shards permuted by (seed, epoch), their
+documents concatenated in stored order, cut into sequences of L + 1 tokens ("concat") or from each
+document start ("aligned", padded and masked), shuffled within windows; every rank gets equal steps,
+every token is in exactly one sequence but a tail under one global batch. Workers are reader threads
+in this process (`num_workers` of them; 0: this thread): batch j of an iteration comes from worker
+j % num_workers, as the plan assigns it, so the order, the state and a resume at any world size and
+number of workers are those of the plan. The state counts batches as they leave `__iter__`.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from dataio.errors import ManifestError, StateError
+from dataio.format.manifest import Manifest, read_manifest
+from dataio.loader.config import LoaderConfig, check_int
+from dataio.loader.startup import agree_on_dataset
+from dataio.loader.state import check_state, make_state
+from dataio.loader.token_batches import TokenJob, worker_batches
+from dataio.plan.tokens import PACKINGS, SequenceOrder, TokenPlanConfig, token_num_steps
+from dataio.plan.types import PlanConfig, PlanState, Topology
+from dataio.readers.tokens import TokenShards
+from dataio.storage.store import Store
+
+_STOP_POLL_S = 0.1
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenLoadConfig:
+    """What make_loader takes for token datasets on top of LoaderConfig."""
+
+    seq_len: int
+    packing: str = "concat"
+    tokenizer: str | None = None  # a tokenizer file: refused unless its hash is the dataset's
+
+    def __post_init__(self) -> None:
+        check_int("seq_len", self.seq_len, minimum=1)
+        if self.packing not in PACKINGS:
+            raise ValueError(f"packing must be one of {list(PACKINGS)}, got {self.packing!r}")
+
+
+def tokenizer_hash(path: str) -> str:
+    """"xxh3_64:<hex>" of a tokenizer file, as the manifest records it (sharding/tokenizer.py)."""
+    try:
+        with open(path, "rb") as f:
+            return "xxh3_64:" + xxhash.xxh3_64_hexdigest(f.read())
+    except OSError as exc:
+        raise ValueError(f"tokenizer {path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def check_tokenizer(manifest: Manifest, url: str, path: str) -> None:
+    """ValueError unless the tokenizer file at `path` is the one the dataset at `url` was written with."""
+    assert manifest.tokens is not None
+    want, got = manifest.tokens.tokenizer, tokenizer_hash(path)
+    if got != want.file_hash:
+        raise ValueError(f"{url}: tokenized by {want.name!r} ({want.file_hash}), but tokenizer={path} hashes to "
+                         f"{got}: its ids would not match the dataset's; pass the dataset's tokenizer, or rewrite the "
+                         "dataset with this one")
+
+
+def open_token_dataset(url: str, config: LoaderConfig, tokens: TokenLoadConfig) -> tuple[Store, Manifest]:
+    """The Store and manifest of a token dataset, its tokenizer checked; ManifestError for another format."""
+    store = Store(url, config.storage)
+    manifest = read_manifest(store.first_request())
+    if manifest.format != "tokens" or manifest.tokens is None:
+        raise ManifestError(f"{store.url}: seq_len= reads token datasets (`shardify write TEXT DEST --tokenizer "
+                            f"FILE`); this one holds {manifest.format} shards: leave seq_len out")
+    if tokens.tokenizer is not None:
+        check_tokenizer(manifest, store.url, tokens.tokenizer)
+    return store, manifest
+
+
+def open_token_loader(url: Any, weights: Any, config: LoaderConfig, tokens: TokenLoadConfig, *,
+                      topology: Topology, kv_store: Any) -> TokenLoader:
+    """make_loader's path for seq_len=: one token dataset (mixtures of token datasets: not yet)."""
+    if not isinstance(url, str) or weights is not None:
+        raise ValueError("seq_len= takes one token dataset URL; mixtures of token datasets are not supported yet")
+    return TokenLoader(url, config, tokens, topology=topology, kv_store=kv_store)
+
+
+class TokenLoader:
+    """Iterate once per epoch (`set_epoch(e)` first); `len()` is the steps per rank; Stateful."""
+
+    def __init__(self, url: str, config: LoaderConfig, tokens: TokenLoadConfig, *, topology: Topology,
+                 kv_store: Any = None) -> None:
+        self.config, self.tokens, self.topology = config, tokens, topology
+
+        def opener() -> tuple[tuple[Store, Manifest], str]:
+            store, manifest = open_token_dataset(url, config, tokens)
+            return (store, manifest), manifest.fingerprint
+
+        if kv_store is not None:
+            self.store, self.manifest = agree_on_dataset(
+                opener, rank=topology.rank, world_size=topology.world_size, timeout_s=config.startup_timeout_s,
+                kv_store=kv_store)
+        else:
+            self.store, self.manifest = opener()[0]
+        self.fingerprint = self.manifest.fingerprint
+        self.mixture = None
+        info = self.manifest.tokens
+        assert info is not None
+        shards = TokenShards(self.store, self.manifest, verify_checksums=config.verify_checksums)
+        seq_bytes = (tokens.seq_len + 1) * info.np_dtype.itemsize
+        window = config.shuffle_window if config.shuffle_window_bytes is None else max(
+            1, min(config.shuffle_window, config.shuffle_window_bytes // seq_bytes))
+        self.plan_config = PlanConfig(seed=config.seed, batch_size=config.batch_size, tail=config.tail,
+                                      shuffle=config.shuffle, shuffle_window=window)
+        plan = TokenPlanConfig(seq_len=tokens.seq_len, packing=tokens.packing, plan=self.plan_config)
+        self.job = TokenJob(shards=shards, config=plan, doc_lengths=self._doc_lengths(shards),
+                            with_docs=config.fields is None or "doc_ids" in config.fields,
+                            pad_id=info.tokenizer.eos_id, prefetch_bytes=config.prefetch_bytes,
+                            max_in_flight=config.max_in_flight)
+        try:
+            SequenceOrder(self.job.doc_lengths, plan, 0)  # aligned packing refuses a seq_len above every document
+        except ValueError as exc:
+            raise ValueError(f"{self.store.url}: {exc}") from None
+        self._state, self._delivered, self._finished = PlanState(epoch=0), 0, False
+        self._active_steps: int | None = None
+        self._token = 0
+        self._threads: _Workers | None = None
+
+    def _doc_lengths(self, shards: TokenShards) -> tuple[np.ndarray, ...]:
+        """What the plan cuts: concat needs only each shard's tokens, aligned every document's length."""
+        if self.tokens.packing == "aligned":
+            return tuple(shards.document_lengths(range(self.manifest.num_shards)))
+        return tuple(np.asarray([n] if n else [], dtype=np.int64) for n in self.manifest.shard_num_tokens)
+
+    # --- epochs and length ------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
+
+    @property
+    def epoch(self) -> int:
+        return int(self._state.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration delivers; a resumed epoch keeps its position."""
+        check_int("epoch", epoch, minimum=0)
+        if epoch != self._state.epoch or self._finished:
+            self._state, self._delivered, self._finished = PlanState(epoch=epoch), 0, False
+
+    def _position(self) -> PlanState:
+        t = self.topology
+        return self._state.advanced(world_size=t.world_size, num_workers=t.num_workers, batches=self._delivered)
+
+    def _next_start(self) -> PlanState:
+        return PlanState(epoch=self._state.epoch) if self._finished else self._position()
+
+    def _steps_from(self, state: PlanState) -> int:
+        return token_num_steps(self.job.doc_lengths, config=self.job.config, world_size=self.topology.world_size,
+                               state=state)
+
+    def __len__(self) -> int:
+        if self._active_steps is not None:
+            return self._active_steps
+        return self._steps_from(self._next_start())
+
+    @property
+    def tokens_per_batch(self) -> int:
+        """Tokens of input each rank batch carries (batch_size x seq_len)."""
+        return self.config.batch_size * self.tokens.seq_len
+
+    # --- iteration --------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        start = self._next_start()
+        self._state, self._delivered, self._finished = start, 0, False
+        steps = self._steps_from(start)
+        self._token += 1
+        self._active_steps = steps
+        self._stop_threads()
+        if self.config.num_workers == 0:
+            batches: Iterator[dict[str, Any]] = worker_batches(self.job, self.topology.slot(0), start)
+        else:
+            self._threads = _Workers(self.job, self.topology, start, depth=self.config.prefetch_factor)
+            batches = self._threads.batches(steps)
+        return self._deliver(batches, self._token, steps)
+
+    def _deliver(self, batches: Iterator[dict[str, Any]], token: int, steps: int) -> Iterator[dict[str, Any]]:
+        try:
+            for batch in batches:
+                if token != self._token:
+                    raise RuntimeError("this loader started a newer iteration; an old iterator cannot continue")
+                if self.config.pin_memory:
+                    batch = {k: v.pin_memory() for k, v in batch.items()}
+                self._delivered += 1  # counted as it leaves: the state is what the caller got
+                yield batch
+                if self._delivered == steps:
+                    break
+            self._finished = self._delivered == steps
+        finally:
+            if token == self._token:
+                self._active_steps = None
+                self._stop_threads()
+
+    def _stop_threads(self) -> None:
+        if self._threads is not None:
+            self._threads.close()
+            self._threads = None
+
+    # --- Stateful (torch.distributed.checkpoint) -------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What has been delivered so far, in a form any rank of any topology can load."""
+        state = make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
+                           epoch_complete=self._finished and self._active_steps is None)
+        state["tokens"] = json.dumps({"seq_len": self.tokens.seq_len, "packing": self.tokens.packing})
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
+        if self._active_steps is not None:
+            raise RuntimeError("load_state_dict during an iteration; call it between epochs")
+        mine = {"seq_len": self.tokens.seq_len, "packing": self.tokens.packing}
+        saved = state_dict.get("tokens") if isinstance(state_dict, dict) else None
+        if saved is None or json.loads(saved) != mine:
+            raise StateError(f"cannot resume: the state was saved by a loader of {saved or 'samples, not tokens'}, "
+                             f"this one reads {mine}; build the loader with the same seq_len and packing")
+        state = check_state(state_dict, fingerprint=self.fingerprint, plan_config=self.plan_config)
+        try:
+            self._steps_from(state)  # replays the saved progress: refuses positions past the epoch
+        except (ValueError, IndexError) as exc:
+            raise StateError(f"loader state does not fit this dataset: {exc}") from None
+        self._state, self._delivered, self._finished = state, 0, False
+
+    def close(self) -> None:
+        """Stop the reader threads now."""
+        self._stop_threads()
+
+    def __enter__(self) -> TokenLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Workers:
+    """num_workers reader threads, each running its plan worker's batches into its own bounded queue."""
+
+    def __init__(self, job: TokenJob, topology: Topology, start: PlanState, *, depth: int) -> None:
+        self._stop = threading.Event()
+        self._queues = [queue.Queue(maxsize=max(1, depth)) for _ in range(topology.num_workers)]
+        self._threads = [threading.Thread(target=self._run, args=(job, topology, start, w), daemon=True,
+                                          name=f"dataio-tokens-{w}") for w in range(topology.num_workers)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, job: TokenJob, topology: Topology, start: PlanState, w: int) -> None:
+        try:
+            for batch in worker_batches(job, topology.slot(w), start):
+                if not self._put(w, ("batch", batch)):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - raised in the consuming thread at this worker's turn
+            self._put(w, ("error", exc))
+
+    def _put(self, w: int, item: tuple[str, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queues[w].put(item, timeout=_STOP_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def batches(self, steps: int) -> Iterator[dict[str, Any]]:
+        """Batch j from worker j % num_workers, for j < steps."""
+        for j in range(steps):
+            w = j % len(self._queues)
+            while True:
+                try:
+                    kind, value = self._queues[w].get(timeout=_STOP_POLL_S)
+                    break
+                except queue.Empty:
+                    if not self._threads[w].is_alive() and self._queues[w].empty():
+                        raise RuntimeError(f"token worker {w} ended before batch {j} of {steps}") from None
+            if kind == "error":
+                raise value
+            yield value
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()

@@ -1,0 +1,158 @@
+"""The token loader end to end, every rank in one process: each token's value is its global id, so a
+batch says which tokens it carries. Exactly once (every input token with its next-token label once),
+equal steps, positions and documents right, resume at another world size and number of workers,
+and the bad input it refuses (another tokenizer, seq_len above every document, a corrupt shard)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dataio import make_loader
+from dataio.errors import ManifestError, ShardFormatError, StateError
+from dataio.storage.store import Store
+from tests.dataio.resume_harness import check_resume, check_save_load_state, loader_advance, loader_deliver
+from tests.dataio.shardgen import write_tar_dataset
+from tests.dataio.tokengen import write_token_dataset
+
+pytestmark = pytest.mark.timeout(120)
+# Uneven shards: an empty one, one-token documents (an EOS alone), documents longer than seq_len.
+DOCS = [[5, 1, 40, 3], [], [70], [2, 2, 9, 33, 1, 12], [1], [25, 61, 4], [8, 8, 8, 8, 8]] * 3
+TOTAL = sum(sum(d) for d in DOCS)
+SEQ_LEN, BATCH = 16, 3
+
+
+@pytest.fixture(scope="module")
+def token_url(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp("tokens") / "ds")
+    write_token_dataset(Store(root), DOCS, block_tokens=16)
+    return root
+
+
+def _doc_starts() -> np.ndarray:
+    lengths = [n for shard in DOCS for n in shard]
+    return np.concatenate([[0], np.cumsum(lengths)])
+
+
+def loaders(url: str, world_size: int, num_workers: int, **kw) -> list:
+    return [make_loader(url, seq_len=SEQ_LEN, batch_size=BATCH, num_workers=num_workers, rank=r, world_size=world_size,
+                        shuffle_window=5, **kw) for r in range(world_size)]
+
+
+def trained_pairs(batch: dict) -> list[int]:
+    """The input tokens of a batch that carry a real next-token label: what a training step learns from."""
+    ids, keep = batch["input_ids"], batch["loss_mask"]
+    pairs = keep[:, :-1] & keep[:, 1:]
+    return ids[:, :-1][pairs].tolist()
+
+
+def check_batch(batch: dict) -> None:
+    """Shapes and dtypes; labels follow inputs within a document; doc_ids and position_ids agree with the ids."""
+    starts = _doc_starts()
+    ids, pos, docs, keep = batch["input_ids"], batch["position_ids"], batch["doc_ids"], batch["loss_mask"]
+    assert ids.shape == pos.shape == docs.shape == keep.shape == (BATCH, SEQ_LEN + 1)
+    assert ids.dtype == pos.dtype == docs.dtype == np.int64 or str(ids.dtype) == "torch.int64"
+    for r in range(BATCH):
+        real = keep[r].numpy() if bool(batch["mask"][r]) else (docs[r] >= 0).numpy()
+        row = ids[r].numpy()[real]
+        doc = np.searchsorted(starts, row, side="right") - 1
+        assert docs[r].numpy()[real].tolist() == doc.tolist()
+        new_run = np.concatenate([[True], doc[1:] != doc[:-1]])  # positions restart at the row and each document
+        at = np.arange(len(row))
+        assert pos[r].numpy()[real].tolist() == (at - np.maximum.accumulate(np.where(new_run, at, 0))).tolist()
+        assert (row[new_run][1:] == starts[doc[new_run][1:]]).all(), "a document run inside a row starts at its start"
+        same_doc = doc[1:] == doc[:-1]
+        assert (row[1:][same_doc] == row[:-1][same_doc] + 1).all(), "a label is the next token of its document"
+
+
+@pytest.mark.parametrize("packing", ["concat", "aligned"])
+@pytest.mark.parametrize("world_size,num_workers", [(1, 0), (2, 2), (3, 1)])
+def test_every_token_once_and_equal_steps(token_url, packing, world_size, num_workers) -> None:
+    ranks = loaders(token_url, world_size, num_workers, packing=packing)
+    per_rank = [list(loader) for loader in ranks]
+    assert len({len(b) for b in per_rank}) == 1 and len(per_rank[0]) == len(ranks[0])  # equal steps
+    trained = [t for batches in per_rank for b in batches for t in trained_pairs(b)]
+    for batches in per_rank:
+        for b in batches:
+            check_batch(b)
+    assert len(trained) == len(set(trained)), "an input token trained twice"
+    # Every token but a document's last (aligned) or the stream's last (concat) has a label; only the
+    # tail under one global batch of sequences goes missing.
+    expected = TOTAL - (sum(len(d) for d in DOCS) if packing == "aligned" else 1)
+    assert 0 <= expected - len(trained) < world_size * BATCH * SEQ_LEN
+
+
+def test_pad_tail_delivers_everything_and_flags_repeats(token_url) -> None:
+    per_rank = [list(loader) for loader in loaders(token_url, 2, 1, packing="aligned", tail="pad")]
+    trained = [t for batches in per_rank for b in batches for t in trained_pairs(b)]
+    assert len(trained) == len(set(trained)) == TOTAL - sum(len(d) for d in DOCS)
+    assert not all(bool(b["mask"].all()) for batches in per_rank for b in batches)  # some repeats, masked
+
+
+@pytest.mark.parametrize("packing", ["concat", "aligned"])
+def test_resume_at_another_world_size_and_worker_count(token_url, packing) -> None:
+    def make_at(topology):
+        return loaders(token_url, topology[0], topology[1], packing=packing)
+
+    deliver = loader_deliver(make_at, lambda b: tuple(trained_pairs(b)))
+    advance = loader_advance(make_at)
+    got, _ = check_resume(deliver, advance, lambda keys: keys, None, [((2, 2), 2), ((3, 1), 1), ((1, 2), None)])
+    uninterrupted = [t for batches in deliver(None, (1, 0)) for b in batches for t in b]
+    assert abs(len(got) - len(uninterrupted)) < 3 * BATCH * SEQ_LEN  # tails under one global batch each
+
+
+def test_save_load_state_replays_the_run(token_url) -> None:
+    check_save_load_state(lambda: loaders(token_url, 2, 2), stop=3,
+                          summary=lambda b: tuple(b["input_ids"].flatten().tolist()))
+
+
+def test_input_ids_alone_and_a_state_of_another_seq_len(token_url) -> None:
+    (loader,) = loaders(token_url, 1, 0, fields=("input_ids",))
+    batch = next(iter(loader))
+    assert set(batch) == {"input_ids", "loss_mask", "mask"}
+    (other,) = [make_loader(token_url, seq_len=8, batch_size=BATCH, num_workers=0, rank=0, world_size=1)]
+    with pytest.raises(StateError, match="same seq_len and packing"):
+        other.load_state_dict(loader.state_dict())
+
+
+def test_a_tokenizer_of_another_hash_is_refused(token_url, tmp_path) -> None:
+    other = tmp_path / "tokenizer.json"
+    other.write_text('{"model": {}}')
+    with pytest.raises(ValueError, match=r"tokenized by 'ids' \(xxh3_64:0123456789abcdef\).*pass the dataset's"):
+        make_loader(token_url, seq_len=SEQ_LEN, batch_size=BATCH, num_workers=0, tokenizer=str(other))
+
+
+def test_aligned_seq_len_above_every_document_is_refused(token_url) -> None:
+    with pytest.raises(ValueError, match=rf"{token_url}: seq_len 500 is larger than every document.*packing='concat'"):
+        make_loader(token_url, seq_len=500, batch_size=1, num_workers=0, packing="aligned")
+
+
+def test_seq_len_on_an_image_dataset_is_refused(tmp_path) -> None:
+    write_tar_dataset(Store(str(tmp_path / "img")), [2])
+    with pytest.raises(ManifestError, match="seq_len= reads token datasets.*holds tar shards"):
+        make_loader(str(tmp_path / "img"), seq_len=8, batch_size=1, num_workers=0)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_corrupt_shard_names_the_shard_and_document(tmp_path, num_workers) -> None:
+    root = tmp_path / "ds"
+    write_token_dataset(Store(str(root)), DOCS, block_tokens=16)
+    path = root / "shards" / "shard-000003.tokens"
+    data = bytearray(path.read_bytes())
+    data[2 * 20] ^= 0xFF  # token 20 of the shard: block 1, its 4th document (offsets 0 2 4 13 46)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardFormatError, match=r"shard-000003\.tokens: token block 1 \(document 3 from token 16\)"):
+        for _ in make_loader(str(root), seq_len=SEQ_LEN, batch_size=BATCH, num_workers=num_workers):
+            pass
+
+
+def test_object_storage_reads_ranged_windows(s3_server, token_url) -> None:
+    """The same batches from SeaweedFS as from the local copy (ranged reads of whole checksum blocks)."""
+    url = f"s3://{s3_server.new_bucket()}/ds"
+    store = Store(url, s3_server.options())
+    write_token_dataset(store, DOCS, block_tokens=16)
+    for packing in ("concat", "aligned"):
+        kw = dict(seq_len=SEQ_LEN, batch_size=BATCH, num_workers=2, packing=packing, rank=1, world_size=2)
+        remote = [b["input_ids"].tolist() for b in make_loader(url, storage=s3_server.options(), **kw)]
+        local = [b["input_ids"].tolist() for b in make_loader(token_url, **kw)]
+        assert remote == local and remote
