@@ -35,7 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=4, help="training epochs (default: %(default)s)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks for torchrun (default: %(default)s)")
     parser.add_argument("--no-train", action="store_true", help="stop after shardify inspect")
+    parser.add_argument("--text", action="store_true",
+                        help="the text demo instead: tokenize the bundled Python docs, train a tiny GPT (tools/demo_text.py)")
+    parser.add_argument("--quick", action="store_true", help="with --text: a smaller run (<= 30 s) that the tests use")
     args = parser.parse_args(argv)
+    if args.text:
+        from tools.demo_text import main as text_demo
+
+        return text_demo(Path(args.out if args.out != "out/demo" else "out/demo-text"), quick=args.quick,
+                         nproc=args.nproc)
 
     out = Path(args.out)
     if out.exists():
