@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from tools.demo import _bin, _run
+from tools.demo_steps import _bin, _run
 from tools.text_corpus import documents, write_jsonl
 
 # (vocabulary, trainer flags): the full demo trains for a couple of minutes on 2 CPU ranks.

@@ -138,6 +138,8 @@ def micro_step(run: Any, batch: dict[str, Any], last: bool) -> tuple[float, int]
     cfg, rt, timer = run.cfg, run.rt, run.timer
     with timer.phase("h2d"):
         tensors = to_device(batch, rt.device, doc_masking=cfg.doc_masking)
+    if "source" in batch:  # a mixture: real sequences per source, for the report
+        run.recorder.count_sources(batch["source"], batch["mask"])
     sync = run.net.no_sync() if (rt.distributed and not last) else contextlib.nullcontext()
     with timer.phase("fwd_bwd"), sync:
         loss = token_loss(run.net, *tensors) / cfg.grad_accum

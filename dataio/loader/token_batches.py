@@ -6,6 +6,7 @@ A batch of B sequences of seq_len L (every tensor a fresh one the caller may kee
     doc_ids       [B, L+1] int64   global document number (manifest order); -1 on padding
     loss_mask     [B, L+1] bool    a real token of a real (not repeated) sequence
     mask          [B]      bool    False for a tail="pad" repeat
+    source        [B]      int64   a mixture's source of each sequence (mixtures only)
 Each row is copied once from the memory map (or a ranged read) into `input_ids`, widened to int64 by
 the same assignment. With fields=("input_ids",) the document fields are left out (no offsets read).
 """
@@ -19,9 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from dataio.plan.tokens import SequenceOrder, TokenPlanConfig, TokenWindow, plan_token_worker
+from dataio.plan.mix import Mixture
+from dataio.plan.token_mix import SequenceGroup, TokenMixWindow, plan_token_mix_worker
+from dataio.plan.tokens import TokenPlanConfig, TokenWindow, TokenWorkerPlan, plan_token_worker
 from dataio.plan.types import PlanState, WorkerSlot
-from dataio.readers.tokens import Piece, TokenShards
+from dataio.readers.tokens import Piece, TokenSources
 
 TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
 
@@ -30,9 +33,11 @@ TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
 class TokenJob:
     """Everything a token worker needs; the same on every worker of every rank."""
 
-    shards: TokenShards
+    sources: TokenSources
     config: TokenPlanConfig
-    doc_lengths: tuple[np.ndarray, ...]  # per shard: what the plan cuts (concat: one entry, the shard's tokens)
+    # Per source, per shard: what the plan cuts (concat: one entry, the shard's tokens; aligned: documents).
+    doc_lengths: tuple[tuple[np.ndarray, ...], ...]
+    mixture: Mixture | None = None  # several sources (plan/token_mix.py); None: one dataset
     with_docs: bool = True  # position_ids and doc_ids
     pad_id: int = 0
     prefetch_bytes: int = 128 << 20
@@ -42,12 +47,14 @@ class TokenJob:
 class _Rows:
     """The batch being filled: numpy views of fresh tensors."""
 
-    def __init__(self, batch_size: int, width: int, with_docs: bool) -> None:
+    def __init__(self, batch_size: int, width: int, with_docs: bool, mixed: bool) -> None:
         self.tensors: dict[str, torch.Tensor] = {
             "input_ids": torch.empty((batch_size, width), dtype=torch.int64),
             "loss_mask": torch.zeros((batch_size, width), dtype=torch.bool),
             "mask": torch.ones(batch_size, dtype=torch.bool),
         }
+        if mixed:
+            self.tensors["source"] = torch.zeros(batch_size, dtype=torch.int64)
         if with_docs:
             self.tensors["position_ids"] = torch.zeros((batch_size, width), dtype=torch.int64)
             self.tensors["doc_ids"] = torch.full((batch_size, width), -1, dtype=torch.int64)
@@ -55,38 +62,59 @@ class _Rows:
         self.filled = 0
 
 
+def plan_of(job: TokenJob, slot: WorkerSlot, state: PlanState) -> TokenWorkerPlan:
+    """The worker's plan: one dataset's (plan/tokens.py) or a mixture's (plan/token_mix.py)."""
+    if job.mixture is None:
+        return plan_token_worker(job.doc_lengths[0], config=job.config, slot=slot, state=state)
+    return plan_token_mix_worker(job.doc_lengths, job.mixture, config=job.config, slot=slot, state=state)
+
+
 def worker_batches(job: TokenJob, slot: WorkerSlot, state: PlanState) -> Iterator[dict[str, Any]]:
     """This worker's batches from `state` on, in its plan's order (rank batch j from worker j % num_workers)."""
-    plan = plan_token_worker(job.doc_lengths, config=job.config, slot=slot, state=state)
-    B, width = job.config.plan.batch_size, job.config.seq_len + 1
-    rows = _Rows(B, width, job.with_docs)
-    reads = job.shards.windows((w.segments for w in plan.windows), budget_bytes=job.prefetch_bytes,
-                               max_in_flight=job.max_in_flight)
+    plan = plan_of(job, slot, state)
+    B, width, mixed = job.config.plan.batch_size, job.config.seq_len + 1, job.mixture is not None
+    rows = _Rows(B, width, job.with_docs, mixed)
+    reads = job.sources.windows((w.segments for w in plan.windows), budget_bytes=job.prefetch_bytes,
+                                max_in_flight=job.max_in_flight)
     for window, pieces in zip(plan.windows, reads):
-        lookup = _PieceLookup(pieces, plan.order)
+        lookups, group = _lookups(job, window, pieces, plan)
         for i in range(len(window.stream_starts)):
-            _fill_row(job, rows, rows.filled, lookup, window, i)
+            _fill_row(job, rows, lookups[int(group[i])], window, i)
+            if mixed:
+                rows.np["source"][rows.filled] = int(window.source[i])
             rows.filled += 1
             if rows.filled == B:
                 yield rows.tensors
-                rows = _Rows(B, width, job.with_docs)
+                rows = _Rows(B, width, job.with_docs, mixed)
     assert rows.filled == 0, "a worker's sequences are whole batches"
 
 
-class _PieceLookup:
-    """A window's pieces by their place in the epoch's stream of tokens."""
+def _lookups(job: TokenJob, window: TokenWindow, pieces: list[Piece], plan: TokenWorkerPlan
+             ) -> tuple[list[_PieceLookup], np.ndarray]:
+    """A lookup per group of the window's sequences (one for a single dataset), and each sequence's group."""
+    if isinstance(window, TokenMixWindow):
+        return [_PieceLookup(pieces, g, job.sources) for g in window.groups], window.group
+    assert plan.order is not None
+    whole = SequenceGroup(source=0, order=plan.order, first=0, end=len(pieces))
+    return [_PieceLookup(pieces, whole, job.sources)], np.zeros(len(window.stream_starts), dtype=np.int64)
 
-    def __init__(self, pieces: list[Piece], order: SequenceOrder) -> None:
-        self.pieces = pieces
-        starts, place = order.shards.starts, order.shards.place
-        self.lo = np.asarray([int(starts[place[p.shard]]) + p.start for p in pieces], dtype=np.int64)
+
+class _PieceLookup:
+    """One group's pieces by their place in its pass's stream of tokens."""
+
+    def __init__(self, pieces: list[Piece], group: SequenceGroup, sources: TokenSources) -> None:
+        self.pieces = pieces[group.first:group.end]
+        starts, place = group.order.shards.starts, group.order.shards.place
+        base = int(sources.shard_base[group.source])
+        self.lo = np.asarray([int(starts[place[p.shard - base]]) + p.start for p in self.pieces], dtype=np.int64)
 
     def first(self, stream_pos: int) -> int:
         return int(np.searchsorted(self.lo, stream_pos, side="right") - 1)
 
 
-def _fill_row(job: TokenJob, rows: _Rows, r: int, lookup: _PieceLookup, window: TokenWindow, i: int) -> None:
-    """Row r of the batch: sequence i of the window, copied from its pieces; padding after it."""
+def _fill_row(job: TokenJob, rows: _Rows, lookup: _PieceLookup, window: TokenWindow, i: int) -> None:
+    """The batch's next row: sequence i of the window, copied from its pieces; padding after it."""
+    r = rows.filled
     s, n = int(window.stream_starts[i]), int(window.num_tokens[i])
     ids = rows.np["input_ids"][r]
     run_starts: list[np.ndarray] = []
@@ -99,7 +127,7 @@ def _fill_row(job: TokenJob, rows: _Rows, r: int, lookup: _PieceLookup, window: 
         assert take > 0, "the plan's segments cover every sequence"
         ids[done:done + take] = piece.tokens[a:a + take]  # the one copy, widened to int64 on the way
         if job.with_docs:
-            starts, docs = _doc_runs(job.shards, piece.shard, piece.start + a, piece.start + a + take)
+            starts, docs = job.sources.doc_runs(piece.shard, piece.start + a, piece.start + a + take)
             run_starts.append(starts + done)
             run_docs.append(docs)
         done += take
@@ -111,15 +139,6 @@ def _fill_row(job: TokenJob, rows: _Rows, r: int, lookup: _PieceLookup, window: 
     rows.np["mask"][r] = real
     if job.with_docs:
         _fill_docs(rows, r, n, np.concatenate(run_starts), np.concatenate(run_docs))
-
-
-def _doc_runs(shards: TokenShards, shard: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """(start relative to lo, global document number) of each document run within tokens [lo, hi) of a shard."""
-    offsets = shards.offsets(shard)
-    d0 = int(np.searchsorted(offsets, lo, side="right") - 1)
-    d1 = int(np.searchsorted(offsets, hi, side="left"))  # the documents starting before hi: d0 .. d1 - 1
-    starts = np.maximum(offsets[d0:d1], lo) - lo
-    return starts, shards.doc_base[shard] + np.arange(d0, d1, dtype=np.int64)
 
 
 def _fill_docs(rows: _Rows, r: int, n: int, starts: np.ndarray, docs: np.ndarray) -> None:

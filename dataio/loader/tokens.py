@@ -23,13 +23,15 @@ import xxhash
 
 from dataio.errors import ManifestError, StateError
 from dataio.format.manifest import Manifest, read_manifest
-from dataio.loader.config import LoaderConfig, check_int
+from dataio.loader.config import LoaderConfig, Source, check_int
+from dataio.loader.mixing import as_sources, plain_url
 from dataio.loader.startup import agree_on_dataset
 from dataio.loader.state import check_state, make_state
 from dataio.loader.token_batches import TokenJob, worker_batches
+from dataio.plan.token_mix import token_mix_num_steps, token_mixture
 from dataio.plan.tokens import PACKINGS, SequenceOrder, TokenPlanConfig, token_num_steps
 from dataio.plan.types import PlanConfig, PlanState, Topology
-from dataio.readers.tokens import TokenShards
+from dataio.readers.tokens import TokenShards, TokenSources
 from dataio.storage.store import Store
 
 _STOP_POLL_S = 0.1
@@ -82,48 +84,78 @@ def open_token_dataset(url: str, config: LoaderConfig, tokens: TokenLoadConfig) 
 
 def open_token_loader(url: Any, weights: Any, config: LoaderConfig, tokens: TokenLoadConfig, *,
                       topology: Topology, kv_store: Any) -> TokenLoader:
-    """make_loader's path for seq_len=: one token dataset (mixtures of token datasets: not yet)."""
-    if not isinstance(url, str) or weights is not None:
-        raise ValueError("seq_len= takes one token dataset URL; mixtures of token datasets are not supported yet")
-    return TokenLoader(url, config, tokens, topology=topology, kv_store=kv_store)
+    """make_loader's path for seq_len=: one token dataset, or a mixture of them weighted by token share."""
+    sources = as_sources(url, weights) or [Source(plain_url(url))]
+    if any(s.repeat is not None for s in sources):
+        raise ValueError("token mixtures take weights (token shares), not repeat=; give each Source a weight")
+    return TokenLoader(sources, config, tokens, topology=topology, kv_store=kv_store)
+
+
+def open_token_sources(sources: list[Source], config: LoaderConfig, tokens: TokenLoadConfig
+                       ) -> tuple[list[tuple[Store, Manifest]], str]:
+    """Every source opened and checked (one tokenizer for all), and the job's fingerprint."""
+    opened = [open_token_dataset(s.url, config, tokens) for s in sources]
+    hashes = {m.tokens.tokenizer.file_hash for _, m in opened if m.tokens is not None}
+    if len(hashes) > 1:
+        raise ValueError(f"token sources {[st.url for st, _ in opened]} were tokenized by different tokenizers "
+                         f"({sorted(hashes)}): their ids mean different things; mix datasets of one tokenizer")
+    if len(opened) == 1:
+        return opened, opened[0][1].fingerprint
+    text = json.dumps([[m.fingerprint, s.weight] for s, (_, m) in zip(sources, opened)])
+    return opened, "tokmix-" + xxhash.xxh3_128_hexdigest(text.encode())
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenedTokens:
+    """A token mixture's opened sources, in source order."""
+
+    stores: tuple[Store, ...]
+    manifests: tuple[Manifest, ...]
 
 
 class TokenLoader:
     """Iterate once per epoch (`set_epoch(e)` first); `len()` is the steps per rank; Stateful."""
 
-    def __init__(self, url: str, config: LoaderConfig, tokens: TokenLoadConfig, *, topology: Topology,
-                 kv_store: Any = None) -> None:
+    def __init__(self, sources: list[Source], config: LoaderConfig, tokens: TokenLoadConfig, *,
+                 topology: Topology, kv_store: Any = None) -> None:
         self.config, self.tokens, self.topology = config, tokens, topology
 
-        def opener() -> tuple[tuple[Store, Manifest], str]:
-            store, manifest = open_token_dataset(url, config, tokens)
-            return (store, manifest), manifest.fingerprint
+        def opener() -> tuple[tuple[list[tuple[Store, Manifest]], str], str]:
+            opened, fingerprint = open_token_sources(sources, config, tokens)
+            return (opened, fingerprint), fingerprint
 
         if kv_store is not None:
-            self.store, self.manifest = agree_on_dataset(
+            opened, self.fingerprint = agree_on_dataset(
                 opener, rank=topology.rank, world_size=topology.world_size, timeout_s=config.startup_timeout_s,
                 kv_store=kv_store)
         else:
-            self.store, self.manifest = opener()[0]
-        self.fingerprint = self.manifest.fingerprint
-        self.mixture = None
+            opened, self.fingerprint = opener()[0]
+        self.store, self.manifest = opened[0]  # the first source's (the only one's)
+        # A mixture's stores and manifests in source order, as ShardLoader.sources (None: one dataset).
+        self.sources = None if len(opened) == 1 else OpenedTokens(stores=tuple(st for st, _ in opened),
+                                                                    manifests=tuple(m for _, m in opened))
         info = self.manifest.tokens
         assert info is not None
-        shards = TokenShards(self.store, self.manifest, verify_checksums=config.verify_checksums)
+        shards = TokenSources([TokenShards(st, m, verify_checksums=config.verify_checksums) for st, m in opened])
         seq_bytes = (tokens.seq_len + 1) * info.np_dtype.itemsize
         window = config.shuffle_window if config.shuffle_window_bytes is None else max(
             1, min(config.shuffle_window, config.shuffle_window_bytes // seq_bytes))
         self.plan_config = PlanConfig(seed=config.seed, batch_size=config.batch_size, tail=config.tail,
                                       shuffle=config.shuffle, shuffle_window=window)
         plan = TokenPlanConfig(seq_len=tokens.seq_len, packing=tokens.packing, plan=self.plan_config)
-        self.job = TokenJob(shards=shards, config=plan, doc_lengths=self._doc_lengths(shards),
+        doc_lengths = tuple(self._doc_lengths(src) for src in shards.shards)
+        for src, docs in zip(shards.shards, doc_lengths):
+            try:
+                SequenceOrder(docs, plan, 0)  # aligned packing refuses a seq_len above every document
+            except ValueError as exc:
+                raise ValueError(f"{src.store.url}: {exc}") from None
+        self.mixture = None if len(sources) == 1 else token_mixture(
+            doc_lengths, plan, names=[st.url for st, _ in opened], weights=[s.weight or 1.0 for s in sources],
+            fingerprints=[m.fingerprint for _, m in opened])
+        self.job = TokenJob(sources=shards, config=plan, doc_lengths=doc_lengths, mixture=self.mixture,
                             with_docs=config.fields is None or "doc_ids" in config.fields,
                             pad_id=info.tokenizer.eos_id, prefetch_bytes=config.prefetch_bytes,
                             max_in_flight=config.max_in_flight)
-        try:
-            SequenceOrder(self.job.doc_lengths, plan, 0)  # aligned packing refuses a seq_len above every document
-        except ValueError as exc:
-            raise ValueError(f"{self.store.url}: {exc}") from None
         self._state, self._delivered, self._finished = PlanState(epoch=0), 0, False
         self._active_steps: int | None = None
         self._token = 0
@@ -132,8 +164,8 @@ class TokenLoader:
     def _doc_lengths(self, shards: TokenShards) -> tuple[np.ndarray, ...]:
         """What the plan cuts: concat needs only each shard's tokens, aligned every document's length."""
         if self.tokens.packing == "aligned":
-            return tuple(shards.document_lengths(range(self.manifest.num_shards)))
-        return tuple(np.asarray([n] if n else [], dtype=np.int64) for n in self.manifest.shard_num_tokens)
+            return tuple(shards.document_lengths(range(shards.manifest.num_shards)))
+        return tuple(np.asarray([n] if n else [], dtype=np.int64) for n in shards.manifest.shard_num_tokens)
 
     # --- epochs and length ------------------------------------------------------------------
     @property
@@ -162,7 +194,10 @@ class TokenLoader:
         return PlanState(epoch=self._state.epoch) if self._finished else self._position()
 
     def _steps_from(self, state: PlanState) -> int:
-        return token_num_steps(self.job.doc_lengths, config=self.job.config, world_size=self.topology.world_size,
+        if self.mixture is not None:
+            return token_mix_num_steps(self.mixture, config=self.job.config, world_size=self.topology.world_size,
+                                       state=state)
+        return token_num_steps(self.job.doc_lengths[0], config=self.job.config, world_size=self.topology.world_size,
                                state=state)
 
     def __len__(self) -> int:
@@ -216,7 +251,7 @@ class TokenLoader:
     def state_dict(self) -> dict[str, Any]:
         """What has been delivered so far, in a form any rank of any topology can load."""
         state = make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
-                           epoch_complete=self._finished and self._active_steps is None)
+                           mixture=self.mixture, epoch_complete=self._finished and self._active_steps is None)
         state["tokens"] = json.dumps({"seq_len": self.tokens.seq_len, "packing": self.tokens.packing})
         return state
 
@@ -229,7 +264,8 @@ class TokenLoader:
         if saved is None or json.loads(saved) != mine:
             raise StateError(f"cannot resume: the state was saved by a loader of {saved or 'samples, not tokens'}, "
                              f"this one reads {mine}; build the loader with the same seq_len and packing")
-        state = check_state(state_dict, fingerprint=self.fingerprint, plan_config=self.plan_config)
+        state = check_state(state_dict, fingerprint=self.fingerprint, plan_config=self.plan_config,
+                            mixture=self.mixture)
         try:
             self._steps_from(state)  # replays the saved progress: refuses positions past the epoch
         except (ValueError, IndexError) as exc:

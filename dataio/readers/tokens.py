@@ -11,7 +11,7 @@ Each shard's document offsets and block checksums (small sidecars) are read once
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,14 +136,43 @@ class TokenShards:
                              offsets=self.offsets(seg.shard))
             checked[block] = True
 
+
+class TokenSources:
+    """One or several token datasets (a mixture; one dataset is a mixture of one) as global shard numbers:
+    source s's shard j is shard_base[s] + j. `read` and `windows` take Segments of global shards."""
+
+    def __init__(self, shards: Sequence[TokenShards]) -> None:
+        self.shards = tuple(shards)
+        self.shard_base = np.concatenate([[0], np.cumsum([s.manifest.num_shards for s in self.shards])]).astype(np.int64)
+        self.itemsize = max(s.info.np_dtype.itemsize for s in self.shards)
+        self.is_local = all(s.store.is_local for s in self.shards)
+
+    def locate(self, shard: int) -> tuple[TokenShards, int]:
+        """(the source's TokenShards, its own shard number) of a global shard."""
+        source = int(np.searchsorted(self.shard_base, shard, side="right") - 1)
+        return self.shards[source], shard - int(self.shard_base[source])
+
+    def read(self, seg: Segment) -> Piece:
+        src, local = self.locate(seg.shard)
+        piece = src.read(Segment(shard=local, start=seg.start, stop=seg.stop))
+        return Piece(seg.shard, seg.start, seg.stop, piece.tokens)
+
+    def doc_runs(self, shard: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(start relative to lo, document number in its dataset) of each document run in tokens [lo, hi)."""
+        src, local = self.locate(shard)
+        offsets = src.offsets(local)
+        d0 = int(np.searchsorted(offsets, lo, side="right") - 1)
+        d1 = int(np.searchsorted(offsets, hi, side="left"))  # the documents starting before hi: d0 .. d1 - 1
+        return np.maximum(offsets[d0:d1], lo) - lo, src.doc_base[local] + np.arange(d0, d1, dtype=np.int64)
+
     def windows(self, segments: Iterable[tuple[Segment, ...]], *, budget_bytes: int,
                 max_in_flight: int) -> Iterator[list[Piece]]:
         """The pieces of each window's segments, in order; object storage read ahead (Prefetcher)."""
-        if self.store.is_local:
+        if self.is_local:
             for segs in segments:
                 yield [self.read(s) for s in segs]
             return
-        size = self.info.np_dtype.itemsize
+        size = self.itemsize
         flat = ((k, s) for k, segs in enumerate(_announce(segments)) for s in segs)
         fetcher = Prefetcher(lambda item: self.read(item[1]) if item[1] is not None else None,
                              size_of=lambda item: 0 if item[1] is None else (item[1].stop - item[1].start) * size,

@@ -156,3 +156,62 @@ def test_object_storage_reads_ranged_windows(s3_server, token_url) -> None:
         remote = [b["input_ids"].tolist() for b in make_loader(url, storage=s3_server.options(), **kw)]
         local = [b["input_ids"].tolist() for b in make_loader(token_url, **kw)]
         assert remote == local and remote
+
+
+# --- mixtures: weights are token shares -----------------------------------------------------------------
+B_DOCS = [[9, 30, 2], [44, 1, 7]]  # a small second source, its token values from 100000 on
+B_FIRST = 100_000
+
+
+@pytest.fixture(scope="module")
+def second_url(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp("tokens-b") / "ds")
+    write_token_dataset(Store(root), B_DOCS, block_tokens=16, first_id=B_FIRST)
+    return root
+
+
+def mixed(token_url: str, second_url: str, world_size: int, num_workers: int, weights=(3.0, 1.0), **kw) -> list:
+    return [make_loader([token_url, second_url], weights=list(weights), seq_len=SEQ_LEN, batch_size=BATCH,
+                        num_workers=num_workers, rank=r, world_size=world_size, shuffle_window=5, **kw)
+            for r in range(world_size)]
+
+
+def test_mixture_shares_are_token_shares_and_each_source_is_read_once(token_url, second_url) -> None:
+    ranks = mixed(token_url, second_url, 2, 2)
+    mixture = ranks[0].mixture
+    per_rank = [list(loader) for loader in ranks]
+    assert len({len(b) for b in per_rank}) == 1
+    batches = [b for rank_batches in per_rank for b in rank_batches]
+    seqs = np.bincount(np.concatenate([b["source"].numpy() for b in batches]), minlength=2)
+    delivered = mixture.epoch(2 * BATCH).counts  # the epoch rounded down to the global batch, shared by weight
+    assert seqs.tolist() == delivered.tolist()
+    for b in batches:
+        ids, src = b["input_ids"], b["source"]
+        assert ((ids[src == 1][b["loss_mask"][src == 1]] >= B_FIRST).all() and
+                (ids[src == 0][b["loss_mask"][src == 0]] < B_FIRST).all()), "a row holds its own source's tokens"
+    trained = [t for b in batches for t in trained_pairs(b)]
+    # Each source gives about its share of sequences (seq_len tokens each): 3:1 within one sequence.
+    share_a = sum(t < B_FIRST for t in trained) / len(trained)
+    assert abs(share_a - delivered[0] / delivered.sum()) < 1 / delivered.sum() + 0.02
+    if delivered[1] <= mixture.sources[1].num_samples:  # no pass repeats the small source within an epoch
+        assert len(trained) == len(set(trained))
+
+
+def test_mixture_resumes_at_another_topology(token_url, second_url) -> None:
+    def make_at(topology):  # shares near the sizes: no source repeats within the epoch, so keys are unique
+        return mixed(token_url, second_url, topology[0], topology[1], weights=(14.0, 1.0))
+
+    deliver = loader_deliver(make_at, lambda b: tuple(zip(b["source"].tolist(), b["input_ids"][:, 0].tolist())))
+    got, _ = check_resume(deliver, loader_advance(make_at), lambda keys: keys, None,
+                          [((2, 1), 2), ((1, 2), 1), ((3, 2), None)])
+    assert {source for source, _ in got} == {0, 1}
+    (one,) = mixed(token_url, second_url, 1, 0, weights=(1.0, 1.0))
+    with pytest.raises(StateError, match="single-dataset"):
+        one.load_state_dict(loaders(token_url, 1, 0)[0].state_dict())
+
+
+def test_sources_of_different_tokenizers_are_refused(token_url, tmp_path) -> None:
+    other = str(tmp_path / "other")
+    write_token_dataset(Store(other), B_DOCS, file_hash="xxh3_64:ffffffffffffffff")
+    with pytest.raises(ValueError, match="different tokenizers"):
+        make_loader([token_url, other], weights=[1, 1], seq_len=SEQ_LEN, batch_size=BATCH, num_workers=0)

@@ -18,14 +18,14 @@ TOKENIZER_HASH = "xxh3_64:0123456789abcdef"
 
 
 def write_token_dataset(store: Store, doc_lengths: Sequence[Sequence[int]], *, block_tokens: int = 64,
-                        file_hash: str = TOKENIZER_HASH) -> Manifest:
-    """Shards of documents of these lengths; token values count up from 0 across the whole dataset."""
-    total = sum(sum(d) for d in doc_lengths)
+                        file_hash: str = TOKENIZER_HASH, first_id: int = 0) -> Manifest:
+    """Shards of documents of these lengths; token values count up from first_id across the whole dataset."""
+    total = first_id + sum(sum(d) for d in doc_lengths)
     dtype = "uint16" if total < 1 << 16 else "uint32"
     info = TokensInfo(tokenizer=TokenizerInfo(name="ids", kind="hf", vocab_size=max(2, total), eos_id=0,
                                               file_hash=file_hash), dtype=dtype, block_tokens=block_tokens)
     rows: list[dict] = []
-    next_id = 0
+    next_id = first_id
     for i, lengths in enumerate(doc_lengths):
         rel = f"shards/shard-{i:06d}.tokens"
         f = io.BytesIO()
