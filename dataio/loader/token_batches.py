@@ -50,16 +50,37 @@ class _Rows:
     def __init__(self, batch_size: int, width: int, with_docs: bool, mixed: bool) -> None:
         self.tensors: dict[str, torch.Tensor] = {
             "input_ids": torch.empty((batch_size, width), dtype=torch.int64),
-            "loss_mask": torch.zeros((batch_size, width), dtype=torch.bool),
+            "loss_mask": torch.empty((batch_size, width), dtype=torch.bool),  # every element written per row
             "mask": torch.ones(batch_size, dtype=torch.bool),
         }
         if mixed:
             self.tensors["source"] = torch.zeros(batch_size, dtype=torch.int64)
         if with_docs:
-            self.tensors["position_ids"] = torch.zeros((batch_size, width), dtype=torch.int64)
-            self.tensors["doc_ids"] = torch.full((batch_size, width), -1, dtype=torch.int64)
+            # Fresh memory is only written once: finish() fills every element of these.
+            self.tensors["position_ids"] = torch.empty((batch_size, width), dtype=torch.int64)
+            self.tensors["doc_ids"] = torch.empty((batch_size, width), dtype=torch.int64)
         self.np = {k: v.numpy() for k, v in self.tensors.items()}
         self.filled = 0
+        # Document runs of the rows filled so far, for position_ids and doc_ids made per batch (finish):
+        # each run's first token as a flat index into [B, L+1], its document; row r's real length.
+        self.run_at: list[np.ndarray] = []
+        self.run_doc: list[np.ndarray] = []
+        self.lengths = np.zeros(batch_size, dtype=np.int64)
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        """The batch, its position_ids and doc_ids made in a few passes over [B, L+1] (not per row)."""
+        if "doc_ids" in self.np:
+            B, W = self.np["doc_ids"].shape
+            run_at = np.concatenate(self.run_at)  # ascending; every row has a run at its first token
+            run_len = np.diff(np.append(run_at, B * W))
+            # (B*W,) views: each token's document, its offset from its run's start (repeats, no scans)
+            self.np["doc_ids"].reshape(-1)[:] = np.repeat(np.concatenate(self.run_doc), run_len)
+            np.subtract(np.arange(B * W, dtype=np.int64), np.repeat(run_at, run_len),
+                        out=self.np["position_ids"].reshape(-1))
+            for r in np.flatnonzero(self.lengths < W).tolist():  # padding (aligned packing, a short tail)
+                self.np["doc_ids"][r, self.lengths[r]:] = -1
+                self.np["position_ids"][r, self.lengths[r]:] = 0
+        return self.tensors
 
 
 def plan_of(job: TokenJob, slot: WorkerSlot, state: PlanState) -> TokenWorkerPlan:
@@ -84,7 +105,7 @@ def worker_batches(job: TokenJob, slot: WorkerSlot, state: PlanState) -> Iterato
                 rows.np["source"][rows.filled] = int(window.source[i])
             rows.filled += 1
             if rows.filled == B:
-                yield rows.tensors
+                yield rows.finish()
                 rows = _Rows(B, width, job.with_docs, mixed)
     assert rows.filled == 0, "a worker's sequences are whole batches"
 
@@ -109,7 +130,7 @@ class _PieceLookup:
         self.lo = np.asarray([int(starts[place[p.shard - base]]) + p.start for p in self.pieces], dtype=np.int64)
 
     def first(self, stream_pos: int) -> int:
-        return int(np.searchsorted(self.lo, stream_pos, side="right") - 1)
+        return int(self.lo.searchsorted(stream_pos, side="right")) - 1
 
 
 def _fill_row(job: TokenJob, rows: _Rows, lookup: _PieceLookup, window: TokenWindow, i: int) -> None:
@@ -117,8 +138,7 @@ def _fill_row(job: TokenJob, rows: _Rows, lookup: _PieceLookup, window: TokenWin
     r = rows.filled
     s, n = int(window.stream_starts[i]), int(window.num_tokens[i])
     ids = rows.np["input_ids"][r]
-    run_starts: list[np.ndarray] = []
-    run_docs: list[np.ndarray] = []
+    row_at = r * ids.shape[0]
     k, done = lookup.first(s), 0
     while done < n:
         piece = lookup.pieces[k]
@@ -128,8 +148,8 @@ def _fill_row(job: TokenJob, rows: _Rows, lookup: _PieceLookup, window: TokenWin
         ids[done:done + take] = piece.tokens[a:a + take]  # the one copy, widened to int64 on the way
         if job.with_docs:
             starts, docs = job.sources.doc_runs(piece.shard, piece.start + a, piece.start + a + take)
-            run_starts.append(starts + done)
-            run_docs.append(docs)
+            rows.run_at.append(starts + (row_at + done))
+            rows.run_doc.append(docs)
         done += take
         k += 1
     ids[n:] = job.pad_id
@@ -137,14 +157,4 @@ def _fill_row(job: TokenJob, rows: _Rows, lookup: _PieceLookup, window: TokenWin
     rows.np["loss_mask"][r, :n] = real
     rows.np["loss_mask"][r, n:] = False
     rows.np["mask"][r] = real
-    if job.with_docs:
-        _fill_docs(rows, r, n, np.concatenate(run_starts), np.concatenate(run_docs))
-
-
-def _fill_docs(rows: _Rows, r: int, n: int, starts: np.ndarray, docs: np.ndarray) -> None:
-    """position_ids restart at 0 at the row's start and at each document start; doc_ids per run."""
-    lengths = np.diff(np.append(starts, n))
-    rows.np["doc_ids"][r, :n] = np.repeat(docs, lengths)
-    rows.np["doc_ids"][r, n:] = -1
-    rows.np["position_ids"][r, :n] = np.arange(n, dtype=np.int64) - np.repeat(starts, lengths)
-    rows.np["position_ids"][r, n:] = 0
+    rows.lengths[r] = n

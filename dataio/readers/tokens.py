@@ -146,11 +146,15 @@ class TokenSources:
         self.shard_base = np.concatenate([[0], np.cumsum([s.manifest.num_shards for s in self.shards])]).astype(np.int64)
         self.itemsize = max(s.info.np_dtype.itemsize for s in self.shards)
         self.is_local = all(s.store.is_local for s in self.shards)
+        self._located: dict[int, tuple[TokenShards, int]] = {}
 
     def locate(self, shard: int) -> tuple[TokenShards, int]:
         """(the source's TokenShards, its own shard number) of a global shard."""
-        source = int(np.searchsorted(self.shard_base, shard, side="right") - 1)
-        return self.shards[source], shard - int(self.shard_base[source])
+        got = self._located.get(shard)
+        if got is None:
+            source = int(self.shard_base.searchsorted(shard, side="right") - 1)
+            got = self._located[shard] = (self.shards[source], shard - int(self.shard_base[source]))
+        return got
 
     def read(self, seg: Segment) -> Piece:
         src, local = self.locate(seg.shard)
@@ -161,9 +165,12 @@ class TokenSources:
         """(start relative to lo, document number in its dataset) of each document run in tokens [lo, hi)."""
         src, local = self.locate(shard)
         offsets = src.offsets(local)
-        d0 = int(np.searchsorted(offsets, lo, side="right") - 1)
-        d1 = int(np.searchsorted(offsets, hi, side="left"))  # the documents starting before hi: d0 .. d1 - 1
-        return np.maximum(offsets[d0:d1], lo) - lo, src.doc_base[local] + np.arange(d0, d1, dtype=np.int64)
+        # ndarray methods, not np.searchsorted: this runs per row, where the wrapper's cost shows
+        d0 = int(offsets.searchsorted(lo, side="right")) - 1
+        d1 = int(offsets.searchsorted(hi, side="left"))  # the documents starting before hi: d0 .. d1 - 1
+        starts = offsets[d0:d1] - lo
+        starts[0] = 0
+        return starts, np.arange(d0, d1, dtype=np.int64) + int(src.doc_base[local])
 
     def windows(self, segments: Iterable[tuple[Segment, ...]], *, budget_bytes: int,
                 max_in_flight: int) -> Iterator[list[Piece]]:

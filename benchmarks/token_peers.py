@@ -1,0 +1,132 @@
+"""The token loaders the benchmark compares, one per child process (benchmarks/bench_tokens.py):
+shardify's token loader, nanoGPT's np.memmap get_batch, LitData's StreamingDataset + TokensLoader,
+and tokenization by `datasets.map`. A child prints one JSON line of what it measured.
+
+    python -m benchmarks.token_peers '{"loader": "shardify", ...}'
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def shardify_batches(spec: dict[str, Any]) -> Iterator[int]:
+    """Tokens of input per batch of shardify's loader, epoch after epoch (every token once per epoch)."""
+    from dataio import make_loader
+
+    fields = ("input_ids",) if spec["ids_only"] else None
+    loader = make_loader(spec["url"], seq_len=spec["seq_len"], batch_size=spec["batch_size"],
+                         num_workers=spec["num_workers"], rank=0, world_size=1, fields=fields)
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        for batch in loader:
+            yield int(batch["input_ids"].shape[0]) * (int(batch["input_ids"].shape[1]) - 1)
+        epoch += 1
+
+
+def memmap_batches(spec: dict[str, Any]) -> Iterator[int]:
+    """nanoGPT's get_batch: random windows with replacement from one np.memmap (not exactly once)."""
+    import torch
+
+    L, B = spec["seq_len"], spec["batch_size"]
+    gen = torch.Generator().manual_seed(0)
+    while True:
+        data = np.memmap(spec["bin"], dtype=np.uint16, mode="r")  # nanoGPT re-opens it per batch
+        ix = torch.randint(len(data) - L - 1, (B,), generator=gen)
+        x = torch.stack([torch.from_numpy(data[i:i + L + 1].astype(np.int64)) for i in ix.tolist()])
+        yield int(x.shape[0]) * L
+
+
+def litdata_batches(spec: dict[str, Any]) -> Iterator[int]:
+    """LitData's StreamingDataset with TokensLoader blocks of seq_len + 1, through its StreamingDataLoader."""
+    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+
+    L = spec["seq_len"]
+    dataset = StreamingDataset(spec["litdata"], item_loader=TokensLoader(block_size=L + 1), shuffle=True,
+                               drop_last=True, seed=0)
+    loader = StreamingDataLoader(dataset, batch_size=spec["batch_size"], num_workers=spec["num_workers"])
+    epoch = 0
+    while True:
+        dataset.set_epoch(epoch + 1)
+        for batch in loader:
+            yield int(batch.shape[0]) * L
+        epoch += 1
+
+
+def write_litdata(spec: dict[str, Any]) -> dict[str, Any]:
+    """LitData chunks of the same documents (from the token shards, as int32 tensors: no uint16 there)."""
+    import torch
+    from litdata import TokensLoader, optimize
+
+    def documents(shard: str) -> Iterator[Any]:
+        tokens = np.fromfile(shard, dtype=np.uint16)
+        offsets = np.fromfile(shard.rsplit(".", 1)[0] + ".idx", dtype=np.int64)
+        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+            yield torch.from_numpy(tokens[a:b].astype(np.int32))
+
+    start = time.perf_counter()
+    optimize(fn=documents, inputs=spec["shards"], output_dir=spec["litdata"], chunk_size=(8192 + 1) * 64,
+             item_loader=TokensLoader(), num_workers=2, mode="overwrite")
+    return {"seconds": time.perf_counter() - start}
+
+
+def datasets_map(spec: dict[str, Any]) -> dict[str, Any]:
+    """Tokens/s of `datasets.map` with the same tokenizer.json (batched, 2 processes), EOS appended."""
+    import datasets
+    from tokenizers import Tokenizer
+
+    datasets.disable_progress_bars()
+    tok = Tokenizer.from_file(spec["tokenizer"])
+    eos = spec["eos_id"]
+
+    def encode(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
+        return {"ids": [e.ids + [eos] for e in tok.encode_batch(batch["text"])]}
+
+    ds = datasets.load_dataset("json", data_files=spec["jsonl"], split="train", cache_dir=spec["cache"])
+    start = time.perf_counter()
+    out = ds.map(encode, batched=True, batch_size=256, num_proc=2, remove_columns=ds.column_names,
+                 load_from_cache_file=False)
+    seconds = time.perf_counter() - start
+    num_tokens = sum(len(ids) for ids in out["ids"])
+    return {"seconds": seconds, "tokens": num_tokens, "tokens_per_s": num_tokens / seconds}
+
+
+LOADERS = {"shardify": shardify_batches, "memmap": memmap_batches, "litdata": litdata_batches}
+TASKS = {"write_litdata": write_litdata, "datasets_map": datasets_map}
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Time to the first batch, then tokens/s over the next spec["batches"] batches."""
+    start = time.perf_counter()
+    batches = LOADERS[spec["loader"]](spec)
+    next(batches)
+    first_s = time.perf_counter() - start
+    tokens, t0 = 0, time.perf_counter()
+    for _ in range(spec["batches"]):
+        tokens += next(batches)
+    seconds = time.perf_counter() - t0
+    return {"first_batch_s": first_s, "tokens_per_s": tokens / seconds, "seconds": seconds}
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    result = TASKS[spec["task"]](spec) if "task" in spec else measure(spec)
+    print(json.dumps(result), flush=True)
+    sys.stdout.flush()
+    if "loader" in spec:  # workers of a loader left mid-epoch: leave at once, as a benchmark child may
+        import os
+
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()
