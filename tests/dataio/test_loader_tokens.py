@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from dataio import make_loader
 from dataio.errors import ManifestError, ShardFormatError, StateError
@@ -215,3 +217,34 @@ def test_sources_of_different_tokenizers_are_refused(token_url, tmp_path) -> Non
     write_token_dataset(Store(other), B_DOCS, file_hash="xxh3_64:ffffffffffffffff")
     with pytest.raises(ValueError, match="different tokenizers"):
         make_loader([token_url, other], weights=[1, 1], seq_len=SEQ_LEN, batch_size=BATCH, num_workers=0)
+
+
+# --- hypothesis: document lengths, topologies and stop points through the real loader ------------------
+doc_lengths = st.lists(st.lists(st.integers(1, 40), min_size=0, max_size=5), min_size=1, max_size=5)
+topologies = st.tuples(st.integers(1, 3), st.integers(0, 2))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                HealthCheck.function_scoped_fixture])
+@given(docs=doc_lengths, seq_len=st.integers(1, 12), packing=st.sampled_from(["concat", "aligned"]),
+       first=topologies, second=topologies, stop=st.integers(0, 4), data=st.data())
+def test_any_documents_topology_and_stop_point(tmp_path_factory, docs, seq_len, packing, first, second, stop,
+                                               data) -> None:
+    total = sum(map(sum, docs))
+    assume(total > 1 and (packing == "concat" or max(n for d in docs for n in d) >= seq_len))
+    root = str(tmp_path_factory.mktemp("hyp") / "ds")
+    write_token_dataset(Store(root), docs, block_tokens=data.draw(st.integers(1, 32)))
+    batch = data.draw(st.integers(1, 3))
+
+    def make_at(topology):
+        return [make_loader(root, seq_len=seq_len, batch_size=batch, num_workers=topology[1], rank=r,
+                            world_size=topology[0], packing=packing, shuffle_window=3, seed=7)
+                for r in range(topology[0])]
+
+    deliver = loader_deliver(make_at, lambda b: tuple(trained_pairs(b)))
+    steps = len(make_at(first)[0])
+    got, _ = check_resume(deliver, loader_advance(make_at), lambda keys: keys, None,
+                          [(first, min(stop, steps)), (second, None)])
+    expected = total - (sum(len(d) for d in docs) if packing == "aligned" else 1)
+    # every trained token once; what is missing is under one global batch of sequences of each level
+    assert 0 <= expected - len(got) < (first[0] + second[0]) * batch * (seq_len + 1)
