@@ -85,6 +85,9 @@ def open_token_dataset(url: str, config: LoaderConfig, tokens: TokenLoadConfig) 
 def open_token_loader(url: Any, weights: Any, config: LoaderConfig, tokens: TokenLoadConfig, *,
                       topology: Topology, kv_store: Any) -> TokenLoader:
     """make_loader's path for seq_len=: one token dataset, or a mixture of them weighted by token share."""
+    if config.worker_mode == "processes":
+        raise ValueError("token batches are built by reader threads (copies out of memory maps and ranged reads "
+                         "release the GIL); worker_mode='processes' is for decoded images: leave it 'auto'")
     sources = as_sources(url, weights) or [Source(plain_url(url))]
     if any(s.repeat is not None for s in sources):
         raise ValueError("token mixtures take weights (token shares), not repeat=; give each Source a weight")

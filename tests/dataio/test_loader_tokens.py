@@ -117,6 +117,11 @@ def test_input_ids_alone_and_a_state_of_another_seq_len(token_url) -> None:
         other.load_state_dict(loader.state_dict())
 
 
+def test_worker_processes_are_refused_for_tokens(token_url) -> None:
+    with pytest.raises(ValueError, match="reader threads"):
+        make_loader(token_url, seq_len=SEQ_LEN, batch_size=BATCH, worker_mode="processes")
+
+
 def test_a_tokenizer_of_another_hash_is_refused(token_url, tmp_path) -> None:
     other = tmp_path / "tokenizer.json"
     other.write_text('{"model": {}}')
