@@ -63,19 +63,22 @@ def litdata_batches(spec: dict[str, Any]) -> Iterator[int]:
 
 def write_litdata(spec: dict[str, Any]) -> dict[str, Any]:
     """LitData chunks of the same documents (from the token shards, as int32 tensors: no uint16 there)."""
-    import torch
     from litdata import TokensLoader, optimize
 
-    def documents(shard: str) -> Iterator[Any]:
-        tokens = np.fromfile(shard, dtype=np.uint16)
-        offsets = np.fromfile(shard.rsplit(".", 1)[0] + ".idx", dtype=np.int64)
-        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
-            yield torch.from_numpy(tokens[a:b].astype(np.int32))
-
     start = time.perf_counter()
-    optimize(fn=documents, inputs=spec["shards"], output_dir=spec["litdata"], chunk_size=(8192 + 1) * 64,
+    optimize(fn=litdata_documents, inputs=spec["shards"], output_dir=spec["litdata"], chunk_size=(8192 + 1) * 64,
              item_loader=TokensLoader(), num_workers=2, mode="overwrite")
     return {"seconds": time.perf_counter() - start}
+
+
+def litdata_documents(shard: str) -> Iterator[Any]:
+    """One shard's documents as int32 tensors (optimize's fn: module level, its workers are spawned)."""
+    import torch
+
+    tokens = np.fromfile(shard, dtype=np.uint16)
+    offsets = np.fromfile(shard.rsplit(".", 1)[0] + ".idx", dtype=np.int64)
+    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        yield torch.from_numpy(tokens[a:b].astype(np.int32))
 
 
 def datasets_map(spec: dict[str, Any]) -> dict[str, Any]:
