@@ -1,12 +1,12 @@
-"""Token loading in one run: shardify's token loader against nanoGPT's np.memmap get_batch and LitData's
-StreamingDataset + TokensLoader, on the bundled corpus (the Python docs, tokenized once); and the
+"""Token loading in one run: shardify's token loader against nanoGPT's np.memmap get_batch, LitData's
+StreamingDataset + TokensLoader and Megatron-Core's GPTDataset, on the bundled corpus (the Python docs, tokenized once); and the
 tokenization throughput of `shardify write` against `datasets.map` with the same tokenizer.
 
     python -m benchmarks.bench_tokens [--copies 30] [--batches 60] [--rounds 3] [--no-peers]
 
 Each configuration runs in a fresh child process, rounds interleaved, medians reported with the
-runs. LitData and `datasets` run in benchmarks/.peers-venv (peers_env.py; litdata, datasets and
-tokenizers added to it here). Results, with the machine described, go to
+runs. LitData, Megatron-Core and `datasets` run in benchmarks/.peers-venv (peers_env.py; litdata,
+datasets, tokenizers and megatron-core added to it here). Results, with the machine described, go to
 benchmarks/results_tokens.md. Not part of the tests or CI.
 """
 
@@ -28,7 +28,7 @@ from tools.machine import machine_markdown
 from tools.text_corpus import documents, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-PEER_EXTRAS = ("litdata", "datasets", "tokenizers")
+PEER_EXTRAS = ("litdata", "datasets", "tokenizers", "megatron-core")
 
 
 def prepare(work: Path, copies: int, vocab: int) -> dict[str, Any]:
@@ -65,7 +65,8 @@ def peers_python() -> Path | None:
 
     try:
         python = build()
-        probe = subprocess.run([str(python), "-c", "import litdata, datasets, tokenizers"], capture_output=True)
+        probe = subprocess.run([str(python), "-c", "import litdata, datasets, tokenizers, megatron.core"],
+                               capture_output=True)
         if probe.returncode:
             subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_EXTRAS], check=True)
         return python
@@ -88,16 +89,17 @@ def child(python: Path | str, spec: dict[str, Any], timeout_s: float = 900) -> d
     return json.loads(lines[-1])
 
 
-def configs(data: dict[str, Any], args: argparse.Namespace, litdata: str | None) -> list[dict[str, Any]]:
+def configs(data: dict[str, Any], args: argparse.Namespace, formats: dict[str, str]) -> list[dict[str, Any]]:
     out = []
+    facts = {"vocab_size": args.vocab, "eos_id": data["eos_id"], "num_tokens": data["num_tokens"]}
     for L in (2048, 8192):
         common = {"seq_len": L, "batch_size": args.batch_size, "batches": args.batches}
         for workers in (0, 2):
             for ids_only in (True, False):
                 out.append({"loader": "shardify", "url": data["url"], "num_workers": workers, "ids_only": ids_only,
                             **common})
-            if litdata:
-                out.append({"loader": "litdata", "litdata": litdata, "num_workers": workers, **common})
+            for name, path in formats.items():
+                out.append({"loader": name, name: path, "num_workers": workers, **facts, **common})
         out.append({"loader": "memmap", "bin": data["bin"], "num_workers": 0, **common})
     return out
 
@@ -106,7 +108,8 @@ def label(spec: dict[str, Any]) -> str:
     if spec["loader"] == "shardify":
         return f"shardify, {'input_ids only' if spec['ids_only'] else 'ids + positions + doc ids'}"
     return {"memmap": "np.memmap get_batch (nanoGPT; random windows, not exactly once)",
-            "litdata": "LitData StreamingDataset + TokensLoader"}[spec["loader"]]
+            "litdata": "LitData StreamingDataset + TokensLoader",
+            "megatron": "Megatron-Core GPTDataset (+ position ids)"}[spec["loader"]]
 
 
 def run(args: argparse.Namespace) -> str:
@@ -116,18 +119,21 @@ def run(args: argparse.Namespace) -> str:
     print(f"corpus: {data['num_documents']} documents, {data['num_tokens']} tokens; write {data['write_s']:.1f} s",
           flush=True)
     peers = None if args.no_peers else peers_python()
-    litdata, notes = None, []
+    formats: dict[str, str] = {}
+    notes: list[str] = []
     if peers is not None:
-        litdata = str(work / "litdata")
-        made = child(peers, {"task": "write_litdata", "shards": data["shards"], "litdata": litdata})
-        if "error" in made:
-            notes.append(f"LitData chunks could not be written: {made['error']}")
-            litdata = None
-    specs = configs(data, args, litdata)
+        for name in ("litdata", "megatron"):
+            path = str(work / name)
+            made = child(peers, {"task": f"write_{name}", "shards": data["shards"], name: path})
+            if "error" in made:
+                notes.append(f"{name}: its dataset could not be written: {made['error']}")
+            else:
+                formats[name] = path
+    specs = configs(data, args, formats)
     runs: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(specs))}
     for r in range(args.rounds):
         for i, spec in enumerate(specs):
-            python = peers if spec["loader"] == "litdata" else sys.executable
+            python = peers if spec["loader"] in ("litdata", "megatron") else sys.executable
             result = child(python, spec)
             result["load"] = os.getloadavg()[0]
             runs[i].append(result)
@@ -190,12 +196,13 @@ def target_rows(rates: dict[tuple[int, int, str], float]) -> list[str]:
     ids = label({"loader": "shardify", "ids_only": True})
     full = label({"loader": "shardify", "ids_only": False})
     memmap = label({"loader": "memmap"})
-    lit = label({"loader": "litdata"})
+    peers = [label({"loader": name}) for name in ("litdata", "megatron")]
     for L in (2048, 8192):
-        ours, mm, peer = rates.get((L, 2, ids), 0.0), rates.get((L, 0, memmap), 0.0), rates.get((L, 2, lit), 0.0)
-        if peer:
-            out.append(f"| >= 2x the best exactly-once peer (LitData) | {L} | {ours / peer:.2f}x | "
-                       f"{'yes' if ours >= 2 * peer else 'no'} |")
+        ours, mm = rates.get((L, 2, ids), 0.0), rates.get((L, 0, memmap), 0.0)
+        best, peer = max((rates.get((L, 2, p), 0.0), p) for p in peers)
+        if best:
+            out.append(f"| >= 2x the best exactly-once peer ({peer.split(' ')[0]}) | {L} | {ours / best:.2f}x | "
+                       f"{'yes' if ours >= 2 * best else 'no'} |")
         if mm:
             out.append(f"| >= 0.8x np.memmap get_batch, input_ids only | {L} | {ours / mm:.2f}x | "
                        f"{'yes' if ours >= 0.8 * mm else 'no'} |")
@@ -210,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--batches", type=int, default=60, help="batches timed per run (default %(default)s)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--no-peers", action="store_true", help="skip LitData and datasets (no peers' venv)")
+    parser.add_argument("--no-peers", action="store_true", help="skip LitData, Megatron-Core and datasets (no peers' venv)")
     parser.add_argument("--work", default=str(ROOT / "out" / "bench_tokens"))
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results_tokens.md"))
     args = parser.parse_args(argv)

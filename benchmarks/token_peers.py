@@ -1,6 +1,6 @@
 """The token loaders the benchmark compares, one per child process (benchmarks/bench_tokens.py):
 shardify's token loader, nanoGPT's np.memmap get_batch, LitData's StreamingDataset + TokensLoader,
-and tokenization by `datasets.map`. A child prints one JSON line of what it measured.
+Megatron-Core's GPTDataset, and tokenization by `datasets.map`. A child prints one JSON line of what it measured.
 
     python -m benchmarks.token_peers '{"loader": "shardify", ...}'
 """
@@ -71,6 +71,48 @@ def write_litdata(spec: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - start}
 
 
+class _MegatronTokenizer:
+    """What GPTDataset asks of a tokenizer: vocab_size, eod (and pad for padded samples)."""
+
+    def __init__(self, vocab_size: int, eod: int) -> None:
+        self.vocab_size, self.eod, self.pad = vocab_size, eod, eod
+        self.unique_identifiers = {"class": "bench", "vocab_size": vocab_size, "eod": eod}  # for its cache key
+
+
+def megatron_batches(spec: dict[str, Any]) -> Iterator[int]:
+    """Megatron-Core's GPTDataset (its .bin/.idx, sample index built once, shuffled) through a DataLoader;
+    position ids reset at each EOD, no attention mask (as with a flash kernel)."""
+    import torch
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    L, B = spec["seq_len"], spec["batch_size"]
+    config = GPTDatasetConfig(random_seed=0, sequence_length=L, blend=([spec["megatron"]], None), split="100,0,0",
+                              tokenizer=_MegatronTokenizer(spec["vocab_size"], spec["eos_id"]),
+                              reset_position_ids=True, reset_attention_mask=False, eod_mask_loss=False,
+                              create_attention_mask=False, path_to_cache=spec["megatron"] + "-cache")
+    num_samples = spec["num_tokens"] // L
+    train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [num_samples, None, None], lambda: True, config).build()
+    loader = torch.utils.data.DataLoader(train, batch_size=B, num_workers=spec["num_workers"], drop_last=True)
+    while True:
+        for batch in loader:
+            yield int(batch["tokens"].shape[0]) * L
+
+
+def write_megatron(spec: dict[str, Any]) -> dict[str, Any]:
+    """Megatron's indexed dataset (.bin/.idx, uint16) of the same documents."""
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    start = time.perf_counter()
+    builder = IndexedDatasetBuilder(spec["megatron"] + ".bin", dtype=np.uint16)
+    for shard in spec["shards"]:
+        for doc in litdata_documents(shard):
+            builder.add_document(doc, [len(doc)])
+    builder.finalize(spec["megatron"] + ".idx")
+    return {"seconds": time.perf_counter() - start}
+
+
 def litdata_documents(shard: str) -> Iterator[Any]:
     """One shard's documents as int32 tensors (optimize's fn: module level, its workers are spawned)."""
     import torch
@@ -102,8 +144,9 @@ def datasets_map(spec: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": seconds, "tokens": num_tokens, "tokens_per_s": num_tokens / seconds}
 
 
-LOADERS = {"shardify": shardify_batches, "memmap": memmap_batches, "litdata": litdata_batches}
-TASKS = {"write_litdata": write_litdata, "datasets_map": datasets_map}
+LOADERS = {"shardify": shardify_batches, "memmap": memmap_batches, "litdata": litdata_batches,
+           "megatron": megatron_batches}
+TASKS = {"write_litdata": write_litdata, "write_megatron": write_megatron, "datasets_map": datasets_map}
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
