@@ -3,10 +3,12 @@
 The unit of the plan is the sequence (dataio/plan/tokens.py): shards permuted by (seed, epoch), their
 documents concatenated in stored order, cut into sequences of L + 1 tokens ("concat") or from each
 document start ("aligned", padded and masked), shuffled within windows; every rank gets equal steps,
-every token is in exactly one sequence but a tail under one global batch. Workers are reader threads
-in this process (`num_workers` of them; 0: this thread): batch j of an iteration comes from worker
-j % num_workers, as the plan assigns it, so the order, the state and a resume at any world size and
-number of workers are those of the plan. The state counts batches as they leave `__iter__`.
+every token is in exactly one sequence but a tail under one global batch. Batch j of an iteration comes
+from plan worker j % num_workers, as the plan assigns it, so the order, the state and a resume at any
+world size and number of workers are those of the plan. worker_mode "auto" (and num_workers=0) builds
+the batches in the caller's thread, advancing each plan worker's stream in turn while its reads run
+ahead in prefetch threads (object storage); "threads" gives each plan worker a builder thread. The
+state counts batches as they leave `__iter__`.
 """
 
 from __future__ import annotations
@@ -223,9 +225,11 @@ class TokenLoader:
         self._stop_threads()
         if self.config.num_workers == 0:
             batches: Iterator[dict[str, Any]] = worker_batches(self.job, self.topology.slot(0), start)
-        else:
+        elif self.config.worker_mode == "threads":
             self._threads = _Workers(self.job, self.topology, start, depth=self.config.prefetch_factor)
             batches = self._threads.batches(steps)
+        else:  # "auto": the workers' streams interleaved in this thread, their reads run ahead in prefetch threads
+            batches = _interleaved(self.job, self.topology, start, steps)
         return self._deliver(batches, self._token, steps)
 
     def _deliver(self, batches: Iterator[dict[str, Any]], token: int, steps: int) -> Iterator[dict[str, Any]]:
@@ -284,6 +288,18 @@ class TokenLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _interleaved(job: TokenJob, topology: Topology, start: PlanState, steps: int) -> Iterator[dict[str, Any]]:
+    """Batch j from plan worker j % num_workers, each worker's stream advanced in this thread: a token
+    batch is a few copies, cheaper than handing it between threads (the GIL's switch interval)."""
+    streams = [worker_batches(job, topology.slot(w), start) for w in range(topology.num_workers)]
+    try:
+        for j in range(steps):
+            yield next(streams[j % len(streams)])
+    finally:
+        for stream in streams:
+            stream.close()
 
 
 class _Workers:

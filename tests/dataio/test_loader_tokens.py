@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -115,6 +116,16 @@ def test_input_ids_alone_and_a_state_of_another_seq_len(token_url) -> None:
     (other,) = [make_loader(token_url, seq_len=8, batch_size=BATCH, num_workers=0, rank=0, world_size=1)]
     with pytest.raises(StateError, match="same seq_len and packing"):
         other.load_state_dict(loader.state_dict())
+
+
+def test_builder_threads_deliver_what_the_interleaved_streams_do(token_url) -> None:
+    for packing in ("concat", "aligned"):
+        auto, threads = (loaders(token_url, 2, 3, packing=packing, worker_mode=mode) for mode in ("auto", "threads"))
+        for a, t in zip(auto, threads):
+            got_a, got_t = list(a), list(t)
+            assert len(got_a) == len(got_t) > 0
+            for x, y in zip(got_a, got_t):
+                assert all(torch.equal(x[k], y[k]) for k in x) and x.keys() == y.keys()
 
 
 def test_worker_processes_are_refused_for_tokens(token_url) -> None:
