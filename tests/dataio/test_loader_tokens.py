@@ -120,7 +120,8 @@ def test_input_ids_alone_and_a_state_of_another_seq_len(token_url) -> None:
 
 def test_builder_threads_deliver_what_the_interleaved_streams_do(token_url) -> None:
     for packing in ("concat", "aligned"):
-        auto, threads = (loaders(token_url, 2, 3, packing=packing, worker_mode=mode) for mode in ("auto", "threads"))
+        auto, threads = (loaders(token_url, 2, 3, packing=packing, worker_mode=mode, decode=None)
+                         for mode in ("auto", "threads"))
         for a, t in zip(auto, threads):
             got_a, got_t = list(a), list(t)
             assert len(got_a) == len(got_t) > 0
