@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test: $(STAMP) lint
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The documentation site, built and served on http://127.0.0.1:8000 (rebuilt on every edit).

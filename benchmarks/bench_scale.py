@@ -33,7 +33,7 @@ from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
 from dataio.rand import mix64, mix_array
 from dataio.readers.base import READ_CHUNK_BYTES
 from dataio.storage.store import Store
-from sharding.writer import shard_name
+from sharding.write.plan import shard_name
 
 NODES, RANKS_PER_NODE, WORKERS = 1_000, 8, 8
 WORLD = NODES * RANKS_PER_NODE

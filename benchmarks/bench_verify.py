@@ -100,7 +100,7 @@ def write_parquet(root: str, *, shards: int, per_shard: int, sample_bytes: int, 
 
     from dataio.format.checksums import file_row_group_sums
     from dataio.format.manifest import Field, Manifest, checksum_bytes, write_manifest
-    from sharding.parquet_writer import WRITE_BATCH_ROWS, ParquetShardWriter, parquet_schema
+    from sharding.write.parquet import WRITE_BATCH_ROWS, ParquetShardWriter, parquet_schema
 
     store, rng = Store(root), random.Random(0)
     fields = (Field(name="bin", type="bytes"),)

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.machine import machine_markdown
 from sharding.cli import main as shardify
-from sharding.cli import parse_size
+from sharding.flags import parse_size
+from tools.machine import machine_markdown
 
 HERE = Path(__file__).resolve().parent
 TARGET_RATIO = 1.3

@@ -22,11 +22,11 @@ from dataio.errors import (
 )
 
 _LAZY = {
-    "make_loader": "dataio.loader.shard_loader",
+    "make_loader": "dataio.loader.make",
     "ShardLoader": "dataio.loader.shard_loader",
     "LoaderConfig": "dataio.loader.config",
     "Source": "dataio.loader.config",
-    "LoaderStats": "dataio.loader.shard_loader",
+    "LoaderStats": "dataio.loader.stats",
     "StorageOptions": "dataio.storage.store",
     "sources_of": "dataio.format.provenance",
 }

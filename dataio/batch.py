@@ -4,7 +4,7 @@ A batch is a dict:
     "__key__": list[str]             sample keys, N of them, delivery order
     "label":   int64 tensor [N]      (-1 where the dataset has no label)
     "image":   uint8 tensor [N,3,H,W] when images are decoded (CPU or DALI),
-    FIELD:     every other field of the samples (see dataio/loader/fields.py):
+    FIELD:     every other field of the samples (see dataio/stream/fields.py):
                list[str]                text (txt, string columns)
                list[Any]                JSON (json, nested columns), parsed with json.loads
                int64/float64/bool [N]   numbers (cls2, numeric columns) present in every sample

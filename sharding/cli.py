@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
@@ -19,71 +18,9 @@ from dataio.errors import ShardifyError
 from dataio.format.manifest import read_manifest
 from dataio.format.manifest_parts import PARTS_THRESHOLD
 from dataio.storage.redact import split_userinfo, url_secrets
-from dataio.storage.store import FIRST_REQUEST_DEADLINE_S, RetryPolicy, StorageOptions, Store, redact
+from dataio.storage.store import StorageOptions, Store, redact, with_retry
+from sharding.flags import label_names, num_cores, parse_duration, parse_size, positive_int, positive_seconds
 from sharding.text_cli import add_text_flags, add_tokenizer_parser, tokenizer_command, write_text
-
-
-def _num_cores() -> int:
-    """Cores this process may run on (a container's CPU set, not the host's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_size(text: str) -> int:
-    """'256MB' -> 256_000_000, '1GiB' -> 1_073_741_824, '4096' -> 4096."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) * _UNITS[m.group(2).lower()] < 1:
-        raise argparse.ArgumentTypeError(
-            f"invalid size {text!r}: give a positive number with an optional unit B, KB, MB, GB, TB, "
-            "KiB, MiB, GiB or TiB, e.g. 256MB or 1GiB"
-        )
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-_SECONDS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """'1h' -> 3600.0, '30m' -> 1800.0, '90' / '90s' -> 90.0, '0' -> 0.0."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _SECONDS:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: give a number with s, m, h or d, e.g. 1h")
-    return float(m.group(1)) * _SECONDS[m.group(2).lower()]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give a whole number >= 1")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give seconds above 0 and at most 3600")
-    return value
-
-
-def _label_names(text: str) -> tuple[str, ...]:
-    from sharding.sources.labels import read_label_names
-
-    try:
-        return read_label_names(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _storage_flags(p: argparse.ArgumentParser) -> None:
@@ -93,17 +30,20 @@ def _storage_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--secret-key", help="S3 secret access key")
     g.add_argument("--region", help="S3 region")
     g.add_argument("--storage-config", metavar="TOML", help="a TOML file with an [s3] table of the same keys")
+    g.add_argument("--retry-budget", type=positive_seconds, metavar="SECONDS",
+                   help="how long each storage request may retry transient errors (503, resets, timeouts) "
+                        "in all, with backoff (default 120; the first request: at most 30)")
 
 
 def _sample_flags(p: argparse.ArgumentParser) -> None:
     """Flags `write` and `append` share: how samples are read, checked and cut into shards."""
     p.add_argument("--shard-size", type=parse_size, default=parse_size("256MB"), help="bytes per shard (default 256MB)")
-    p.add_argument("--max-samples-per-shard", type=_positive_int)
+    p.add_argument("--max-samples-per-shard", type=positive_int)
     p.add_argument("--shuffle", action="store_true", help="shuffle samples across shards at write time")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
-    p.add_argument("--workers", type=_positive_int, default=_num_cores(), help="processes (default: all cores)")
-    p.add_argument("--max-side", type=_positive_int, help="downscale images so the longer side is at most this")
-    p.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS, help="refuse larger images")
+    p.add_argument("--workers", type=positive_int, default=num_cores(), help="processes (default: all cores)")
+    p.add_argument("--max-side", type=positive_int, help="downscale images so the longer side is at most this")
+    p.add_argument("--max-pixels", type=positive_int, default=DEFAULT_MAX_PIXELS, help="refuse larger images")
     p.add_argument("--validate", choices=("structure", "full", "header"), default="structure",
                    help="structure: walk each file's framing to its end marker, catching truncation and "
                         "damaged structure, decoding only what the walk cannot vouch for (default); "
@@ -112,7 +52,7 @@ def _sample_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-column", help="table column with image paths or bytes (default: guessed)")
     p.add_argument("--label-column", help="table column with labels (default: label/cls/class/target if present)")
     p.add_argument("--key-column", help="table column with unique sample keys (default: row number)")
-    p.add_argument("--label-names", type=_label_names, metavar="A,B,C|@FILE",
+    p.add_argument("--label-names", type=label_names, metavar="A,B,C|@FILE",
                    help="class names in label order (label i is the i-th name): fixes the order of named labels "
                         "in a table or of class folders (default: sorted), or names the integer labels of tars")
     p.add_argument("--follow-symlinks", action=argparse.BooleanOptionalAction, default=True,
@@ -121,7 +61,7 @@ def _sample_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", choices=("index", "path"), default="index",
                    help="sample keys: index (000042, the scan order) or path (the relative path, sanitised: "
                         "cat/img_1 for cat/img 1.jpg; unique and the same on every re-run)")
-    p.add_argument("--journal-every", type=_positive_seconds, default=2.0, metavar="SECONDS",
+    p.add_argument("--journal-every", type=positive_seconds, default=2.0, metavar="SECONDS",
                    help="how often the write journal records the shards written so far, which an interrupted "
                         "write resumes from (--resume; default 2)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only a summary")
@@ -141,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--overwrite", action="store_true",
                    help="write a new version of the dataset at DEST beside the old one; the manifest switches "
                         "atomically when it is complete, the old shards go after the grace period (shardify gc)")
-    w.add_argument("--prefixes", type=_positive_int, metavar="N",
+    w.add_argument("--prefixes", type=positive_int, metavar="N",
                    help="spread shards over N hashed directories (shards/7f/...) so S3's per-prefix request "
                         "limits are not hit (default: 1 up to 10k shards, then one per ~10k shards)")
     w.add_argument("--engine", choices=("local", "ray"), default="local",
@@ -163,12 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("inspect", help="show a dataset's shards, fields and label histogram")
     i.add_argument("url")
-    i.add_argument("--max-rows", type=_positive_int, default=20, help="shard and skipped rows to show")
+    i.add_argument("--max-rows", type=positive_int, default=20, help="shard and skipped rows to show")
     i.add_argument("--no-labels", action="store_true", help="skip the label histogram (it reads the labels)")
     i.add_argument("--urls", metavar="FILE",
                    help="write every shard's URL, one a line, to FILE ('-': stdout) for webdataset, DALI or "
                         "other tools, and print nothing else")
-    i.add_argument("--show", type=_positive_int, default=0, metavar="N",
+    i.add_argument("--show", type=positive_int, default=0, metavar="N",
                    help="token datasets: print the first N documents (as text with --tokenizer, else as ids)")
     i.add_argument("--tokenizer", metavar="FILE", help="token datasets: the dataset's tokenizer, to decode --show")
     _storage_flags(i)
@@ -190,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="check every shard, index, sample and image against the manifest")
     v.add_argument("url")
-    v.add_argument("--workers", type=_positive_int, default=_num_cores())
-    v.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS)
+    v.add_argument("--workers", type=positive_int, default=num_cores())
+    v.add_argument("--max-pixels", type=positive_int, default=DEFAULT_MAX_PIXELS)
     v.add_argument("--quiet", action="store_true")
     _storage_flags(v)
     add_tokenizer_parser(sub, _storage_flags)
@@ -201,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _options(args: argparse.Namespace) -> StorageOptions:
     return StorageOptions.resolve(
         endpoint_url=args.endpoint_url, key=args.access_key, secret=args.secret_key, region=args.region,
-        config_path=args.storage_config, env=os.environ,
+        config_path=args.storage_config, env=os.environ, retry_budget_s=args.retry_budget,
     )
 
 
@@ -211,13 +151,13 @@ def _check_reachable(store: Store) -> None:
         return
     options = replace(store.options, connect_timeout_s=min(store.options.connect_timeout_s, 3.0))
     # One budget over every try of the probe: a stuck endpoint (accepts, never answers) fails
-    # within FIRST_REQUEST_DEADLINE_S (30 s).
-    probe = Store(store.raw_url, options, RetryPolicy(max_attempts=3, base_delay_s=0.2, max_delay_s=0.5,
-                                                      deadline_s=FIRST_REQUEST_DEADLINE_S))
+    # within FIRST_REQUEST_DEADLINE_S (30 s), a refused connection after a few tries.
+    probe = Store(store.raw_url, options, store.retry).first_request()
     bucket = split_userinfo(store.raw_url)[0].split("://", 1)[1].split("/", 1)[0]
     try:
         probe.list()
-        if not probe._retry(lambda: probe.fs.exists(bucket), f"checking bucket {bucket}"):
+        if not with_retry(lambda: probe.fs.exists(bucket), what=f"checking bucket {bucket}", policy=probe.retry,
+                          secrets=probe.secrets):
             raise ShardifyError(f"{store.url}: bucket {bucket!r} does not exist; create it first")
     except ShardifyError as exc:
         raise ShardifyError(
@@ -230,7 +170,7 @@ def _write(args: argparse.Namespace) -> int:
     from sharding.progress import Progress
     from sharding.sources.base import IMAGE_EXT_SET
     from sharding.sources.by_path import open_source
-    from sharding.writer import WriteConfig, write_dataset
+    from sharding.write.writer import WriteConfig, write_dataset
 
     options = _options(args)
     append = args.command == "append"

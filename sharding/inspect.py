@@ -13,7 +13,7 @@ from dataio.format.manifest import Manifest
 from dataio.format.tar_index import parse_index
 from dataio.format.versions import JOURNAL_HEAD, VERSIONS_DIR, generation_of, read_journal
 from dataio.storage.store import Store, redact
-from sharding.config import without_used_advice
+from sharding.write.config import without_used_advice
 
 
 def _label_column(m: Manifest) -> str | None:

@@ -12,7 +12,7 @@ from dataio.format.tokens import OFFSET_DTYPE, document_lengths, offsets_path, r
 from dataio.storage.store import Store
 from sharding.inspect import _human, skipped_table
 from sharding.sources.base import SourceError
-from sharding.tokenizer import Tokenizer, load_tokenizer
+from sharding.write.tokenizer import Tokenizer, load_tokenizer
 
 
 def token_summary(store: Store, m: Manifest) -> Table:

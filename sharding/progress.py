@@ -1,7 +1,7 @@
 """Progress for long commands: a tqdm bar (samples/s, MB/s, ETA) on a terminal, plain log lines otherwise.
 
-Worker processes report (samples, bytes) through a queue; a thread in the parent drains it into
-the bar, so the bar moves within a shard, not only when a shard completes.
+Worker processes report (samples, bytes) through a queue that a thread in the parent drains into
+the bar (sharding/write/parallel.py), so the bar moves within a shard, not only when a shard completes.
 """
 
 from __future__ import annotations
@@ -77,31 +77,3 @@ class Progress:
             self._bar.close()
             self._bytes_bar.close()
             self._bar = None
-
-
-class QueueDrain:
-    """A thread that moves (samples, bytes) tuples from a multiprocessing queue into a Progress."""
-
-    def __init__(self, queue: Any, progress: Progress) -> None:
-        self._queue, self._progress = queue, progress
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="progress-drain", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import queue as queue_mod
-
-        while not self._stop.is_set():
-            try:
-                self._progress.update(*self._queue.get(timeout=0.1))
-            except queue_mod.Empty:
-                continue
-            except (EOFError, OSError):
-                return  # the queue was closed under us
-
-    def stop(self) -> None:
-        """Stop the thread and close the queue (the parent never puts, so no feeder thread lingers)."""
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._queue.close()
-        self._queue.join_thread()

@@ -7,10 +7,10 @@ import argparse
 from typing import Any
 
 from dataio.storage.store import Store
-from sharding.config import WriteConfig
 from sharding.sources.text import BAD_UTF8_MODES, TextScan, open_text
-from sharding.token_writer import DEFAULT_TOKENS_PER_SHARD, token_write_config
-from sharding.tokenizer import train_bpe
+from sharding.write.config import WriteConfig
+from sharding.write.tokenizer import train_bpe
+from sharding.write.tokens import DEFAULT_TOKENS_PER_SHARD, token_write_config
 
 
 def _count(text: str) -> int:
@@ -80,7 +80,7 @@ def write_text(args: argparse.Namespace, base: WriteConfig, dest: Store, options
                append: bool) -> int:
     """`shardify write SRC DEST --tokenizer FILE` (and append): token shards, then counts."""
     from sharding.progress import Progress
-    from sharding.writer import write_dataset
+    from sharding.write.writer import write_dataset
 
     if base.shuffle or base.max_side is not None:
         raise ValueError("--shuffle and --max-side are for image and table sources; a loader shuffles token "

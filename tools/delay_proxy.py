@@ -5,7 +5,8 @@ the proxy's address still verify upstream). Each request waits `delay_s`; a seed
 can be answered 503 SlowDown, have its response body cut short, its connection reset, or never
 be answered (hang) — what a loader's retry logic must survive — and, on its own seeded stream,
 be stalled for stall_s and then served (a straggler, what hedged reads must absorb), or have one
-byte of its body flipped on the way up (what a write's checksum must catch). `methods`
+byte of its body flipped on the way up (what a write's checksum must catch); `error_first` answers
+the first N requests 503 (a throttled burst: what a retry budget must outlast). `methods`
 picks which requests the faults hit (e.g. only PUT, to fail writes). Stdlib asyncio only, one background thread.
 """
 
@@ -29,6 +30,12 @@ _SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate. (injected by tools.delay_proxy)</Message></Error>"
 )
+# The answers `error_status` can pick: (status line, body). 503 is transient; 403 a refusal no retry fixes.
+_ERRORS = {
+    503: (b"503 Service Unavailable", _SLOWDOWN),
+    403: (b"403 Forbidden", b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+                            b"<Message>Access Denied (injected by tools.delay_proxy)</Message></Error>"),
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,19 +43,25 @@ class Faults:
     """What the proxy does to each request; rates are probabilities per request in [0, 1]."""
 
     delay_s: float = 0.05
-    error_rate: float = 0.0  # answered 503 SlowDown without reaching upstream
+    error_rate: float = 0.0  # answered 503 SlowDown (or error_status) without reaching upstream
+    error_status: int = 503  # 503 SlowDown, or 403 AccessDenied: a store that refuses
     truncate_rate: float = 0.0  # response body cut in half, then the connection closed
     reset_rate: float = 0.0  # connection reset (RST) instead of an answer
     hang_rate: float = 0.0  # request read, never forwarded, never answered (a stuck endpoint)
     corrupt_rate: float = 0.0  # one byte of the request body flipped on its way up (bad memory, a bad NIC)
     stall_rate: float = 0.0  # request held stall_s, then served normally (a straggler), apart from the rest
     stall_s: float = 2.0
+    error_first: int = 0  # the first N requests (of `methods`) answered 503 SlowDown, before the rates apply
     methods: tuple[str, ...] = ("GET",)  # which methods the three faults apply to
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.delay_s < 0:
             raise ValueError("delay_s must be >= 0")
+        if self.error_first < 0:
+            raise ValueError("error_first must be >= 0")
+        if self.error_status not in _ERRORS:
+            raise ValueError(f"error_status must be one of {sorted(_ERRORS)}")
         if self.stall_s < 0:
             raise ValueError("stall_s must be >= 0")
         for name in ("error_rate", "truncate_rate", "reset_rate", "hang_rate", "stall_rate", "corrupt_rate"):
@@ -141,6 +154,8 @@ class DelayProxy:
         stall_rate: float = 0.0,
         stall_s: float = 2.0,
         corrupt_rate: float = 0.0,
+        error_first: int = 0,
+        error_status: int = 503,
         methods: tuple[str, ...] = ("GET",),
         seed: int = 0,
         port: int = 0,
@@ -151,8 +166,9 @@ class DelayProxy:
         self.upstream = (parts.hostname, parts.port or 80)
         self.faults = Faults(delay_s=delay_s, error_rate=error_rate, truncate_rate=truncate_rate,
                              reset_rate=reset_rate, hang_rate=hang_rate, stall_rate=stall_rate, stall_s=stall_s,
-                             corrupt_rate=corrupt_rate, methods=tuple(m.upper() for m in methods),
-                             seed=seed)
+                             corrupt_rate=corrupt_rate, error_first=error_first, error_status=error_status,
+                             methods=tuple(m.upper() for m in methods), seed=seed)
+        self._errors_first = error_first  # how many of the first requests are still to be answered 503
         self.stats = ProxyStats()
         self._rng = random.Random(seed)
         self._stall_rng = random.Random(seed + 1)  # its own stream: stalls do not shift the other faults
@@ -231,6 +247,9 @@ class DelayProxy:
 
     def _pick_fault(self, method: str) -> str:
         f = self.faults
+        if method in f.methods and self._errors_first > 0:
+            self._errors_first -= 1  # before the seeded stream: the rates' faults stay where they were
+            return "error"
         if method not in f.methods or not (f.error_rate or f.truncate_rate or f.reset_rate or f.hang_rate):
             return ""
         x = self._rng.random()
@@ -269,8 +288,9 @@ class DelayProxy:
                     return
                 if fault == "error":
                     self.stats.num_errors += 1
-                    writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\n"
-                                 b"Content-Length: %d\r\n\r\n%s" % (len(_SLOWDOWN), _SLOWDOWN))
+                    status, body = _ERRORS[self.faults.error_status]
+                    writer.write(b"HTTP/1.1 %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (status, len(body), b"" if request.method == "HEAD" else body))  # HEAD: no body
                     await writer.drain()
                     continue
                 if up is None:
@@ -362,12 +382,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-ms", type=float, default=2000.0, help="how long a stalled request waits")
     parser.add_argument("--corrupt-rate", type=float, default=0.0,
                         help="fraction of request bodies (of --methods) with one byte flipped on the way up")
+    parser.add_argument("--error-status", type=int, default=503, choices=sorted(_ERRORS),
+                        help="the status injected errors get: 503 SlowDown (default) or 403 AccessDenied")
+    parser.add_argument("--error-first", type=int, default=0,
+                        help="answer the first N requests (of --methods) with the error, then apply the rates")
     parser.add_argument("--methods", default="GET", help="comma-separated methods the faults apply to, e.g. PUT")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     proxy = DelayProxy(args.upstream, args.delay_ms / 1000, error_rate=args.error_rate,
                        truncate_rate=args.truncate_rate, reset_rate=args.reset_rate, hang_rate=args.hang_rate,
                        stall_rate=args.stall_rate, stall_s=args.stall_ms / 1000, corrupt_rate=args.corrupt_rate,
+                       error_first=args.error_first, error_status=args.error_status,
                        methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), seed=args.seed,
                        port=args.port)
     with proxy:

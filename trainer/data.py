@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 import torch
 
-from dataio.loader.fields import label_field
-from dataio.loader.labels import LabelSpace
+from dataio.loader.protocol import TrainLoader
 from dataio.storage.store import StorageOptions
 from trainer.config import DataSource, TrainConfig
 from trainer.synthetic import synthetic_loader
@@ -26,7 +24,7 @@ def storage_options(cfg: TrainConfig) -> StorageOptions:
 
 
 def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: int, world_size: int, train: bool,
-                pin_memory: bool = False) -> Any:
+                pin_memory: bool = False) -> TrainLoader:
     """A loader for one rank: train splits drop the tail; validation pads it (mask marks repeats).
     One path for one dataset and a weighted mixture (a mixture of one source is the plain case;
     batches of several carry each sample's source index), with --label-space / --label-map."""
@@ -36,7 +34,7 @@ def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: in
         return synthetic_loader(sources[0].url, batch_size=cfg.batch_size, rank=rank, world_size=world_size,
                                 seed=cfg.seed, image_size=cfg.image_size, tail=tail, train=train)
     from dataio import Source
-    from dataio.loader.shard_loader import make_loader
+    from dataio.loader.make import make_loader
 
     if cfg.model == "gpt":  # token batches of packed sequences (trainer/gpt.py); tokens are mixed by token share
         return make_loader(sources[0].url if len(sources) == 1 else [Source(s.url, weight=s.weight) for s in sources],
@@ -60,14 +58,12 @@ def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: in
     return loader
 
 
-def check_labelled(loader: Any) -> None:
+def check_labelled(loader: TrainLoader) -> None:
     """ValueError naming the first source with no label field: the trainer needs one from each."""
-    opened = loader.sources
-    pairs = zip(opened.stores, opened.manifests) if opened is not None else [(loader.store, loader.manifest)]
-    for store, manifest in pairs:
-        if label_field(manifest) not in manifest.field_names:
-            raise ValueError(f"{store.url}: this dataset has no label field (a `cls` member or column, or an "
-                             f"integer `label` column; its fields: {list(manifest.field_names)}); the trainer "
+    for source in loader.facts.sources:
+        if not source.has_labels:
+            raise ValueError(f"{source.url}: this dataset has no label field (a `cls` member or column, or an "
+                             f"integer `label` column; its fields: {list(source.field_names)}); the trainer "
                              "needs labels from every --data source")
 
 
@@ -113,58 +109,35 @@ def label_space_of(cfg: TrainConfig) -> str | dict[str, Any]:
     return mapping
 
 
-def num_classes_of(cfg: TrainConfig, loader: Any) -> int:
+def num_classes_of(cfg: TrainConfig, loader: TrainLoader) -> int:
     """--num-classes, else the size of the loader's label space (the sources' label names, one
     space for a mixture) or the synthetic class count."""
     if cfg.num_classes:
         return cfg.num_classes
-    known = getattr(loader, "num_classes", None)
-    names = getattr(loader, "label_names", None)
-    if known is None and names:
-        known = len(names)
-    if not known:
+    if not loader.num_classes:
         raise ValueError(f"{cfg.data_label}: the manifest names no labels; pass --num-classes N")
-    return int(known)
+    return int(loader.num_classes)
 
 
-def fingerprint_of(loader: Any) -> str:
+def fingerprint_of(loader: TrainLoader) -> str:
     """The dataset's identity, for checkpoints: the manifest fingerprint (a mixture's combined one,
     or the synthetic URL), and the label space when it remaps labels."""
-    labels = getattr(loader, "labels", None)
-    if getattr(loader, "mixture", None) is not None:
-        base = str(loader.fingerprint)
-    else:
-        manifest = getattr(loader, "manifest", None)
-        base = str(manifest.fingerprint if manifest is not None else getattr(loader, "fingerprint", "unknown"))
-    if not isinstance(labels, LabelSpace) or not labels.remaps:  # (the synthetic loader's `labels` are a tensor)
-        return base
-    text = json.dumps(labels.describe(), sort_keys=True)  # labels remapped: the same data means other classes
-    return f"{base}+labels-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    return loader.facts.identity
 
 
-def mixture_facts(loader: Any) -> tuple[list[str], list[float]]:
+def mixture_facts(loader: TrainLoader) -> tuple[list[str], list[float]]:
     """(source URLs, requested shares) of a mixture loader, for the report."""
-    mixture = loader.mixture
-    return [s.name for s in mixture.sources], [int(c) / max(1, mixture.total) for c in mixture.counts]
+    sources = loader.facts.sources
+    return [s.url for s in sources], [s.share for s in sources]
 
 
-def job_facts(loader: Any) -> dict[str, Any]:
+def job_facts(loader: TrainLoader) -> dict[str, Any]:
     """What the scaling prediction needs to know of the dataset: its samples and stored bytes per sample."""
-    mixture = getattr(loader, "mixture", None)
-    if mixture is not None:  # an epoch of the mixture; its mean sample weighted by the sources' counts
-        manifests = loader.sources.manifests
-        per_sample = sum(int(c) * m.num_bytes / max(1, m.num_samples) for c, m in zip(mixture.counts, manifests))
-        return {"dataset_samples": int(mixture.total), "bytes_per_sample": per_sample / max(1, mixture.total)}
-    manifest = getattr(loader, "manifest", None)
-    if manifest is not None:
-        samples = int(manifest.num_samples)
-        return {"dataset_samples": samples, "bytes_per_sample": manifest.num_bytes / max(1, samples)}
-    images = getattr(loader, "images", None)  # the synthetic loader: uint8 images served from memory
-    per_sample = float(images[0].numel() * images.element_size()) if images is not None else 0.0
-    return {"dataset_samples": int(getattr(loader, "num_samples", 0)), "bytes_per_sample": per_sample}
+    facts = loader.facts
+    return {"dataset_samples": facts.num_samples, "bytes_per_sample": facts.bytes_per_sample}
 
 
-def check_labels(batch: dict[str, Any], num_classes: int, loader: Any = None) -> None:
+def check_labels(batch: dict[str, Any], num_classes: int, loader: TrainLoader | None = None) -> None:
     """ValueError naming the source, shard and key of the first real sample whose label is outside
     [0, num_classes) (cross-entropy would fail with a bare IndexError, or a CUDA assert). Each
     source's labels were checked against its own manifest by the loader; this checks the model's."""
@@ -173,24 +146,11 @@ def check_labels(batch: dict[str, Any], num_classes: int, loader: Any = None) ->
     if not bool(bad.any()):
         return
     i = int(bad.nonzero()[0, 0])
+    where = loader.where(batch, i) if loader is not None else ""
     raise ValueError(
-        f"sample {batch['__key__'][i]!r}{where_from(batch, i, loader)} has label {int(labels[i])}, outside the "
+        f"sample {batch['__key__'][i]!r}{where} has label {int(labels[i])}, outside the "
         f"model's {num_classes} classes (0..{num_classes - 1}); fix --num-classes or the dataset's labels"
     )
-
-
-def where_from(batch: dict[str, Any], i: int, loader: Any) -> str:
-    """' in shard URL' (' of source N' for a mixture) for sample i of a batch, as far as known."""
-    shards = batch.get("__shard__")
-    if shards is None:
-        return ""
-    shard, source = int(shards[i]), int(batch["source"][i]) if "source" in batch else 0
-    opened = getattr(loader, "sources", None)  # a mixture's stores and manifests, in source order
-    stores = opened.stores if opened is not None else (getattr(loader, "store", None),)
-    manifests = opened.manifests if opened is not None else (getattr(loader, "manifest", None),)
-    store, manifest = stores[source], manifests[source]
-    where = f" in shard {store.url_of(manifest.shard_paths[shard])}" if store and manifest else f" in shard {shard}"
-    return where + (f" of source {source + 1} ({store.url})" if opened is not None and store else "")
 
 
 def to_device(batch: dict[str, Any], device: torch.device,
@@ -214,7 +174,5 @@ def to_device(batch: dict[str, Any], device: torch.device,
     return image.float().div_(127.5).sub_(1.0), labels, mask
 
 
-def close(loader: Any) -> None:
-    closer = getattr(loader, "close", None)
-    if closer is not None:
-        closer()
+def close(loader: TrainLoader) -> None:
+    loader.close()

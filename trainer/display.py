@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from trainer.cost import describe
 from trainer.report import STAGE_LABELS
+from trainer.scaling.cost import describe
 from trainer.timing import PHASES
 
 _COLUMNS = ("step", "epoch", "loss", "lr", "samples/s", "data wait", "hidden load", "slowest stage",

@@ -105,12 +105,11 @@ def model_sizes(cfg: Any) -> dict[str, int]:
 
 
 def vocab_size_of(loader: Any) -> int:
-    """The dataset's tokenizer vocabulary (the model's output size)."""
-    info = getattr(getattr(loader, "manifest", None), "tokens", None)
-    if info is None:
+    """The dataset's tokenizer vocabulary (the model's output size); ValueError for data without tokens."""
+    if not loader.facts.sources or "input_ids" not in loader.facts.sources[0].field_names:
         raise ValueError("--model gpt trains on a token dataset (`shardify write TEXT DEST --tokenizer FILE`); "
                          "this --data holds no tokens")
-    return int(info.tokenizer.vocab_size)
+    return int(loader.num_classes)
 
 
 def to_device(batch: dict[str, Any], device: torch.device, *, doc_masking: bool = True

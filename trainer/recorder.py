@@ -17,11 +17,12 @@ from typing import Any
 
 from rich.console import Console
 
-from trainer import cost, runtime
+from trainer import runtime
 from trainer.config import TrainConfig, config_dict, config_secrets
 from trainer.display import LiveTable, print_summary
 from trainer.redaction import scrub
 from trainer.report import combine, metrics_line, source_rows, summarize
+from trainer.scaling import cost
 from trainer.timing import StepRecord
 from trainer.trace import write_chart, write_trace
 

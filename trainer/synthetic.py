@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, urlsplit
 import torch
 
 from dataio.errors import StateError
+from dataio.loader.protocol import DatasetFacts, SourceFacts
 
 STATE_VERSION = 1
 _PARAMS = {"samples": int, "classes": int, "delay_s": float, "prefetch": int, "slow_rank": int,
@@ -50,12 +51,30 @@ class MemoryLoader:
         self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
         self.tail, self.delay_s, self.decode_s, self.prefetch = tail, delay_s, decode_s, prefetch
         self.fingerprint = fingerprint
+        # What a trainer reads of a loader (dataio.loader.protocol.TrainLoader).
+        self.label_names: tuple[str, ...] | None = None
+        self.num_classes: int | None = None  # synthetic_loader sets its class count
+        self.stats = None
         self.epoch, self.position = 0, 0
         self._slow_rank, self._slow_s = -1, 0.0
 
     @property
     def num_samples(self) -> int:
         return int(self.labels.shape[0])
+
+    @property
+    def facts(self) -> DatasetFacts:
+        """Its identity (the fingerprint given), size and bytes per uint8 image served from memory."""
+        image_bytes = float(self.images[0].numel() * self.images.element_size()) if len(self.images) else 0.0
+        return DatasetFacts(identity=self.fingerprint, num_samples=self.num_samples, bytes_per_sample=image_bytes,
+                            mixed=False, sources=(SourceFacts(url=self.fingerprint, share=1.0,
+                                                              field_names=("image", "label"), has_labels=True),))
+
+    def where(self, batch: dict[str, Any], i: int) -> str:
+        return ""  # in memory: no shard to name
+
+    def close(self) -> None:
+        pass
 
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch`; a state loaded for this same epoch keeps its position."""
@@ -176,5 +195,5 @@ def synthetic_loader(url: str, *, batch_size: int, rank: int, world_size: int, s
                           decode_s=p["decode_s"], prefetch=p["prefetch"], fingerprint=url)
     if p["slow_rank"] >= 0:
         loader.slow_down(p["slow_rank"], p["slow_delay_s"])
-    loader.num_classes = p["classes"]  # type: ignore[attr-defined]
+    loader.num_classes = p["classes"]
     return loader

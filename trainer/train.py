@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from dataio.loader.protocol import TrainLoader
 from dataio.storage.store import RetryPolicy, Store
 from trainer import checkpoint as ckpt_io
 from trainer import comm_hooks, data, gpt, runtime
@@ -30,8 +31,8 @@ class Run:
 
     cfg: TrainConfig
     rt: runtime.Runtime
-    loader: Any
-    val_loader: Any
+    loader: TrainLoader
+    val_loader: TrainLoader | None
     model: nn.Module  # unwrapped: what checkpoints and validation use
     net: nn.Module  # DDP-wrapped when distributed
     optimizer: torch.optim.Optimizer
@@ -57,7 +58,7 @@ def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | None = None) -> Run:
+def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, TrainLoader | None] | None = None) -> Run:
     """Open loaders (or take `loaders` = (train, val or None)), build model/optimizer/schedule and
     resume; raises on bad config. No collectives here: ranks agree it worked first, then `wrap`."""
     if cfg.num_threads:
@@ -98,7 +99,7 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[Any, Any] | N
     comm_hooks.check(cfg.comm_hook, device=rt.device.type, gradient_bytes=comm_hooks.grad_bytes(model),
                      bucket_cap_mb=cfg.bucket_cap_mb)
     recorder = Recorder(cfg, rt, secrets=options.secrets)
-    if getattr(loader, "mixture", None) is not None:
+    if loader.facts.mixed:
         recorder.set_sources(*data.mixture_facts(loader))
     recorder.job.update(data.job_facts(loader), global_batch=global_batch, steps_per_epoch=steps_per_epoch,
                         epoch_samples=steps_per_epoch * global_batch, grad_bytes=comm_hooks.grad_bytes(model),
@@ -335,8 +336,8 @@ def train(run: Run) -> None:
             run.recorder.validation(run.val, step=run.step, epoch=run.epoch)
         run.epoch += 1
     run.recorder.job["buckets_per_step"] = run.timer.buckets_per_step
-    stats = getattr(run.loader, "stats", None)
-    if run.rt.is_main and getattr(stats, "ranged_reads", 0):
+    stats = run.loader.stats
+    if run.rt.is_main and stats is not None and stats.ranged_reads:
         run.recorder.note(f"storage: {stats.hedged_reads} of {stats.ranged_reads} reads on rank 0 were hedged "
                           f"(a second request after a slow start; {stats.hedges_won} won by the hedge, "
                           f"{stats.hedges_over_budget} slow reads over the 10% budget)")

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 from torch import nn
 
+from dataio.loader.protocol import TrainLoader
 from trainer import runtime
 from trainer.data import to_device
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Any, rt: runtime.Runtime, *, epoch: int, autocast: bool,
+def evaluate(model: nn.Module, loader: TrainLoader, rt: runtime.Runtime, *, epoch: int, autocast: bool,
              features: tuple[str, ...] = ()) -> dict[str, float]:
     """Loss and accuracy over the whole validation split; the same numbers on every rank.
 

@@ -31,7 +31,7 @@ from dataio.errors import CorruptSampleError
 from dataio.rand import SampleRandom, sample_seed
 
 ON_CORRUPT = ("raise", "skip")
-SKIPPED_KEY = "__skipped__"  # same key as dataio.loader.worker: "URL#key" of substituted samples
+SKIPPED_KEY = "__skipped__"  # same key as dataio.stream.worker: "URL#key" of substituted samples
 _DALI_FORMATS = ("jpeg", "png", "webp", "bmp")  # formats DALI decodes like PIL; the rest go to the CPU
 # Colour modes DALI turns into the CPU path's pixels. Alpha (RGBA, LA, palettes that may carry
 # transparency) is composited on black by the CPU path, which DALI does not do; 16-bit modes

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,7 +41,7 @@ JOURNAL_VERSION = 1
 SHARD_DIR = "shards"
 VERSIONS_DIR = "versions"
 JOURNAL_HEAD = "journal.json"
-# The destination's lease (sharding/lease.py): one writer or gc at a time; never a version's, never gc'd.
+# The destination's lease (sharding/write/lease.py): one writer or gc at a time; never a version's, never gc'd.
 LEASE_NAME = f"{VERSIONS_DIR}/lease.json"
 STATES = ("writing", "published", "failed")
 DEFAULT_GRACE_S = 3600.0
@@ -316,13 +316,14 @@ class Journal:
     """The journal a running write keeps: its head, and batches of confirmed shards flushed every
     `flush_every_s` (and at the end), so the files written grow with the shards, not their square."""
 
-    def __init__(self, store: Store, head: JournalHead, *, flush_every_s: float = 2.0,
-                 clock: Any = time.time) -> None:
+    def __init__(self, store: Store, head: JournalHead, *, flush_every_s: float = 2.0, num_batches: int = 0,
+                 before_flush: Callable[[], None] | None = None, clock: Callable[[], float] = time.time) -> None:
+        # num_batches: the batches a resumed write's journal holds already (the next one follows them);
+        # before_flush: called before a batch is recorded, to make its shards durable first.
         self.store, self.head, self.flush_every_s, self.clock = store, head, flush_every_s, clock
-        # Called before a batch is recorded, to make its shards durable first (the writer sets it).
-        self.before_flush: Any = None
+        self.before_flush = before_flush
         self.pending: list[dict[str, Any]] = []
-        self.num_batches = 0
+        self.num_batches = num_batches
         self.last_flush_s = clock()
 
     def start(self) -> None:

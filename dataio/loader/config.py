@@ -11,6 +11,7 @@ from typing import Any
 
 from dataio.decode.images import DEFAULT_MAX_PIXELS
 from dataio.format.manifest import Manifest
+from dataio.plan.tokens import PACKINGS
 from dataio.storage.store import StorageOptions
 
 DECODES = ("cpu", "dali", None)
@@ -45,13 +46,12 @@ class Source:
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
-    """Everything make_loader takes besides the URL; batch_size is per rank."""
+    """Every loader option and its default, the one place they are written: make_loader takes
+    these besides the URL (and rank, world_size, num_workers, which build the Topology); batch_size
+    is per rank."""
 
     batch_size: int
-    num_workers: int = 2
     seed: int = 0
-    rank: int | None = None  # None: from torch.distributed when initialised, else 0
-    world_size: int | None = None
     decode: str | None = "cpu"  # "cpu": uint8 N3HW images; None: raw bytes; "dali": DALI in the main process
     image_size: int = 224
     train: bool = True  # random resized crop + flip; False: resize + centre crop
@@ -84,8 +84,10 @@ class LoaderConfig:
     prefetch_factor: int = 2  # batches ready per worker process (DataLoader's queue); reader threads: in all
     startup_timeout_s: float = 300.0  # how long ranks wait for each other to open the dataset
     dali_threads: int = 2
-    epoch_samples: int | None = None  # a mixture's epoch (None: the sum of its sources' sizes)
-    # RAW bytes packed into reused slabs (dataio/loader/slabs.py): a batch's PackedBytes stay valid
+    # The epoch's samples (None: the sum of the sources' sizes); one dataset given another size is
+    # resampled as a mixture of one (plan/mix.py).
+    epoch_samples: int | None = None
+    # RAW bytes packed into reused slabs (dataio/stream/slabs.py): a batch's PackedBytes stay valid
     # until the caller asks for the next batch; False: fresh tensors the caller may keep.
     reuse_buffers: bool = False
     # Who runs the num_workers plan workers: "threads" (reader threads in this process, RAW only),
@@ -102,20 +104,20 @@ class LoaderConfig:
     # One label space for every source (loader/labels.py): "same" (names must agree by index),
     # "union" (merged by name, sorted), or a map {source: {name: index}} / {name: index}.
     label_space: str | Mapping[str, Any] = "same"
+    # Token datasets (loader/tokens.py): batches of seq_len-token packed sequences (None: a dataset of
+    # samples); packing "concat" or "aligned"; the dataset's tokenizer file, refused unless its hash matches.
+    seq_len: int | None = None
+    packing: str = "concat"
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "image_size", "shuffle_window", "prefetch_bytes", "max_in_flight",
                      "prefetch_factor", "max_pixels", "dali_threads"):
             check_int(name, getattr(self, name), minimum=1)
-        for name in ("num_workers", "seed"):
-            check_int(name, getattr(self, name), minimum=0)
-        if (self.rank is None) != (self.world_size is None):
-            raise ValueError("give both rank and world_size, or neither (then torch.distributed decides)")
-        if self.world_size is not None:
-            check_int("world_size", self.world_size, minimum=1)
-            check_int("rank", self.rank, minimum=0)
-            if self.rank >= self.world_size:  # type: ignore[operator]
-                raise ValueError(f"rank {self.rank} must be below world_size {self.world_size}")
+        check_int("seed", self.seed, minimum=0)
+        if self.seq_len is not None:
+            check_int("seq_len", self.seq_len, minimum=1)
+        check_choice("packing", self.packing, PACKINGS)
         check_choice("decode", self.decode, DECODES)
         check_choice("tail", self.tail, TAILS)
         check_choice("on_corrupt", self.on_corrupt, ON_CORRUPT)

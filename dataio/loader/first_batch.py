@@ -26,15 +26,17 @@ from typing import Any
 import torch
 
 from dataio.loader.config import LoaderConfig
-from dataio.loader.worker import BatchDataset, WorkerJob, WorkerStream
 from dataio.plan.types import PlanState
+from dataio.stream.decoded import WorkerStream
+from dataio.stream.job import WorkerJob
+from dataio.stream.worker import BatchDataset
 
 
-def first_batch_in_main(config: LoaderConfig, *, uses_threads: bool) -> bool:
+def first_batch_in_main(config: LoaderConfig, *, uses_threads: bool, num_workers: int) -> bool:
     """Whether the main process makes each iteration's first batch: early_start with worker
     processes decoding on the CPU, and no hook (transform, collate) or slab that lives in a worker."""
     c = config
-    return (c.early_start and c.num_workers > 0 and not uses_threads and c.decode == "cpu"
+    return (c.early_start and num_workers > 0 and not uses_threads and c.decode == "cpu"
             and c.transform is None and c.collate is None and not c.reuse_buffers)
 
 
@@ -102,7 +104,7 @@ class FirstBatch:
     def _open(self, state: PlanState) -> WorkerStream | None:
         if self._state != state:
             self.close()
-            stream = WorkerStream(self._dataset, 0, state, batches=(0, 1))
+            stream = WorkerStream(self._dataset.opened, 0, state, batches=(0, 1))
             if stream.reads_only_its_batches:
                 self._stream = stream
             else:

@@ -24,16 +24,16 @@ from dataio.decode.images import order_image_fields
 from dataio.errors import ManifestError
 from dataio.format.manifest import Manifest
 from dataio.loader.config import LoaderConfig, Source
-from dataio.loader.fields import label_field
 from dataio.loader.labels import LabelSpace, SourceLabels, build_label_space
 from dataio.loader.startup import fields_to_read, image_fields_of, open_dataset
 from dataio.plan.mix import MixSource, Mixture
 from dataio.readers.base import sample_url_of
 from dataio.storage.store import Store
+from dataio.stream.fields import label_field
 
 
-def as_sources(url: str | Sequence[str | Source], weights: Sequence[float] | None) -> list[Source] | None:
-    """The sources of a mixture, or None for the plain case (one URL, no weight or repeat)."""
+def as_sources(url: str | Source | Sequence[str | Source], weights: Sequence[float] | None) -> list[Source]:
+    """The sources a loader reads, in order: one URL is a mixture of one (plan/mix.py, Mixture.single)."""
     if isinstance(url, (str, Source)):
         items: list[Any] = [url]
     else:
@@ -46,18 +46,7 @@ def as_sources(url: str | Sequence[str | Source], weights: Sequence[float] | Non
             raise ValueError(f"weights= takes one weight per URL ({len(items)} URLs, {len(weights)} weights); "
                              "Source objects carry their own weight")
         items = [Source(u, weight=w) for u, w in zip(items, weights)]
-    sources = [i if isinstance(i, Source) else Source(i) for i in items]
-    if len(sources) == 1 and sources[0].repeat is None:
-        return None  # one URL stays the plain case (a weight alone changes nothing)
-    return sources
-
-
-def plain_url(url: str | Sequence[str | Source]) -> str:
-    """The one URL of a plain-case `url` (as_sources gave None)."""
-    if isinstance(url, str):
-        return url
-    first = url[0] if not isinstance(url, Source) else url
-    return first.url if isinstance(first, Source) else first
+    return [i if isinstance(i, Source) else Source(i) for i in items]
 
 
 def mixed_url_of(opened: OpenSources) -> Callable[[int], str]:
@@ -75,7 +64,8 @@ def mixed_url_of(opened: OpenSources) -> Callable[[int], str]:
 
 @dataclass(frozen=True, kw_only=True)
 class OpenSources:
-    """The opened sources of a mixture: stores and manifests in source order, and the plan's Mixture."""
+    """The opened sources (one dataset: a mixture of one): stores and manifests in source order,
+    and the plan's Mixture."""
 
     stores: tuple[Store, ...]
     manifests: tuple[Manifest, ...]
@@ -83,15 +73,20 @@ class OpenSources:
 
     @property
     def fingerprint(self) -> str:
-        """The mixture's identity: its description (every source's manifest fingerprint, weights, epoch)."""
+        """The data's identity: a single dataset's manifest fingerprint, or a mixture's description
+        (every source's manifest fingerprint, weights, epoch) hashed."""
+        if self.mixture.single:
+            return self.manifests[0].fingerprint
         text = json.dumps(self.mixture.describe(), sort_keys=True)
         return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def open_sources(sources: Sequence[Source], config: LoaderConfig) -> OpenSources:
     """Open every source with the single-dataset start-up checks and build the Mixture. `fields`
-    names fields of any source (a tar `jpg` and a Parquet `image`): each reads those it has."""
-    opened = [open_dataset(s.url, dataclasses.replace(config, fields=None)) for s in sources]
+    names fields of any source (a tar `jpg` and a Parquet `image`): each reads those it has (one
+    source: it must have them all)."""
+    own = config if len(sources) == 1 else dataclasses.replace(config, fields=None)
+    opened = [open_dataset(s.url, own) for s in sources]
     stores = tuple(store for store, _ in opened)
     manifests = tuple(manifest for _, manifest in opened)
     unknown = [f for f in config.fields or () if not any(f in m.field_names for m in manifests)]
@@ -99,7 +94,7 @@ def open_sources(sources: Sequence[Source], config: LoaderConfig) -> OpenSources
         raise ManifestError(f"fields {unknown} are in none of the mixed sources {[s.url for s in stores]} "
                             f"(their fields: {sorted({f for m in manifests for f in m.field_names})})")
     mix_sources = tuple(
-        MixSource(name=store.url, shard_sizes=list(m.shard_num_samples), weight=s.weight, repeat=s.repeat,
+        MixSource(name=store.url, shard_sizes=m.shard_num_samples, weight=s.weight, repeat=s.repeat,
                   fingerprint=m.fingerprint)
         for s, store, m in zip(sources, stores, manifests))
     try:
@@ -107,7 +102,7 @@ def open_sources(sources: Sequence[Source], config: LoaderConfig) -> OpenSources
     except ValueError as exc:
         raise ValueError(f"make_loader: cannot mix {[s.url for s in stores]}: {exc}") from None
     for s, store, m in zip(mix_sources, stores, manifests):
-        if m.num_samples == 0 and ((s.weight or 0) > 0 or (s.repeat or 0) > 0):
+        if not mixture.single and m.num_samples == 0 and ((s.weight or 0) > 0 or (s.repeat or 0) > 0):
             raise ManifestError(f"{store.url}: this source has no samples but a weight in the mixture; "
                                 "remove it or give it weight 0")
     return OpenSources(stores=stores, manifests=manifests, mixture=mixture)
@@ -130,6 +125,9 @@ def batch_fields(opened: OpenSources, config: LoaderConfig) -> MixedFields:
     fields=None those that all sources share."""
     manifests, urls = opened.manifests, [store.url for store in opened.stores]
     labels = tuple(label_field(m) for m in manifests)
+    if opened.mixture.single:  # one dataset: its own image fields and projection, whatever others share
+        image_fields, projection = fields_to_read(manifests[0], config, urls[0])
+        return MixedFields(image_fields=image_fields, projections=(projection,), label_fields=labels)
     images = [image_fields_of(m) for m in manifests]
     others = [[f for f in m.field_names if f not in imgs and f != label]
               for m, imgs, label in zip(manifests, images, labels)]
@@ -159,13 +157,11 @@ def batch_fields(opened: OpenSources, config: LoaderConfig) -> MixedFields:
     return MixedFields(image_fields=ordered, projections=tuple(projections), label_fields=labels)
 
 
-def label_space_of(url: str | Sequence[Source], stores: Sequence[Store], manifests: Sequence[Manifest],
-                   config: LoaderConfig) -> LabelSpace:
+def label_space_of(sources: Sequence[Source], opened: OpenSources, config: LoaderConfig) -> LabelSpace:
     """The batches' one label space over these sources (one dataset: a mixture of one), per
     config.label_space; ManifestError when the sources' label names do not fit it."""
-    given = [url] if isinstance(url, str) else [s.url for s in url]
-    return build_label_space([SourceLabels(url=store.url, given=g, store=store, manifest=m)
-                              for g, store, m in zip(given, stores, manifests)], config.label_space)
+    return build_label_space([SourceLabels(url=store.url, given=s.url, store=store, manifest=m)
+                              for s, store, m in zip(sources, opened.stores, opened.manifests)], config.label_space)
 
 
 def mixed_window_samples(opened: OpenSources, config: LoaderConfig) -> int:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from dataio.decode.images import IMAGE_EXTS, order_image_fields
 from dataio.errors import ManifestError, ShardifyError
 from dataio.format.manifest import Manifest, read_manifest
-from dataio.loader.fields import label_field
 from dataio.readers.base import check_fields
 from dataio.storage.store import Store
+from dataio.stream.fields import label_field
 
 if TYPE_CHECKING:
     from dataio.loader.config import LoaderConfig
@@ -71,6 +71,9 @@ def open_dataset(url: str, config: LoaderConfig) -> tuple[Store, Manifest]:
     """
     store = Store(url, config.storage)
     manifest = read_manifest(store.first_request())  # a stuck endpoint fails within 30 s
+    if manifest.format == "tokens":  # read by the token loader (loader/tokens.py), given seq_len
+        raise ManifestError(f"{store.url}: a token dataset (manifest format 'tokens'): pass seq_len= (and "
+                            "packing=) to make_loader for batches of packed sequences")
     check_fields(manifest, config.fields)
     return store, manifest
 

@@ -27,12 +27,13 @@ _MUST_MATCH = (
 
 
 def make_state(plan: PlanState, *, fingerprint: str, plan_config: PlanConfig,
-               mixture: Mixture | None = None, epoch_complete: bool = False) -> dict[str, Any]:
+               mixture: Mixture, epoch_complete: bool = False) -> dict[str, Any]:
     """The state dict a loader saves: flat, JSON-able scalars only.
 
     The plan (PlanState.to_dict()) is stored as JSON text: torch.distributed.checkpoint loads
     into the structure of a fresh loader's state_dict, whose progress list would be empty. A
-    mixture's loader also saves the mixture's description, so another mixture is refused by name.
+    mixture's loader also saves the mixture's description, so another mixture is refused by name;
+    a single dataset (a mixture of one: Mixture.single) saves none.
     """
     state = {
         "format_version": STATE_FORMAT_VERSION,
@@ -40,19 +41,19 @@ def make_state(plan: PlanState, *, fingerprint: str, plan_config: PlanConfig,
         "plan": json.dumps(plan.to_dict(), sort_keys=True),
         **_identity(fingerprint, plan_config),
     }
-    if mixture is not None:
+    if not mixture.single:
         state["mixture"] = json.dumps(mixture.describe(), sort_keys=True)
     if epoch_complete:  # saved after the epoch's last batch: carries over to a new version of the dataset
         state["epoch_complete"] = True
     return state
 
 
-def _check_mixture(state: dict[str, Any], mixture: Mixture | None) -> None:
+def _check_mixture(state: dict[str, Any], mixture: Mixture) -> None:
     """StateError when the state's mixture (or its absence) differs from this loader's, naming how."""
     saved = state.get("mixture")
-    if saved is None and mixture is None:
+    if saved is None and mixture.single:
         return
-    if mixture is None:
+    if mixture.single:
         try:
             names = [s.get("name") for s in json.loads(saved)["sources"]]
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -123,8 +124,7 @@ def _at_boundary_of_old_plan(state: dict[str, Any], plan: dict[str, Any]) -> Pla
     return None
 
 
-def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig,
-                mixture: Mixture | None = None) -> PlanState:
+def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig, mixture: Mixture) -> PlanState:
     """The saved PlanState if `state` fits this loader; StateError saying what differs otherwise."""
     if not isinstance(state, dict):
         raise StateError(f"a loader state must be a dict from ShardLoader.state_dict(), got {type(state).__name__}")

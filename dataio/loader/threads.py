@@ -6,7 +6,7 @@ The caller takes them round robin, batch k from thread k % n, which is the order
 delivers; so the sample order, state_dict and resume are those of the process mode, bit for bit.
 Why threads: a RAW batch is file reads and large copies, which release the GIL; one process
 spares the batch's trip through shared memory, the workers' start-up and their memory, and lets
-the threads share one prefetch budget (raw.RawIo).
+the threads share one prefetch budget (stream/raw_io.py).
 
 A thread's error is raised in the caller, as the same exception (its message names the URL and
 sample key); stopping the iteration (its end, `break`, an error, `close()`) stops and joins
@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
-from dataio.loader.raw import process_io
-from dataio.loader.worker import BatchDataset, Ticket, WorkerJob
 from dataio.plan.types import PlanState
+from dataio.stream.job import Ticket, WorkerJob
+from dataio.stream.raw_io import process_io
+from dataio.stream.worker import BatchDataset
 
 THREAD_PREFIX = "dataio-reader"
 _POLL_S = 0.1  # how often a blocked thread or the caller looks whether the iteration stopped

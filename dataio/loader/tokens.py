@@ -21,17 +21,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import xxhash
 
-from dataio.errors import ManifestError, StateError
-from dataio.format.manifest import Manifest, read_manifest
+from dataio.errors import StateError
+from dataio.format.manifest import Manifest
 from dataio.loader.config import LoaderConfig, Source, check_int
-from dataio.loader.mixing import as_sources, plain_url
+from dataio.loader.protocol import DatasetFacts
 from dataio.loader.startup import agree_on_dataset
 from dataio.loader.state import check_state, make_state
 from dataio.loader.token_batches import TokenJob, worker_batches
+from dataio.loader.token_open import open_token_sources, token_facts
 from dataio.plan.token_mix import token_mix_num_steps, token_mixture
-from dataio.plan.tokens import PACKINGS, SequenceOrder, TokenPlanConfig, token_num_steps
+from dataio.plan.tokens import SequenceOrder, TokenPlanConfig, token_num_steps
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.readers.tokens import TokenShards, TokenSources
 from dataio.storage.store import Store
@@ -39,94 +39,27 @@ from dataio.storage.store import Store
 _STOP_POLL_S = 0.1
 
 
-@dataclass(frozen=True, kw_only=True)
-class TokenLoadConfig:
-    """What make_loader takes for token datasets on top of LoaderConfig."""
-
-    seq_len: int
-    packing: str = "concat"
-    tokenizer: str | None = None  # a tokenizer file: refused unless its hash is the dataset's
-
-    def __post_init__(self) -> None:
-        check_int("seq_len", self.seq_len, minimum=1)
-        if self.packing not in PACKINGS:
-            raise ValueError(f"packing must be one of {list(PACKINGS)}, got {self.packing!r}")
-
-
-def tokenizer_hash(path: str) -> str:
-    """"xxh3_64:<hex>" of a tokenizer file, as the manifest records it (sharding/tokenizer.py)."""
-    try:
-        with open(path, "rb") as f:
-            return "xxh3_64:" + xxhash.xxh3_64_hexdigest(f.read())
-    except OSError as exc:
-        raise ValueError(f"tokenizer {path}: cannot read it ({exc.strerror or exc})") from None
-
-
-def check_tokenizer(manifest: Manifest, url: str, path: str) -> None:
-    """ValueError unless the tokenizer file at `path` is the one the dataset at `url` was written with."""
-    assert manifest.tokens is not None
-    want, got = manifest.tokens.tokenizer, tokenizer_hash(path)
-    if got != want.file_hash:
-        raise ValueError(f"{url}: tokenized by {want.name!r} ({want.file_hash}), but tokenizer={path} hashes to "
-                         f"{got}: its ids would not match the dataset's; pass the dataset's tokenizer, or rewrite the "
-                         "dataset with this one")
-
-
-def open_token_dataset(url: str, config: LoaderConfig, tokens: TokenLoadConfig) -> tuple[Store, Manifest]:
-    """The Store and manifest of a token dataset, its tokenizer checked; ManifestError for another format."""
-    store = Store(url, config.storage)
-    manifest = read_manifest(store.first_request())
-    if manifest.format != "tokens" or manifest.tokens is None:
-        raise ManifestError(f"{store.url}: seq_len= reads token datasets (`shardify write TEXT DEST --tokenizer "
-                            f"FILE`); this one holds {manifest.format} shards: leave seq_len out")
-    if tokens.tokenizer is not None:
-        check_tokenizer(manifest, store.url, tokens.tokenizer)
-    return store, manifest
-
-
-def open_token_loader(url: Any, weights: Any, config: LoaderConfig, tokens: TokenLoadConfig, *,
-                      topology: Topology, kv_store: Any) -> TokenLoader:
-    """make_loader's path for seq_len=: one token dataset, or a mixture of them weighted by token share."""
-    if config.worker_mode == "processes":
-        raise ValueError("token batches are built by reader threads (copies out of memory maps and ranged reads "
-                         "release the GIL); worker_mode='processes' is for decoded images: leave it 'auto'")
-    sources = as_sources(url, weights) or [Source(plain_url(url))]
-    if any(s.repeat is not None for s in sources):
-        raise ValueError("token mixtures take weights (token shares), not repeat=; give each Source a weight")
-    return TokenLoader(sources, config, tokens, topology=topology, kv_store=kv_store)
-
-
-def open_token_sources(sources: list[Source], config: LoaderConfig, tokens: TokenLoadConfig
-                       ) -> tuple[list[tuple[Store, Manifest]], str]:
-    """Every source opened and checked (one tokenizer for all), and the job's fingerprint."""
-    opened = [open_token_dataset(s.url, config, tokens) for s in sources]
-    hashes = {m.tokens.tokenizer.file_hash for _, m in opened if m.tokens is not None}
-    if len(hashes) > 1:
-        raise ValueError(f"token sources {[st.url for st, _ in opened]} were tokenized by different tokenizers "
-                         f"({sorted(hashes)}): their ids mean different things; mix datasets of one tokenizer")
-    if len(opened) == 1:
-        return opened, opened[0][1].fingerprint
-    text = json.dumps([[m.fingerprint, s.weight] for s, (_, m) in zip(sources, opened)])
-    return opened, "tokmix-" + xxhash.xxh3_128_hexdigest(text.encode())
-
-
-@dataclass(frozen=True, kw_only=True)
-class OpenedTokens:
-    """A token mixture's opened sources, in source order."""
-
-    stores: tuple[Store, ...]
-    manifests: tuple[Manifest, ...]
-
-
 class TokenLoader:
     """Iterate once per epoch (`set_epoch(e)` first); `len()` is the steps per rank; Stateful."""
 
-    def __init__(self, sources: list[Source], config: LoaderConfig, tokens: TokenLoadConfig, *,
-                 topology: Topology, kv_store: Any = None) -> None:
-        self.config, self.tokens, self.topology = config, tokens, topology
+    label_names = None  # TrainLoader (protocol.py): token batches carry no labels but the next tokens
+    stats = None
+
+    def __init__(self, sources: list[Source], config: LoaderConfig, *, topology: Topology, in_process: bool = False,
+                 kv_store: Any = None) -> None:
+        if config.worker_mode == "processes":
+            raise ValueError("token batches are built in this process (copies out of memory maps and ranged "
+                             "reads); worker_mode='processes' is for decoded images: leave it 'auto'")
+        if any(s.repeat is not None for s in sources):
+            raise ValueError("token mixtures take weights (token shares), not repeat=; give each Source a weight")
+        if in_process and topology.num_workers != 1:
+            raise ValueError("in_process (num_workers=0) plans exactly one worker")
+        assert config.seq_len is not None
+        self.config, self.topology, self.in_process = config, topology, in_process
+        self.seq_len, self.packing = config.seq_len, config.packing
 
         def opener() -> tuple[tuple[list[tuple[Store, Manifest]], str], str]:
-            opened, fingerprint = open_token_sources(sources, config, tokens)
+            opened, fingerprint = open_token_sources(sources, config)
             return (opened, fingerprint), fingerprint
 
         if kv_store is not None:
@@ -136,39 +69,50 @@ class TokenLoader:
         else:
             opened, self.fingerprint = opener()[0]
         self.store, self.manifest = opened[0]  # the first source's (the only one's)
-        # A mixture's stores and manifests in source order, as ShardLoader.sources (None: one dataset).
-        self.sources = None if len(opened) == 1 else OpenedTokens(stores=tuple(st for st, _ in opened),
-                                                                    manifests=tuple(m for _, m in opened))
+        self.opened = opened
         info = self.manifest.tokens
         assert info is not None
         shards = TokenSources([TokenShards(st, m, verify_checksums=config.verify_checksums) for st, m in opened])
-        seq_bytes = (tokens.seq_len + 1) * info.np_dtype.itemsize
+        seq_bytes = (self.seq_len + 1) * info.np_dtype.itemsize
         window = config.shuffle_window if config.shuffle_window_bytes is None else max(
             1, min(config.shuffle_window, config.shuffle_window_bytes // seq_bytes))
         self.plan_config = PlanConfig(seed=config.seed, batch_size=config.batch_size, tail=config.tail,
                                       shuffle=config.shuffle, shuffle_window=window)
-        plan = TokenPlanConfig(seq_len=tokens.seq_len, packing=tokens.packing, plan=self.plan_config)
+        plan = TokenPlanConfig(seq_len=self.seq_len, packing=self.packing, plan=self.plan_config)
         doc_lengths = tuple(self._doc_lengths(src) for src in shards.shards)
         for src, docs in zip(shards.shards, doc_lengths):
             try:
                 SequenceOrder(docs, plan, 0)  # aligned packing refuses a seq_len above every document
             except ValueError as exc:
                 raise ValueError(f"{src.store.url}: {exc}") from None
-        self.mixture = None if len(sources) == 1 else token_mixture(
-            doc_lengths, plan, names=[st.url for st, _ in opened], weights=[s.weight or 1.0 for s in sources],
-            fingerprints=[m.fingerprint for _, m in opened])
-        self.job = TokenJob(sources=shards, config=plan, doc_lengths=doc_lengths, mixture=self.mixture,
+        # One dataset is a mixture of one (Mixture.single): its state and facts; its plan is plan/tokens.py's.
+        self.mixture = token_mixture(doc_lengths, plan, names=[st.url for st, _ in opened],
+                                     weights=[1.0 if s.weight is None else s.weight for s in sources],
+                                     fingerprints=[m.fingerprint for _, m in opened])
+        self.job = TokenJob(sources=shards, config=plan, doc_lengths=doc_lengths,
+                            mixture=None if self.mixture.single else self.mixture,
                             with_docs=config.fields is None or "doc_ids" in config.fields,
                             pad_id=info.tokenizer.eos_id, prefetch_bytes=config.prefetch_bytes,
                             max_in_flight=config.max_in_flight)
+        self.num_classes = info.tokenizer.vocab_size  # TrainLoader: a model's output is a vocabulary
         self._state, self._delivered, self._finished = PlanState(epoch=0), 0, False
         self._active_steps: int | None = None
         self._token = 0
         self._threads: _Workers | None = None
 
+    # --- TrainLoader (protocol.py) ------------------------------------------------------------
+    @property
+    def facts(self) -> DatasetFacts:
+        """Identity, sequences per epoch, bytes per sequence, the sources and their shares."""
+        return token_facts(self.opened, fingerprint=self.fingerprint, seq_len=self.seq_len, mixture=self.mixture)
+
+    def where(self, batch: dict[str, Any], i: int) -> str:
+        """Token batches name no shard per sequence: a corrupt block is named when it is read."""
+        return ""
+
     def _doc_lengths(self, shards: TokenShards) -> tuple[np.ndarray, ...]:
         """What the plan cuts: concat needs only each shard's tokens, aligned every document's length."""
-        if self.tokens.packing == "aligned":
+        if self.packing == "aligned":
             return tuple(shards.document_lengths(range(shards.manifest.num_shards)))
         return tuple(np.asarray([n] if n else [], dtype=np.int64) for n in shards.manifest.shard_num_tokens)
 
@@ -199,7 +143,7 @@ class TokenLoader:
         return PlanState(epoch=self._state.epoch) if self._finished else self._position()
 
     def _steps_from(self, state: PlanState) -> int:
-        if self.mixture is not None:
+        if self.job.mixture is not None:
             return token_mix_num_steps(self.mixture, config=self.job.config, world_size=self.topology.world_size,
                                        state=state)
         return token_num_steps(self.job.doc_lengths[0], config=self.job.config, world_size=self.topology.world_size,
@@ -213,7 +157,7 @@ class TokenLoader:
     @property
     def tokens_per_batch(self) -> int:
         """Tokens of input each rank batch carries (batch_size x seq_len)."""
-        return self.config.batch_size * self.tokens.seq_len
+        return self.config.batch_size * self.seq_len
 
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -223,7 +167,7 @@ class TokenLoader:
         self._token += 1
         self._active_steps = steps
         self._stop_threads()
-        if self.config.num_workers == 0:
+        if self.in_process:
             batches: Iterator[dict[str, Any]] = worker_batches(self.job, self.topology.slot(0), start)
         elif self.config.worker_mode == "threads":
             self._threads = _Workers(self.job, self.topology, start, depth=self.config.prefetch_factor)
@@ -259,14 +203,14 @@ class TokenLoader:
         """What has been delivered so far, in a form any rank of any topology can load."""
         state = make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
                            mixture=self.mixture, epoch_complete=self._finished and self._active_steps is None)
-        state["tokens"] = json.dumps({"seq_len": self.tokens.seq_len, "packing": self.tokens.packing})
+        state["tokens"] = json.dumps({"seq_len": self.seq_len, "packing": self.packing})
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
         if self._active_steps is not None:
             raise RuntimeError("load_state_dict during an iteration; call it between epochs")
-        mine = {"seq_len": self.tokens.seq_len, "packing": self.tokens.packing}
+        mine = {"seq_len": self.seq_len, "packing": self.packing}
         saved = state_dict.get("tokens") if isinstance(state_dict, dict) else None
         if saved is None or json.loads(saved) != mine:
             raise StateError(f"cannot resume: the state was saved by a loader of {saved or 'samples, not tokens'}, "

@@ -36,6 +36,7 @@ from dataio.plan.plan import (
     WorkerPlan,
     as_sizes,
     plan_positions,
+    plan_worker,
     segments_of,
     steps_of_total,
 )
@@ -132,6 +133,13 @@ class Mixture:
         object.__setattr__(self, "shard_base", np.concatenate([[0], np.cumsum(shards)]).astype(np.int64))
         object.__setattr__(self, "_epochs", {})  # global batch -> MixEpoch
         object.__setattr__(self, "shard_starts", np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64))
+
+    @property
+    def single(self) -> bool:
+        """A mixture of one: one source, no repeat, its own size as the epoch. Its plan is the
+        single-dataset plan (plan_worker, steps_of_total), keys and rounding included."""
+        return (len(self.sources) == 1 and self.sources[0].repeat is None
+                and self.total == self.sources[0].num_samples)
 
     def sources_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(source, shard within that source, position within that shard) of global sample ids,
@@ -336,7 +344,7 @@ def check_mixture(mixture: Mixture, saved: Mapping) -> None:
 def delivered_epoch(mixture: Mixture, *, config: PlanConfig, world_size: int, state: PlanState) -> MixEpoch:
     """The epoch as delivered: with the tail dropped, rounded down to a multiple of the global
     batch of the topology the epoch started on (the state's first, else `world_size`)."""
-    if config.tail != "drop":
+    if config.tail != "drop" or mixture.single:  # a mixture of one: steps_of_total drops its tail
         return mixture.epoch(1)
     first = state.progress[0].world_size if state.progress else world_size
     return mixture.epoch(int(first) * config.batch_size)
@@ -354,6 +362,8 @@ def mix_num_steps(mixture: Mixture, *, config: PlanConfig, world_size: int, stat
 def plan_mix_worker(mixture: Mixture, *, config: PlanConfig, slot: WorkerSlot, state: MixState) -> WorkerPlan:
     """One worker's windows (MixWindow) from the state's position to the mixture epoch's end."""
     check_mixture(mixture, state.mixture)
+    if mixture.single:  # a mixture of one is the single-dataset plan, bit for bit
+        return plan_worker(mixture.sources[0].shard_sizes, config=config, slot=slot, state=state.plan)
     epoch = state.plan.epoch
     delivered = delivered_epoch(mixture, config=config, world_size=slot.world_size, state=state.plan)
     offsets = np.concatenate([[0], np.cumsum(mixture.shard_sizes)]).astype(np.int64)

@@ -1,6 +1,6 @@
 """Tar shards for the RAW fast path: the index as numpy columns, byte spans read into a caller's buffer.
 
-The loader's RAW path (dataio/loader/raw.py) never builds a dict per sample: it reads a window's
+The loader's RAW path (dataio/stream/raw.py) never builds a dict per sample: it reads a window's
 spans with few large reads straight into a reused buffer, and finds every member by index
 arithmetic on these columns. A local file is read with os.preadv into the buffer (no `bytes`
 object, no page faults once the buffer was used); object storage goes through Store.read (ranged

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataio.storage.hedge import HedgePolicy
+from dataio.storage.retry import RetryPolicy
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -32,12 +33,17 @@ class StorageOptions:
     # Reads of remote stores slower than k x their recent median get a second request
     # (dataio.storage.hedge); None: never.
     hedge: HedgePolicy | None = HedgePolicy()
+    # How each call retries transient errors: backoff until its time budget (deadline_s, 2 minutes)
+    # is spent; a Store given its own RetryPolicy uses that one instead.
+    retry: RetryPolicy = RetryPolicy()
 
     def __post_init__(self) -> None:
         if (self.key is None) != (self.secret is None):
             raise ValueError("give both an access key and a secret key, or neither")
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
             raise ValueError("storage timeouts must be positive")
+        if not isinstance(self.retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -61,7 +67,8 @@ class StorageOptions:
                 "read_timeout": self.read_timeout_s,
                 # One try inside botocore (total_max_attempts counts the first; max_attempts
                 # would not): our retry with backoff and a deadline sits above, so a stuck
-                # endpoint costs one read timeout per try, not three.
+                # endpoint costs one read timeout per try, not three, and botocore's own count
+                # neither cuts the budget short nor multiplies it.
                 "retries": {"total_max_attempts": 1, "mode": "standard"},
             },
         }
@@ -81,8 +88,10 @@ class StorageOptions:
         region: str | None = None,
         config_path: str | None = None,
         env: Mapping[str, str] | None = None,
+        retry_budget_s: float | None = None,
     ) -> StorageOptions:
-        """Merge flags (first), a TOML config file's [s3] table, then AWS_* variables in `env`."""
+        """Merge flags (first), a TOML config file's [s3] table, then AWS_* variables in `env`;
+        retry_budget_s (a flag, or the table's key): each call's retry budget (RetryPolicy.deadline_s)."""
         env = {} if env is None else env
         conf: dict[str, Any] = {}
         if config_path:
@@ -93,11 +102,10 @@ class StorageOptions:
                 raise ValueError(f"storage config file {config_path!r} does not exist") from None
             except tomllib.TOMLDecodeError as exc:
                 raise ValueError(f"storage config file {config_path!r} is not valid TOML: {exc}") from None
-            unknown = set(conf) - {"endpoint_url", "key", "secret", "region", "anon"}
+            unknown = set(conf) - set(_CONFIG_KEYS)
             if unknown:
                 raise ValueError(
-                    f"unknown keys {sorted(unknown)} in [s3] of {config_path!r}; "
-                    "allowed: endpoint_url, key, secret, region, anon"
+                    f"unknown keys {sorted(unknown)} in [s3] of {config_path!r}; allowed: {', '.join(_CONFIG_KEYS)}"
                 )
 
         def pick(flag: Any, conf_key: str, *env_keys: str) -> Any:
@@ -116,4 +124,18 @@ class StorageOptions:
             secret=pick(secret, "secret", "AWS_SECRET_ACCESS_KEY"),
             region=pick(region, "region", "AWS_REGION", "AWS_DEFAULT_REGION"),
             anon=bool(conf.get("anon", False)),
+            retry=_retry_policy(pick(retry_budget_s, "retry_budget_s"), config_path),
         )
+
+
+_CONFIG_KEYS = ("endpoint_url", "key", "secret", "region", "anon", "retry_budget_s")
+
+
+def _retry_policy(budget_s: Any, config_path: str | None) -> RetryPolicy:
+    """The default RetryPolicy with `budget_s` seconds per call (None: the default budget)."""
+    if budget_s is None:
+        return RetryPolicy()
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0:
+        where = f" in [s3] of {config_path!r}" if config_path else ""
+        raise ValueError(f"retry_budget_s{where} must be a number of seconds above 0, got {budget_s!r}")
+    return RetryPolicy(deadline_s=float(budget_s))

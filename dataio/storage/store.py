@@ -9,7 +9,6 @@ spawn) makes its own client; s3fs clients must not cross a fork.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import tempfile
 import time
@@ -20,6 +19,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from dataio.errors import ShardFormatError, StorageError
 from dataio.storage.exclusive import ConditionalWrites  # create_exclusive, replace_if, remove_if
+from dataio.storage.forked import keep_in_forked_children
 from dataio.storage.hedge import Hedger, shared_hedger
 from dataio.storage.options import StorageOptions
 from dataio.storage import s3_ranges
@@ -27,6 +27,7 @@ from dataio.storage.paths import check_relative
 from dataio.storage.redact import redact, split_userinfo, url_secrets
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
     FIRST_REQUEST_DEADLINE_S,
+    FIRST_REQUEST_UNREACHABLE_ATTEMPTS,
     RetryPolicy,
     ShortReadError,
     UnconfirmedWriteError,
@@ -34,6 +35,7 @@ from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co.
     safe_cause,
     with_retry,
 )
+from dataio.storage.upload import confirm, size_and_md5, upload_parts
 
 T = TypeVar("T")
 
@@ -54,7 +56,7 @@ class Store(ConditionalWrites):
     ) -> None:
         self.raw_url = str(url).rstrip("/") or "/"
         self.options = options or StorageOptions()
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or self.options.retry
         # Every credential this store knows, from its options or its URL, is redacted in messages.
         self.secrets = self.options.secrets + url_secrets(self.raw_url)
         self._fs: Any = None
@@ -93,7 +95,6 @@ class Store(ConditionalWrites):
             from fsspec.core import url_to_fs
 
             self._fs_pid = os.getpid()
-
             url, options = self.raw_url, self.options
             if self.protocol in ("s3", "s3a"):
                 # s3://KEY:SECRET@bucket/... means those credentials (flags still win).
@@ -108,35 +109,43 @@ class Store(ConditionalWrites):
                     "for s3:// install shardify[s3], for gs:// gcsfs, for http(s):// aiohttp"
                 ) from safe_cause(exc, self.secrets)
             self._root = self._root.rstrip("/")
+            keep_in_forked_children(self._fs)
             if self.protocol in ("s3", "s3a") and s3_ranges.available():
                 self._range_options = options
             if hasattr(self._fs, "retries") and self.protocol in ("s3", "s3a"):
-                # s3fs retries 5 times on its own (under botocore's tries, under ours): one
-                # layer of backoff is enough, and a dead endpoint then fails in seconds.
+                # s3fs retries 5 times on its own (under botocore's tries, under ours): one layer of
+                # backoff, ours, spends the budget; a layer below would multiply it or cap it.
                 self._fs.retries = 1
         return self._fs
 
+    @property
+    def root(self) -> str:
+        """The filesystem path of the prefix itself (a local folder, or bucket/key on a store)."""
+        return self.fs and self._root  # fs resolves the root
+
     def path(self, rel: str) -> str:
         """The filesystem path of `rel` below the prefix (checked to stay inside it)."""
-        self.fs  # noqa: B018 - resolves the root
-        return f"{self._root}/{check_relative(rel)}" if self._root else check_relative(rel)
+        root = self.root
+        return f"{root}/{check_relative(rel)}" if root else check_relative(rel)
 
     def url_of(self, rel: str) -> str:
         """Redacted URL of `rel`, for messages."""
         return f"{self.url}/{rel}"
 
     def first_request(self, deadline_s: float = FIRST_REQUEST_DEADLINE_S) -> Store:
-        """This store with its retries bounded by `deadline_s` in all: for the first request, which
-        tells a wrong or stuck endpoint from a slow read."""
+        """This store with its retries bounded by `deadline_s` in all, and a few tries where no server
+        answers at all: for the first request, which tells a wrong or stuck endpoint from a slow read."""
         budget = deadline_s if self.retry.deadline_s is None else min(deadline_s, self.retry.deadline_s)
-        return Store(self.raw_url, self.options, replace(self.retry, deadline_s=budget))
+        policy = replace(self.retry, deadline_s=budget, max_unreachable_attempts=FIRST_REQUEST_UNREACHABLE_ATTEMPTS)
+        return Store(self.raw_url, self.options, policy)
 
     def child(self, rel: str) -> Store:
         """A Store for a sub-prefix."""
         return Store(f"{self.raw_url}/{check_relative(rel)}", self.options, self.retry)
 
-    def _retry(self, fn: Callable[[], T], what: str) -> T:
-        return with_retry(fn, what=what, policy=self.retry, secrets=self.secrets)
+    def _retry(self, fn: Callable[[], T], what: str, ends_at: float | None = None) -> T:
+        """fn() under this store's retry policy; `ends_at` (monotonic): a budget shared with other calls."""
+        return with_retry(fn, what=what, policy=self.retry, secrets=self.secrets, ends_at=ends_at)
 
     def read(self, rel: str, start: int | None = None, end: int | None = None, *, expect_size: int | None = None,
              object_size: int | None = None) -> bytes:
@@ -164,12 +173,13 @@ class Store(ConditionalWrites):
                 raise ShortReadError(f"got {len(data)} bytes, expected {want}")
             return data, total
 
-        span = "" if start is None else f" bytes {start}-{end}"
+        what, ends_at = f"reading {self.url_of(rel)}{'' if start is None else f' bytes {start}-{end}'}", None
         hedger = self.hedger
         if hedger is None:
-            data, total = self._retry(once, f"reading {self.url_of(rel)}{span}")
+            data, total = self._retry(once, what)
         else:  # whole objects (indexes, footers) are hedged in the size class of what they should be
-            data, total = hedger.call(lambda: self._retry(once, f"reading {self.url_of(rel)}{span}"), want or 0)
+            ends_at = self.retry.ends_at(time.monotonic())  # one budget for the read and its hedges
+            data, total = hedger.call(lambda: self._retry(once, what, ends_at), want or 0)
         if object_size is not None and total is not None and total != object_size:
             raise ShardFormatError(
                 f"{self.url_of(rel)}: shard is {total} bytes but the manifest says {object_size}; the shard or the "
@@ -199,10 +209,10 @@ class Store(ConditionalWrites):
 
     def size(self, rel: str) -> int:
         """The object's size in bytes (a HEAD on object stores: hedged like a small read)."""
-        path = self.path(rel)
+        path, ends_at = self.path(rel), self.retry.ends_at(time.monotonic())  # one budget for its hedges too
 
         def once() -> int:
-            return int(self._retry(lambda: self.fs.size(path), f"size of {self.url_of(rel)}"))
+            return int(self._retry(lambda: self.fs.size(path), f"size of {self.url_of(rel)}", ends_at))
 
         hedger = self.hedger
         return once() if hedger is None else hedger.call(once, 0)
@@ -213,12 +223,12 @@ class Store(ConditionalWrites):
 
     def prefix_exists(self) -> bool:
         """True if the prefix itself exists (a directory, or any object below it on a store)."""
-        root = self.fs and self._root
+        root = self.root
         return bool(self._retry(lambda: self.fs.exists(root), f"checking {self.url}"))
 
     def list(self) -> list[str]:
         """Relative names of every file below the prefix (recursive); empty if the prefix is absent."""
-        root = self.fs and self._root
+        root = self.root
 
         def once() -> list[str]:
             try:
@@ -232,7 +242,7 @@ class Store(ConditionalWrites):
 
     def list_info(self) -> list[tuple[str, int, float]]:
         """(relative name, size, modification time in epoch seconds) of every file below the prefix."""
-        root = self.fs and self._root
+        root = self.root
 
         def once() -> list[tuple[str, int, float]]:
             try:
@@ -249,7 +259,7 @@ class Store(ConditionalWrites):
         """Abort the S3 multipart uploads below the prefix started more than `older_than_s` ago; their keys."""
         if self.protocol not in ("s3", "s3a"):
             return []
-        bucket, _, key_prefix = (self.fs and self._root).partition("/")
+        bucket, _, key_prefix = self.root.partition("/")
         now = time.time()
         aborted = []
         resp = self._retry(lambda: self.fs.call_s3("list_multipart_uploads", Bucket=bucket,
@@ -299,10 +309,11 @@ class Store(ConditionalWrites):
         Local disk: a hidden temporary name in the same directory, fsync, rename, fsync of the
         directory. Object stores: the bytes are collected in a spooled temporary file (memory up
         to 64 MiB, then disk); each upload attempt sends all of them afresh (a single PUT, or a
-        multipart upload that appears only when complete, each part's ETag checked against the
+        multipart upload that appears only when complete, each part retried until its ETag is the
         MD5 of its bytes), then a HEAD must show the expected size and, where the store gives an
         ETag of the usual form, the one computed from the bytes sent (MD5 for one PUT, MD5 of the
-        parts' MD5s and "-N" for N parts). Anything else raises StorageError naming the URL.
+        parts' MD5s and "-N" for N parts); the tries, the parts' included, share one retry budget.
+        Anything else raises StorageError naming the URL.
         durable=False (local disk): no fsync; the caller makes a batch of such files durable at once
         with `make_durable` before anything refers to them (the writer: before its journal does).
         """
@@ -337,78 +348,21 @@ class Store(ConditionalWrites):
         """Upload the whole spool (again on each try) and confirm it with a HEAD; StorageError if never."""
         path = self.path(rel)
         spool.flush()
-        size, md5 = _size_and_md5(spool)
+        size, md5 = size_and_md5(spool)
+        what, ends_at = f"uploading {self.url_of(rel)} ({size} bytes)", self.retry.ends_at(time.monotonic())
+        part_bytes = max(_PART_BYTES, -(-size // _MAX_PARTS))
 
-        def once() -> None:
+        def once() -> None:  # all the bytes again, then the HEAD; the parts share the upload's budget
             spool.seek(0)
             if size < _SINGLE_PUT_BYTES or self.protocol not in ("s3", "s3a"):
                 self.fs.pipe_file(path, spool.read())
-                self._confirm(path, rel, size, md5)
+                etag = md5
             else:
-                self._confirm(path, rel, size, self._upload_parts(path, spool, size))
+                etag = upload_parts(self.fs, path, spool, part_bytes,
+                                    lambda put, part: self._retry(put, f"{what}, {part}", ends_at))
+            confirm(self.fs, path, self.url_of(rel), size, etag)
 
-        self._retry(once, f"uploading {self.url_of(rel)} ({size} bytes)")
-
-    def _upload_parts(self, path: str, spool: Any, size: int) -> str:
-        """A multipart upload of the spool, each part's ETag checked against the MD5 of the bytes sent;
-        returns the ETag the whole object must then have. Aborted (nothing appears) on any failure."""
-        bucket, key, _ = self.fs.split_path(path)
-        part_bytes = max(_PART_BYTES, -(-size // _MAX_PARTS))
-        upload_id = self.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
-        digests: list[bytes] = []
-        parts: list[dict[str, Any]] = []
-        try:
-            while piece := spool.read(part_bytes):
-                number = len(parts) + 1
-                digest = hashlib.md5(piece, usedforsecurity=False)
-                out = self.fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=upload_id,
-                                      PartNumber=number, Body=piece)
-                etag = str(out.get("ETag") or "").strip('"').lower()
-                if _is_md5(etag) and etag != digest.hexdigest():
-                    raise UnconfirmedWriteError(f"the store's ETag {etag} of part {number} is not the MD5 "
-                                                f"{digest.hexdigest()} of the bytes sent")
-                digests.append(digest.digest())
-                parts.append({"PartNumber": number, "ETag": out["ETag"]})
-            self.fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
-                            MultipartUpload={"Parts": parts})
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
-            raise
-        return f"{hashlib.md5(b''.join(digests), usedforsecurity=False).hexdigest()}-{len(parts)}"
-
-    def _confirm(self, path: str, rel: str, size: int, etag_sent: str) -> None:
-        """HEAD the object just written: the expected size, and the ETag where the store gives one of
-        the usual form (MD5 of the bytes for one PUT, MD5 of the part MD5s and "-N" for a multipart
-        upload); a store that gives another form (or none) is checked on size only."""
-        with contextlib.suppress(Exception):
-            self.fs.invalidate_cache(path)
-        try:
-            info = self.fs.info(path)
-        except FileNotFoundError:
-            raise UnconfirmedWriteError(f"the store accepted the upload but has no object at {self.url_of(rel)}") from None
-        got = int(info.get("size", -1))
-        etag = str(info.get("ETag") or info.get("etag") or "").strip('"').lower()
-        if got != size:
-            raise UnconfirmedWriteError(f"the store holds {got} bytes, {size} were written")
-        if _same_form(etag, etag_sent) and etag != etag_sent:
-            # Other bytes than ours were stored (changed after they were checksummed): readers must
-            # not find them, whatever the next try does.
-            with contextlib.suppress(Exception):
-                self.fs.rm_file(path)
-            raise UnconfirmedWriteError(f"the store's ETag {etag} is not {etag_sent}, that of the bytes written")
-
-
-def _is_md5(etag: str) -> bool:
-    return len(etag) == 32 and all(c in "0123456789abcdef" for c in etag)
-
-
-def _same_form(etag: str, expected: str) -> bool:
-    """True when the store's ETag is of the form computed locally (plain MD5, or MD5-N of a multipart upload)."""
-    if "-" in expected:
-        head, _, count = etag.partition("-")
-        return _is_md5(head) and count == expected.partition("-")[2]
-    return _is_md5(etag)
+        self._retry(once, what, ends_at)
 
 
 def _mtime_s(info: Mapping[str, Any]) -> float:
@@ -426,16 +380,6 @@ def _mtime_s(info: Mapping[str, Any]) -> float:
     return time.time()  # unknown: as young as can be, so gc never deletes it for its age
 
 
-def _size_and_md5(f: Any) -> tuple[int, str]:
-    f.seek(0)
-    h = hashlib.md5(usedforsecurity=False)
-    size = 0
-    while piece := f.read(8 << 20):
-        h.update(piece)
-        size += len(piece)
-    return size, h.hexdigest()
-
-
 def _fsync_directory(directory: str) -> None:
     with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened
         fd = os.open(directory, os.O_RDONLY)
@@ -444,7 +388,3 @@ def _fsync_directory(directory: str) -> None:
         finally:
             os.close(fd)
 
-
-def with_options(store: Store, **changes: Any) -> Store:
-    """A copy of `store` with some StorageOptions fields changed."""
-    return Store(store.raw_url, replace(store.options, **changes), store.retry)

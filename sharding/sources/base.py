@@ -146,11 +146,6 @@ def key_width(n: int) -> int:
     return max(6, len(str(max(n - 1, 0))))
 
 
-def read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def extras_json(extras: dict[str, Any]) -> bytes:
     """Table values of one sample as the KEY.json member (bytes values travel as their own members)."""
     return json.dumps({k: v for k, v in extras.items() if not isinstance(v, bytes)}, default=str).encode()

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from dataio.storage.store import Store
+from dataio.storage.store import Store, with_retry
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -77,7 +77,7 @@ def list_sizes(store: Store, sub: str, *, recursive: bool = True, dirs: bool = F
     """(path relative to store/sub, size) below a prefix, retried; with dirs=True (and not recursive)
     the immediate sub-folders too (size 0). Empty when the prefix does not exist."""
     fs = store.fs
-    root = store.path(sub) if sub else store._root
+    root = store.path(sub) if sub else store.root
     root = root.rstrip("/")
 
     def once() -> list[tuple[str, int]]:
@@ -92,4 +92,5 @@ def list_sizes(store: Store, sub: str, *, recursive: bool = True, dirs: bool = F
         return [(p.rstrip("/")[cut:], int(info.get("size") or 0)) for p, info in found.items()
                 if p.startswith(root + "/") and (info.get("type") != "directory" or dirs)]
 
-    return store._retry(once, f"listing {store.url_of(sub) if sub else store.url}")
+    return with_retry(once, what=f"listing {store.url_of(sub) if sub else store.url}", policy=store.retry,
+                      secrets=store.secrets)

@@ -264,8 +264,6 @@ def test_damaged_index_fails_with_its_url(tmp_path) -> None:
     (dict(batch_size=0), ValueError),
     (dict(batch_size=2, tail="wrap"), ValueError),
     (dict(batch_size=2, decode="gpu"), ValueError),
-    (dict(batch_size=2, rank=1), ValueError),
-    (dict(batch_size=2, rank=2, world_size=2), ValueError),
     (dict(batch_size=2, on_corrupt="ignore"), ValueError),
     (dict(batch_size=2, cache_dir="/tmp/x"), ValueError),
     (dict(batch_size=2, fields="jpg"), TypeError),
@@ -276,14 +274,35 @@ def test_bad_arguments(options, error) -> None:
         LoaderConfig(**options)
 
 
+@pytest.mark.parametrize("topology", [dict(rank=1), dict(rank=2, world_size=2), dict(rank=0, world_size=0),
+                                      dict(rank=None, world_size=None, num_workers=-1)])
+def test_bad_topology_is_refused(topology) -> None:
+    from dataio.loader.make import job_topology
+
+    with pytest.raises(ValueError):
+        job_topology(**{"rank": None, "world_size": None, "num_workers": 2, **topology})
+
+
 def test_make_loader_takes_exactly_the_config_fields_with_the_same_defaults() -> None:
     import dataclasses
     import inspect
 
     params = inspect.signature(make_loader).parameters
     fields = {f.name: f.default for f in dataclasses.fields(LoaderConfig)}
-    assert set(params) - {"url", "weights"} == set(fields)  # weights belong to the URLs (Source objects)
+    # weights belong to the URLs (Source objects); rank, world_size and num_workers build the Topology
+    assert list(params)[:5] == ["url", "weights", "rank", "world_size", "num_workers"]
+    assert set(params) - {"url", "weights", "rank", "world_size", "num_workers"} == set(fields)
+    assert not {"rank", "world_size", "num_workers"} & set(fields)
     assert all(params[name].default == default for name, default in fields.items() if name != "batch_size")
+    assert params["batch_size"].default is inspect.Parameter.empty
+    assert all(f"    {name}: " in make_loader.__doc__ for name in fields)  # the docstring lists every option
+
+
+def test_an_unknown_option_is_refused_naming_the_closest() -> None:
+    with pytest.raises(TypeError, match="'shuffle_windw'.*did you mean 'shuffle_window'"):
+        make_loader("/nowhere", batch_size=2, shuffle_windw=3)
+    with pytest.raises(TypeError, match="did you mean 'num_workers'"):
+        make_loader("/nowhere", batch_size=2, num_worker=3)
 
 
 def test_topology_is_built_once_by_make_loader_and_passed_down(dataset) -> None:
@@ -292,11 +311,11 @@ def test_topology_is_built_once_by_make_loader_and_passed_down(dataset) -> None:
         assert (loader.rank, loader.world_size) == (1, 3)
     with make_loader(dataset, batch_size=2, num_workers=2, decode=None) as loader:  # no process group
         assert loader.topology == Topology(rank=0, world_size=1, num_workers=2)
-    config = LoaderConfig(batch_size=2, num_workers=2, decode=None)
-    with pytest.raises(ValueError, match="plans 1 workers"):
-        ShardLoader(dataset, config, topology=Topology(rank=0, world_size=1, num_workers=1))
+    config = LoaderConfig(batch_size=2, decode=None)
+    with pytest.raises(ValueError, match="in-process loader plans 1 worker"):
+        ShardLoader(dataset, config, topology=Topology(rank=0, world_size=1, num_workers=2), in_process=True)
     with ShardLoader(dataset, config, topology=Topology(rank=1, world_size=2, num_workers=2)) as loader:
-        assert len(loader) == TOTAL // (2 * 2)
+        assert len(loader) == TOTAL // (2 * 2) and loader.num_workers == 2
 
 
 def test_unknown_option_and_field(dataset) -> None:
@@ -304,3 +323,18 @@ def test_unknown_option_and_field(dataset) -> None:
         make_loader(dataset, batch_size=2, batchsize=3)
     with pytest.raises(ValueError, match="png"):
         make_loader(dataset, batch_size=2, fields=("png",))
+
+
+def test_a_token_dataset_without_seq_len_is_refused_up_front(tmp_path) -> None:
+    from dataio.format.manifest import Manifest, checksum_bytes, write_manifest
+    from dataio.format.tokens import TokenizerInfo, TokensInfo
+
+    tokenizer = TokenizerInfo(name="byte", kind="hf", vocab_size=256, eos_id=0)
+    c = checksum_bytes(b"")  # the manifest alone is read: no shard is
+    manifest = Manifest(format="tokens", fields=(), shard_paths=("shards/shard-000000.tokens",), shard_num_samples=(1,),
+                        shard_num_bytes=(2,), shard_checksums=(c,), index_paths=("shards/shard-000000.idx",),
+                        index_num_bytes=(16,), index_checksums=(c,), sums_checksums=(c,), shard_num_tokens=(1,),
+                        tokens=TokensInfo(tokenizer=tokenizer, dtype="uint16"))
+    write_manifest(Store(str(tmp_path)), manifest)
+    with pytest.raises(ManifestError, match=f"{tmp_path}: a token dataset.*pass seq_len="):
+        make_loader(str(tmp_path), batch_size=2)

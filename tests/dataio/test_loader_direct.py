@@ -1,4 +1,4 @@
-"""RAW batches read straight into the batch from local shards (loader/raw_direct.py).
+"""RAW batches read straight into the batch from local shards (stream/raw_direct.py).
 
 Local tar shards take no window buffer: each batch's samples are read into its own tensors. It
 delivers what the general path (a dict per sample) and the window path (a disk cache in front:
@@ -16,7 +16,7 @@ import pytest
 from dataio import make_loader
 from dataio.errors import ShardFormatError
 from dataio.format.manifest import read_manifest
-from dataio.loader.raw import RawIo
+from dataio.stream.raw_io import RawIo
 from dataio.readers.by_format import make_reader
 from dataio.storage.store import Store
 from tests.dataio.loader_helpers import SIZES, TOTAL, batch_summary
@@ -162,7 +162,7 @@ def test_num_workers_0_lays_out_the_first_window_while_the_loader_is_built(mixed
     """The first window's indexes and layout are made in a thread started by make_loader; the first
     iteration takes them instead of making them, and a start elsewhere (another epoch, a loaded
     state) drops them and delivers exactly what a loader without early start delivers."""
-    from dataio.loader.raw import RawStream
+    from dataio.stream.raw import RawStream
 
     made: list[int] = []
     lay_out = RawStream._lay_out

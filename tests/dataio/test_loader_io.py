@@ -10,7 +10,7 @@ import torch
 
 from dataio import LoaderConfig, make_loader
 from dataio.format.manifest import read_manifest
-from dataio.loader.collate import as_bytes, pack_bytes
+from dataio.stream.collate import as_bytes, pack_bytes
 from dataio.loader.config import window_samples
 from dataio.plan.types import Segment
 from dataio.readers.base import split_segment

@@ -11,8 +11,8 @@ import torch
 
 from dataio import CorruptSampleError, ManifestError, Source, StateError, make_loader
 from dataio.format.manifest import Field, read_manifest, write_manifest
-from dataio.loader.raw import raw_fast_path
 from dataio.storage.store import Store
+from dataio.stream.raw import raw_fast_path
 from tests.dataio.loader_helpers import batch_summary, take
 from tests.dataio.resume_harness import (
     check_resume,
@@ -64,7 +64,7 @@ def test_one_url_in_a_list_is_the_plain_case(sources) -> None:
     tar, _ = sources
     options = {"batch_size": 4, "num_workers": 0, "decode": None, "shuffle_window": 8}
     with make_loader([tar], **options) as listed, make_loader(tar, **options) as plain:
-        assert listed.mixture is None
+        assert listed.mixture.single
         a, b = list(listed), list(plain)
     assert [x["__key__"] for x in a] == [x["__key__"] for x in b] and "source" not in a[0]
 
@@ -233,7 +233,7 @@ def test_one_window_and_one_prefetch_budget_for_all_sources(sources) -> None:
         assert loader.plan_config.shuffle_window == int(budget // mean)
         job = loader._worker_job()
         assert job.prefetch_bytes == loader.config.prefetch_bytes  # one budget, whatever the sources
-        assert [m.num_samples for _, m, _ in job.sources] == [48, 16]
+        assert [d.manifest.num_samples for d in job.datasets] == [48, 16]
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +262,7 @@ def raw_summaries(urls: list, epochs: int = 2, **options) -> list[list[tuple]]:
     dict(batch_size=3, shuffle_window=5, num_workers=2, worker_mode="processes", tail="pad"),
 ])
 def test_raw_tar_mixture_takes_the_fast_path_with_the_general_paths_batches(tar_sources, options) -> None:
-    """RAW over tar sources reads windows into buffers (loader/raw.py) as for one dataset: the same
+    """RAW over tar sources reads windows into buffers (stream/raw.py) as for one dataset: the same
     batches as the general path (sample dicts), the source index and positions included."""
     a, b = tar_sources
     urls = [Source(a, weight=3.0), Source(b, repeat=2.0)]  # b upsampled: two passes an epoch
@@ -369,3 +369,16 @@ def test_label_space_lookup_in_one_batch() -> None:
     assert space.apply(dict(batch))["label"].tolist()[:5] == [1, 0, -1, 2, 0]
     with pytest.raises(CorruptSampleError, match=r"y: sample 'y' of source 2 \(y\) has label 1, but the label map"):
         space.apply({**batch, "label": torch.tensor([0, 1, -1, 0, 1, 0]), "mask": torch.ones(6, dtype=torch.bool)})
+
+
+def test_one_dataset_is_a_mixture_of_one(dataset) -> None:
+    """One URL: the single-dataset plan, batches and state (no 'source', no 'mixture'); given another
+    epoch size it is resampled as a real mixture of one."""
+    with make_loader(dataset, batch_size=4, num_workers=0, decode=None) as loader:
+        assert loader.mixture.single and not loader.facts.mixed
+        batch = next(iter(loader))
+        assert "source" not in batch and "mixture" not in loader.state_dict()
+    with make_loader(dataset, batch_size=4, num_workers=0, decode=None, epoch_samples=20) as loader:
+        assert not loader.mixture.single and len(loader) == 5
+        batches = list(loader)
+        assert all(b["source"].tolist() == [0] * 4 for b in batches) and "mixture" in loader.state_dict()

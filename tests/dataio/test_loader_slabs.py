@@ -9,7 +9,7 @@ import hashlib
 import pytest
 
 from dataio import make_loader
-from dataio.loader.slabs import MAX_SLABS, SlabRing
+from dataio.stream.slabs import MAX_SLABS, SlabRing
 from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
 
@@ -103,7 +103,7 @@ def test_the_main_process_keeps_only_slab_storages_and_a_bounded_number():
     import torch
 
     from dataio.batch import PackedBytes
-    from dataio.loader.slabs import SlabKeeper
+    from dataio.stream.slabs import SlabKeeper
 
     keeper = SlabKeeper(max_storages=3)
     for _ in range(5):
@@ -115,7 +115,7 @@ def test_the_main_process_keeps_only_slab_storages_and_a_bounded_number():
 def test_the_storage_pool_never_hands_out_what_someone_still_holds():
     import numpy as np
 
-    from dataio.loader.slabs import StoragePool
+    from dataio.stream.slabs import StoragePool
 
     pool = StoragePool(max_storages=4)
     held = pool.allocate(1000)
@@ -138,7 +138,7 @@ def test_the_storage_pool_never_hands_out_what_someone_still_holds():
 def test_huge_pages_keeps_the_storage_as_it_is():
     import torch
 
-    from dataio.loader.slabs import huge_pages
+    from dataio.stream.slabs import huge_pages
 
     for num_bytes in (100, 9 << 20):  # below and above the huge-page size
         storage = torch.UntypedStorage(num_bytes)

@@ -1,6 +1,6 @@
 """RAW without per-sample objects, and reader threads in place of worker processes.
 
-The RAW fast path (loader/raw.py: windows read into reused buffers, batches gathered by index)
+The RAW fast path (stream/raw.py: windows read into reused buffers, batches gathered by index)
 delivers what the general path (a dict per sample) delivers; reader threads (worker_mode
 "threads", the default for RAW tar) deliver what DataLoader worker processes deliver, in the same
 order, with the same state, across a resume at another topology; reused buffers hold while the

@@ -130,7 +130,7 @@ def test_builder_threads_deliver_what_the_interleaved_streams_do(token_url) -> N
 
 
 def test_worker_processes_are_refused_for_tokens(token_url) -> None:
-    with pytest.raises(ValueError, match="reader threads"):
+    with pytest.raises(ValueError, match="built in this process.*leave it .auto."):
         make_loader(token_url, seq_len=SEQ_LEN, batch_size=BATCH, worker_mode="processes")
 
 

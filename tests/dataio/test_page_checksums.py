@@ -33,7 +33,7 @@ from dataio.readers import page_check
 from dataio.readers.parquet import ParquetReader, ParquetSlice
 from dataio.storage.cache import DIGEST_BYTES, DiskCache
 from dataio.storage.store import Store
-from sharding.parquet_writer import ParquetShardWriter, parquet_schema
+from sharding.write.parquet import ParquetShardWriter, parquet_schema
 from tests.dataio.test_checksums import flip_byte
 
 pytestmark = pytest.mark.timeout(120)

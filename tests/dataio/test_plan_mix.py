@@ -24,9 +24,9 @@ from dataio.plan.mix import (
     mix_num_steps,
     plan_mix_worker,
 )
-from dataio.plan.plan import shard_offsets
-from dataio.plan.types import PlanConfig, WorkerSlot
-from tests.dataio.plan_harness import configs
+from dataio.plan.plan import num_steps, plan_worker, shard_offsets
+from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
+from tests.dataio.plan_harness import configs, shard_sizes as sizes_of_shards
 from tests.dataio.test_interleave import prefix_table
 from tests.dataio.resume_harness import check_resume, check_same_topology_resume
 
@@ -49,10 +49,12 @@ def mixtures(draw: st.DrawFn, max_sources: int = 4) -> Mixture:
         sources.append(MixSource(name=f"s{i}", shard_sizes=sizes, fingerprint=f"fp{i}", **kind))
     epoch_samples = draw(st.one_of(st.none(), st.integers(0, 400)))
     try:
-        return Mixture(sources=tuple(sources), epoch_samples=epoch_samples)
+        mixture = Mixture(sources=tuple(sources), epoch_samples=epoch_samples)
     except ValueError:
         assume(False)
         raise
+    assume(not mixture.single)  # a mixture of one is the single-dataset plan (test_mixture_of_one_...)
+    return mixture
 
 
 Key = tuple[int, int, int]  # (source, draw k this epoch, global id)
@@ -399,3 +401,36 @@ def test_an_epoch_is_rounded_to_a_positive_global_batch():
     assert mixture.epoch(6).total == 18 and mixture.epoch(6).counts.tolist() == [18]
     with pytest.raises(ValueError, match="global_batch must be an int >= 1"):
         mixture.epoch(0)
+
+
+@SETTINGS
+@given(sizes=sizes_of_shards, config=configs(), first=topologies,
+       second=st.tuples(st.integers(1, 4), st.integers(1, 3)), data=st.data())
+def test_mixture_of_one_is_the_single_dataset_plan(sizes, config, first, second, data):
+    """One source, no repeat, its own size as the epoch: plan_worker's windows and steps, bit for bit,
+    from any resume state (the mixture's key and rounding are for real mixtures)."""
+    mixture = Mixture(sources=(MixSource(name="one", shard_sizes=sizes, fingerprint="fp"),))
+    assert mixture.single
+    plan = PlanState(epoch=data.draw(st.integers(0, 3), label="epoch"))
+    done = data.draw(st.integers(0, num_steps(sizes, config=config, world_size=first[0], state=plan)), label="done")
+    if done:
+        plan = plan.advanced(world_size=first[0], num_workers=first[1], batches=done)
+    state = MixState(plan=plan, mixture=mixture.describe())
+    world_size, num_workers = second
+    assert mix_num_steps(mixture, config=config, world_size=world_size, state=state) == num_steps(
+        sizes, config=config, world_size=world_size, state=plan)
+    for rank in range(world_size):
+        for worker_id in range(num_workers):
+            slot = WorkerSlot(rank=rank, world_size=world_size, worker_id=worker_id, num_workers=num_workers)
+            mixed, single = plan_mix_worker(mixture, config=config, slot=slot, state=state), plan_worker(
+                sizes, config=config, slot=slot, state=plan)
+            assert np.array_equal(mixed.batch_numbers, single.batch_numbers)
+            assert [(w.segments, w.sample_ids.tolist(), w.is_pad.tolist()) for w in mixed.windows] == [
+                (w.segments, w.sample_ids.tolist(), w.is_pad.tolist()) for w in single.windows]
+
+
+def test_a_repeated_or_resized_single_source_is_a_real_mixture():
+    sizes = [5, 3]
+    assert not Mixture(sources=(MixSource(name="a", shard_sizes=sizes, repeat=2.0),)).single
+    assert not Mixture(sources=(MixSource(name="a", shard_sizes=sizes),), epoch_samples=4).single
+    assert Mixture(sources=(MixSource(name="a", shard_sizes=sizes, weight=3.0),), epoch_samples=8).single

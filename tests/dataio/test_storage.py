@@ -16,7 +16,7 @@ from dataio.storage.options import StorageOptions
 from dataio.storage.paths import check_relative, check_relative_many
 from dataio.storage.redact import redact
 from dataio.storage.retry import RetryPolicy, ShortReadError, is_transient, with_retry
-from dataio.storage.store import Store, with_options
+from dataio.storage.store import Store
 
 NO_WAIT = RetryPolicy(max_attempts=4, base_delay_s=0.0, max_delay_s=0.0)
 
@@ -313,7 +313,6 @@ def test_store_pickles_without_its_client(tmp_path):
     clone = pickle.loads(pickle.dumps(store))
     assert clone._fs is None and clone.read("a") == b"1"
     assert clone.options == store.options and clone.retry == store.retry
-    assert with_options(store, region="x").options.region == "x"
 
 
 # --- memory:// ---------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ def wait_until(proc: subprocess.Popen, ready: Any, timeout_s: float = 60) -> Non
 
 
 def main() -> int:
-    import sharding.writer as writer
+    import sharding.write.writer as writer
     from sharding.cli import main as cli
 
     go, real = Path(sys.argv[1]), writer._run

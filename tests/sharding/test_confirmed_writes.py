@@ -90,7 +90,7 @@ def test_shardify_write_with_every_put_failing_exits_non_zero(s3_server, image_f
     url = f"s3://{s3_server.new_bucket()}/ds"
     with DelayProxy(s3_server.endpoint_url, 0.0, error_rate=1.0, methods=("PUT",)) as proxy:
         code = run("write", image_folder, url, "--max-samples-per-shard", 10, "--workers", 1, "--quiet",
-                   *_flags(s3_server, proxy.url))
+                   "--retry-budget", 2, *_flags(s3_server, proxy.url))  # retries end with the budget
     err = capsys.readouterr().err
     assert code == 2, err
     assert f"{url}/" in err and "gave up" in err  # the first PUT: the lease (creating), or a shard (uploading)
@@ -122,11 +122,13 @@ def test_trainer_reports_failed_checkpoints_keeps_training_and_records_none(s3_s
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret)
     url = f"s3://{s3_server.new_bucket()}/run/ckpt"
+    (tmp_path / "storage.toml").write_text("[s3]\nretry_budget_s = 1\n")  # each upload retries for 1 s
     with DelayProxy(s3_server.endpoint_url, 0.0, error_rate=1.0, methods=("PUT",)) as proxy:
         args = ["--data", "synthetic:?samples=64&classes=4", "--model", "mlp", "--image-size", "4",
                 "--batch-size", "8", "--out", str(tmp_path), "--checkpoint-dir", url, "--checkpoint-every", "2",
-                "--s3-endpoint-url", proxy.url, "--no-live", "--max-steps", "4"]
-        assert main(args) == 3  # trained to the end, but nothing can be resumed (issue 19)
+                "--s3-endpoint-url", proxy.url, "--no-live", "--max-steps", "4",
+                "--storage-config", str(tmp_path / "storage.toml")]
+        assert main(args) == 3  # trained to the end, but nothing can be resumed
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     failed = [r for r in records if r["kind"] == "checkpoint_failed"]
     assert [r["step"] for r in failed] == [2, 4]  # each interval tried again
@@ -140,7 +142,7 @@ def test_trainer_reports_failed_checkpoints_keeps_training_and_records_none(s3_s
 def test_write_dataset_through_hanging_puts_fails_and_publishes_nothing(s3_server, image_folder: Path) -> None:
     from sharding.progress import Progress
     from sharding.sources.by_path import open_source
-    from sharding.writer import WriteConfig, write_dataset
+    from sharding.write.writer import WriteConfig, write_dataset
 
     url = f"s3://{s3_server.new_bucket()}/ds"
     source = open_source(str(image_folder))

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from dataio.storage.store import Store
-from sharding.config import WriteConfig
 from sharding.progress import Progress
 from sharding.sources.by_path import open_source
-from sharding.writer import write_dataset
+from sharding.write.config import WriteConfig
+from sharding.write.writer import write_dataset
 from tests.sharding.conftest import run
 
 if importlib.util.find_spec("ray") is None:  # not imported here: the engine sets Ray's environment first
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.allow_leak
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     """One local Ray for the module, started the way the engine starts its own (loopback, no dashboard)."""
-    from sharding.engine_ray import start_ray
+    from sharding.write.engine_ray import start_ray
 
     assert start_ray(None, 2)
     import psutil
@@ -107,7 +107,7 @@ def test_ray_engine_writes_the_local_engines_dataset(local_ray, image_folder: Pa
 
 def test_a_task_that_keeps_failing_is_named_and_no_manifest_is_written(local_ray, image_folder: Path,
                                                                         tmp_path: Path) -> None:
-    from sharding.engine_ray import RayEngineError
+    from sharding.write.engine_ray import RayEngineError
 
     source = CrashingSource(open_source(str(image_folder)), "000007", None)
     config = WriteConfig(max_samples_per_shard=5, engine="ray", num_workers=2)

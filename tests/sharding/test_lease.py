@@ -1,4 +1,4 @@
-"""One writer per destination on local disk (and memory://): the lease of sharding/lease.py, the conditional
+"""One writer per destination on local disk (and memory://): the lease of sharding/write/lease.py, the conditional
 writes under it, and what users see: a second writer refused, a stale lease taken over, gc held off."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from dataio.format.versions import LEASE_NAME
 from dataio.storage.store import Store
-from sharding.lease import Lease, LeaseError, LeaseInfo
+from sharding.write.lease import Lease, LeaseError, LeaseInfo
 from tests.sharding import blocked_writer
 from tests.sharding.conftest import manifest_of, run
 
@@ -152,7 +152,7 @@ def test_gc_refuses_while_a_writer_holds_the_lease(image_folder: Path, tmp_path:
 def test_a_writer_that_lost_its_lease_publishes_nothing(image_folder: Path, tmp_path: Path, monkeypatch) -> None:
     """A writer stalled past the expiry while another took over: it finds out before publishing, and leaves
     the journal (now the other's) alone."""
-    import sharding.writer as writer
+    import sharding.write.writer as writer
     from sharding.progress import Progress
     from sharding.sources.by_path import open_source
 
@@ -196,7 +196,7 @@ def test_the_heartbeat_refreshes_the_lease(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # starts writer processes
 def test_pid_alive_sees_a_reaped_child_as_gone() -> None:
-    from sharding.lease import pid_alive
+    from sharding.write.lease import pid_alive
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()

@@ -15,7 +15,7 @@ import pytest
 from dataio.format.manifest import read_manifest
 from dataio.format.versions import LEASE_NAME
 from dataio.storage.store import Store
-from sharding.lease import Lease, LeaseInfo
+from sharding.write.lease import Lease, LeaseInfo
 from tests.sharding import blocked_writer
 from tests.sharding.conftest import run
 
@@ -115,7 +115,7 @@ def test_heartbeats_on_s3_notice_a_taker(s3_server) -> None:
     beat finds out, and check() (before the journal or the manifest is written) refuses."""
     import time
 
-    from sharding.lease import LeaseError
+    from sharding.write.lease import LeaseError
 
     store = Store(f"s3://{s3_server.new_bucket()}/ds", s3_server.options())
     with Lease(store, "write", heartbeat_s=0.05) as lease:

@@ -10,7 +10,7 @@ import pytest
 from dataio import make_loader
 from dataio.format.manifest import read_manifest
 from dataio.storage.store import Store
-from sharding.writer import default_prefixes, shard_name
+from sharding.write.plan import default_prefixes, shard_name
 from tests.sharding.conftest import run
 
 

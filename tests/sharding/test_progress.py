@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from sharding.config import ShardResult
 from sharding.progress import Progress
+from sharding.write.config import ShardResult
 
 
 class _Terminal(io.StringIO):

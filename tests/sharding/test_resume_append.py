@@ -9,14 +9,14 @@ import time
 import psutil
 import pytest
 
-import sharding.writer
+import sharding.write.writer
 from dataio import StateError, make_loader
 from dataio.format.manifest import read_manifest
 from dataio.storage.store import Store
 from tests.sharding.conftest import make_image_folder, manifest_of, run
 
 pytestmark = pytest.mark.timeout(180)
-WRITE_SHARD = sharding.writer.write_shard
+WRITE_SHARD = sharding.write.writer.write_shard
 ARGS = ("--max-samples-per-shard", 4, "--workers", 1, "--quiet", "--shuffle", "--seed", 5)
 
 
@@ -24,13 +24,13 @@ def interrupt_after(monkeypatch, num_shards: int) -> list[int]:
     """Make the in-process write stop (as Ctrl-C does) when it starts shard number `num_shards`."""
     real, calls = WRITE_SHARD, []
 
-    def flaky(task, *args, **kw):
-        calls.append(task[0])
+    def flaky(job, task, *args, **kw):
+        calls.append(task.index)
         if len(calls) > num_shards:
             raise KeyboardInterrupt
-        return real(task, *args, **kw)
+        return real(job, task, *args, **kw)
 
-    monkeypatch.setattr(sharding.writer, "write_shard", flaky)
+    monkeypatch.setattr(sharding.write.writer, "write_shard", flaky)
     return calls
 
 

@@ -12,12 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import sharding.writer
+import sharding.write.writer
 from dataio.errors import ShardFormatError
 from dataio.format.manifest import read_manifest
 from dataio.format.tokens import read_shard
 from dataio.storage.store import Store
-from sharding.tokenizer import load_tokenizer
+from sharding.write.tokenizer import load_tokenizer
 from tests.sharding.conftest import manifest_of, run
 from tools.text_corpus import documents, write_jsonl
 
@@ -188,21 +188,21 @@ def test_resume_and_append(corpus, tmp_path, monkeypatch, capsys) -> None:
     args = ("--tokenizer", tokenizer, "--workers", 1, "--tokens-per-shard", 20_000, "--quiet")
     whole, dest = tmp_path / "whole", tmp_path / "ds"
     assert run("write", src, whole, *args) == 0
-    real, calls = sharding.writer.write_shard, []
+    real, calls = sharding.write.writer.write_shard, []
 
-    def flaky(task, *a, **kw):
-        calls.append(task[0])
+    def flaky(job, task, *a, **kw):
+        calls.append(task.index)
         if len(calls) > 2:
             raise KeyboardInterrupt
-        return real(task, *a, **kw)
+        return real(job, task, *a, **kw)
 
-    monkeypatch.setattr(sharding.writer, "write_shard", flaky)
+    monkeypatch.setattr(sharding.write.writer, "write_shard", flaky)
     assert run("write", src, dest, *args) == 130
     assert not (dest / "manifest.json").exists()
     assert run("write", src, dest, *args, "--resume", "--min-tokens", 3) == 2  # other options: refused
     assert "['tokens']" in capsys.readouterr().err
     calls.clear()
-    monkeypatch.setattr(sharding.writer, "write_shard", real)
+    monkeypatch.setattr(sharding.write.writer, "write_shard", real)
     assert run("write", src, dest, *args, "--resume") == 0
     a, b = manifest_of(dest), manifest_of(whole)
     for doc in (a, b):

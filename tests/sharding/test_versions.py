@@ -283,7 +283,7 @@ def test_kill_9_mid_rewrite_on_s3_leaves_the_old_or_the_new_dataset(s3_server, t
 def test_gc_reads_journal_rows_only_of_the_first_version(image_folder: Path, tmp_path: Path, monkeypatch) -> None:
     """A journal's rows repeat its manifest's; gc read every version's on every run (growing with all
     the shards kept). Later versions sit in their own shards/vN/: their heads are enough."""
-    from sharding.gc import collect
+    from sharding.write.collect import collect
 
     ds = tmp_path / "ds"
     for per_shard in (12, 8, 6):

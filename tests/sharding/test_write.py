@@ -15,7 +15,7 @@ from PIL import Image
 from dataio.format.manifest import read_manifest
 from dataio.format.tar_index import build_index, parse_index
 from dataio.storage.store import Store
-from sharding.cli import parse_size
+from sharding.flags import parse_size
 from tests.sharding.conftest import CLASSES, manifest_of, run
 
 
@@ -176,7 +176,7 @@ def test_overwrite_refuses_to_delete_foreign_files(image_folder: Path, tmp_path:
 @pytest.mark.parametrize("name,size", [("000001.jpg", 0), ("a/b.json", 12345), ("x" * 100, 5), ("y.j", 8**11 - 1),
                                        ("d/" * 60 + "a.cls", 3), ("ü.jpg", 7)])
 def test_fast_tar_header_is_tarfiles(name: str, size: int) -> None:
-    from sharding.tar_writer import _tarfile_header, member_header
+    from sharding.write.tar import _tarfile_header, member_header
 
     assert member_header(name, size) == _tarfile_header(name, size)
 
@@ -192,10 +192,10 @@ def test_spawned_workers_write_the_same_shards(image_folder: Path, tmp_path: Pat
     """Workers also run under `spawn` (what platforms without fork use): everything they get pickles."""
     import multiprocessing as mp
 
-    import sharding.parallel
+    import sharding.write.parallel
 
     flags = ("--shuffle", "--max-samples-per-shard", 6, "--workers", 2, "--quiet")
     assert run("write", image_folder, tmp_path / "fork", *flags) == 0
-    monkeypatch.setattr(sharding.parallel, "_mp_context", lambda: mp.get_context("spawn"))
+    monkeypatch.setattr(sharding.write.parallel, "_mp_context", lambda: mp.get_context("spawn"))
     assert run("write", image_folder, tmp_path / "spawn", *flags) == 0
     assert manifest_of(tmp_path / "spawn")["shards"] == manifest_of(tmp_path / "fork")["shards"]

@@ -6,9 +6,10 @@ import random
 
 import pytest
 
-from trainer import comm_hooks, cost, predict
+from trainer import comm_hooks
 from trainer.config import parse_config
-from trainer.predict import Link, Measured
+from trainer.scaling import cost, predict
+from trainer.scaling.predict import Link, Measured
 
 
 def test_fit_recovers_latency_and_bandwidth_from_noisy_timings():
@@ -146,8 +147,8 @@ def test_the_prediction_goes_through_the_measured_points_and_states_its_error():
     the prediction goes through the measured point. Here 2 ranks sharing the cores take twice as long
     per step as 1 (0.1 s -> 0.2 s) with 10 ms of comm, which a model of a rank's own step plus the
     comm alone puts at 64 / 0.11 = 582 samples/s instead of the measured 320."""
-    from trainer import scaling_report
-    from trainer.scaling import ScalingConfig
+    from trainer.scaling import report as scaling_report
+    from trainer.scaling.study import ScalingConfig
 
     cfg = ScalingConfig(nproc=(1, 2, 4), link_gbps=10.0, link_latency_us=0.0, predict=(8,))
     runs = [_summary(1, step_s=0.1, wait_s=0.01, comm_s=0.0), _summary(2, step_s=0.2, wait_s=0.01, comm_s=0.01),

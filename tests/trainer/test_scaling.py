@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.harness import REPO, env_for
-from trainer import predict, scaling
+from trainer.scaling import predict
+from trainer.scaling import study as scaling
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -92,7 +93,7 @@ def test_scaling_report_matches_the_injected_delays(tmp_path):
 def test_allreduce_sweep_at_two_ranks_fits_a_link(tmp_path):
     out = tmp_path / "sweep.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "trainer.comm_sweep", "--out", str(out), "--max-bytes", str(4 * 2**20), "--repeats", "3"]
+           "trainer.scaling.comm_sweep", "--out", str(out), "--max-bytes", str(4 * 2**20), "--repeats", "3"]
     done = subprocess.run(cmd, cwd=REPO, env=env_for(), capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     sweep = json.loads(out.read_text())

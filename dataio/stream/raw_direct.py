@@ -23,16 +23,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 import xxhash
 
 from dataio.batch import PackedBytes
-from dataio.loader.collate import _new_uint8
-from dataio.loader.raw_batch import Part, aligned_fields
+from dataio.readers.tar import TarReader
 from dataio.readers.tar_raw import read_span_into
+from dataio.stream.collate import _new_uint8
+from dataio.stream.raw_batch import Part, aligned_fields
 
 MAX_OPEN_FILES = 32  # per stream: a window spans a few shards
 
@@ -43,7 +43,7 @@ class ShardSource:
     can read and check it again (the slow path)."""
 
     path: str
-    reader: Any
+    reader: TarReader
     shard: int  # in the reader's own manifest
 
 

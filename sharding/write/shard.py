@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from dataio.decode import images
@@ -11,12 +11,12 @@ from dataio.errors import CorruptSampleError, ShardifyError
 from dataio.format.checksums import dumps_sums, file_row_group_sums, sums_path
 from dataio.format.manifest import checksum_bytes
 from dataio.format.provenance import dumps_sources, sources_path
-from dataio.storage.store import Store, redact
-from sharding.config import Layout, ShardResult, WriteConfig, without_used_advice
-from sharding.parquet_writer import ParquetShardWriter, parquet_schema
+from dataio.storage.store import redact
 from sharding.sources.base import RawSample, Ref, Source, extras_json
-from sharding.tar_writer import TarShardWriter
-from sharding.token_writer import write_token_shard
+from sharding.write.config import ShardResult, ShardTask, WriteConfig, WriteJob, without_used_advice
+from sharding.write.parquet import ParquetShardWriter, parquet_schema
+from sharding.write.tar import TarShardWriter
+from sharding.write.tokens import write_token_shard
 
 
 def prepare_image(sample: RawSample, config: WriteConfig) -> tuple[str, bytes]:
@@ -67,7 +67,7 @@ def _parquet_row(sample: RawSample) -> dict[str, Any]:
 
 
 def checked_samples(
-    source: Source, refs: list[Ref], config: WriteConfig, skipped: list[dict[str, str]],
+    source: Source, refs: Sequence[Ref], config: WriteConfig, skipped: list[dict[str, str]],
     report: Callable[[int, int], None],
 ) -> Iterator[RawSample]:
     """Load `refs` and yield the samples whose image passes the check (resized if asked).
@@ -100,18 +100,16 @@ def checked_samples(
     report(num, num_bytes)
 
 
-def write_shard(
-    task: tuple[int, str, list[Ref]], source: Source, dest: Store, config: WriteConfig, layout: Layout,
-    report: Callable[[int, int], None], *, durable: bool = True,
-) -> ShardResult:
+def write_shard(job: WriteJob, task: ShardTask, report: Callable[[int, int], None], *,
+                durable: bool = True) -> ShardResult:
     """Load, check and write the samples of one shard; publish it (and then its index) atomically.
     durable=False: no fsync of its files on local disk (the caller syncs them: `shard_files`)."""
-    if config.tokens is not None:  # text tokenized into a token shard (sharding/token_writer.py)
-        return write_token_shard(task, source, dest, config, report, durable=durable)
-    index, rel, refs = task
+    if job.config.tokens is not None:  # text tokenized into a token shard (sharding/write/tokens.py)
+        return write_token_shard(job, task, report, durable=durable)
+    dest, config, layout, rel = job.dest, job.config, job.layout, task.path
     skipped: list[dict[str, str]] = []
     origins: list[str] = []  # each written sample's source, for the provenance sidecar
-    samples = checked_samples(source, refs, config, skipped, report)
+    samples = checked_samples(job.source, task.refs, config, skipped, report)
     with dest.open_atomic(rel, durable=durable) as f:
         if config.format == "tar":
             writer: Any = TarShardWriter(f)
@@ -126,7 +124,7 @@ def write_shard(
                 origins.append(sample.origin or sample.where)
             row_groups = writer.close()
             row_group_checksums = file_row_group_sums(f) if writer.num_samples else ()  # read back: one chunk at a time
-    common = dict(index=index, path=rel, num_samples=writer.num_samples, num_bytes=writer.num_bytes,
+    common = dict(index=task.index, path=rel, num_samples=writer.num_samples, num_bytes=writer.num_bytes,
                   checksum=writer.checksum.hexdigest(), skipped=tuple(skipped))
     if writer.num_samples == 0:
         dest.remove(rel)  # every sample skipped: an empty shard is no use to anyone

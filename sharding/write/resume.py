@@ -26,8 +26,8 @@ from dataio.format.versions import (
     read_journal,
 )
 from dataio.storage.store import Store
-from sharding.config import Layout, ShardResult
 from sharding.sources.base import Source, SourceError
+from sharding.write.config import Layout, ShardResult, ShardTask
 
 
 def _result(row: dict[str, Any]) -> ShardResult:
@@ -43,7 +43,7 @@ def _result(row: dict[str, Any]) -> ShardResult:
 
 
 def resume_point(
-    dest: Store, expected: Callable[[int], JournalHead], tasks_of: Callable[[int], list[tuple[int, str, Any]]],
+    dest: Store, expected: Callable[[int], JournalHead], tasks_of: Callable[[int], list[ShardTask]],
 ) -> tuple[int, JournalHead, dict[int, ShardResult], int]:
     """(generation, journal head, confirmed results by shard number, journal batches so far) of the
     write to resume; SourceError when there is none or its source or options differ."""
@@ -71,7 +71,7 @@ def resume_point(
             "version with --overwrite instead of --resume"
         )
     present = set(listing)
-    planned = {i: rel for i, rel, _ in tasks_of(generation)}
+    planned = {t.index: t.path for t in tasks_of(generation)}
     done: dict[int, ShardResult] = {}
     for row in rows:
         result = _result(row)

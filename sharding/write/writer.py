@@ -1,8 +1,9 @@
 """`shardify write`: plan which samples go to which shard, write shards in parallel, publish the manifest last.
 
-The plan (a list of sample runs, one per shard) is computed in the parent from the scanned refs
-and the seed alone, so the output is the same for any number of workers. Each worker writes
-whole shards, each published atomically and confirmed by the store (`Store.open_atomic`). A
+The plan (one ShardTask per shard, sharding/write/plan.py) is computed in the parent from the
+scanned refs and the seed alone, so the output is the same for any number of workers. Each
+worker (a local process or a Ray task) gets the WriteJob once and writes whole shards, each
+published atomically and confirmed by the store (`Store.open_atomic`). A
 write is a new version of the dataset (`dataio.format.versions`): its shards go beside the old
 version's, a journal records each one confirmed, and the manifest, last, replaces the old one
 atomically, so at any moment — even after kill -9 — the prefix holds the complete old dataset or
@@ -15,37 +16,32 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-import random
 import time
-from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
 
 from dataio.format.manifest import Manifest, write_manifest
-from dataio.format.tar_index import TAR_BLOCK
 from dataio.format.versions import (
     DEFAULT_GRACE_S,
     LEASE_NAME,
-    SHARD_DIR,
     Journal,
     JournalHead,
     is_own,
     journal_versions,
     next_generation,
     read_journal,
-    shard_base,
     version_name,
     write_fingerprint,
     write_head,
 )
-from dataio.rand import mix64
 from dataio.storage.store import Store, redact
-from sharding.config import Layout, ShardResult, WriteConfig, layout_of
-from sharding.gc import collect
-from sharding.lease import Lease
-from sharding.parallel import run_parallel
-from sharding.resume import (
+from sharding.sources.base import Source, SourceError
+from sharding.write.collect import collect
+from sharding.write.config import ProgressSink, ShardResult, ShardTask, WriteConfig, WriteJob, layout_of
+from sharding.write.lease import Lease
+from sharding.write.parallel import run_parallel
+from sharding.write.plan import default_prefixes, plan_shards, shard_tasks
+from sharding.write.resume import (
     appended_layout,
     appended_manifest,
     appended_source,
@@ -53,73 +49,15 @@ from sharding.resume import (
     open_for_append,
     resume_point,
 )
-from sharding.shard import shard_files, write_shard
-from sharding.sources.base import Ref, Source, SourceError
-from sharding.token_writer import appended_token_manifest, check_token_append, dropped_counts, token_manifest
+from sharding.write.shard import shard_files, write_shard
+from sharding.write.tokens import appended_token_manifest, check_token_append, dropped_counts, token_manifest
 
-__all__ = ["WriteConfig", "WriteReport", "plan_shards", "prepare_destination", "write_dataset"]
-
-
-def estimate_bytes(ref: Ref, fmt: str) -> int:
-    """Bytes a sample adds to a shard before it is written (tar: headers and padding included)."""
-    if fmt == "parquet":
-        return ref.size_bytes + 16
-    return ref.size_bytes + ref.num_members * (2 * TAR_BLOCK)
-
-
-def plan_shards(refs: Sequence[Ref], config: WriteConfig) -> list[list[int]]:
-    """Sample numbers per shard, in write order: shuffled by seed, cut at the size or count limit."""
-    order = list(range(len(refs)))
-    if config.shuffle:
-        random.Random(config.seed).shuffle(order)
-    shards: list[list[int]] = []
-    current: list[int] = []
-    size = 0
-    limit = config.max_samples_per_shard
-    for i in order:
-        est = estimate_bytes(refs[i], config.format)
-        if current and (size + est > config.shard_size_bytes or (limit is not None and len(current) >= limit)):
-            shards.append(current)
-            current, size = [], 0
-        current.append(i)
-        size += est
-    if current:
-        shards.append(current)
-    return shards
-
-
-SHARDS_PER_PREFIX = 10_000  # the default --prefixes: one per this many shards, a power of two
-MAX_DEFAULT_PREFIXES = 1024
-
-
-def default_prefixes(num_shards: int) -> int:
-    """--prefixes when not given: 1 up to 10k shards (today's layout), then one per ~10k, a power of two.
-
-    2M shards -> 256 prefixes: a 1,000-node job reading at 3,000 samples/s per rank stays well
-    under S3's 5,500 GETs/s per prefix (benchmarks/README.md, "Scale").
-    """
-    wanted = -(-num_shards // SHARDS_PER_PREFIX)
-    return 1 if wanted <= 1 else min(MAX_DEFAULT_PREFIXES, 1 << (wanted - 1).bit_length())
-
-
-def shard_name(index: int, num_shards: int, fmt: str, num_prefixes: int = 1, base: str = SHARD_DIR) -> str:
-    """shards/shard-000123.tar, or with prefixes shards/7f/shard-000123.tar (7f: a hash of the number).
-
-    The hash spreads consecutive shards over the prefixes (S3 limits requests per prefix) and is
-    fixed by the shard number alone, so every engine and rerun places a shard in the same place.
-    """
-    width = max(6, len(str(num_shards - 1)))
-    name = f"shard-{index:0{width}d}.{fmt}"
-    if num_prefixes <= 1:
-        return f"{base}/{name}"
-    prefix = mix64(index) % num_prefixes
-    return f"{base}/{prefix:0{max(2, len(f'{num_prefixes - 1:x}'))}x}/{name}"
-
+__all__ = ["WriteConfig", "WriteReport", "prepare_destination", "write_dataset"]
 
 
 def check_folder(dest: Store) -> None:
     """SourceError when a local DEST is a file: a dataset is a folder."""
-    if dest.is_local and dest.fs and os.path.isfile(dest._root):  # noqa: SLF001 - list() would call it empty
+    if dest.is_local and os.path.isfile(dest.root):  # (list() would call it empty)
         raise SourceError(f"{dest.url} is a file, not a folder: a dataset is a folder (prefix) of shards and a "
                           "manifest; choose another destination, or remove the file")
 
@@ -170,7 +108,8 @@ def tool_version() -> str:
         return "0+unknown"
 
 
-def _manifest(results: list[ShardResult], source: Source, config: WriteConfig, layout: Layout) -> Manifest:
+def _manifest(results: list[ShardResult], job: WriteJob) -> Manifest:
+    source, config, layout = job.source, job.config, job.layout
     if config.tokens is not None:
         return token_manifest(results, source, config, tool_version())
     kept = [r for r in sorted(results, key=lambda r: r.index) if r.num_samples]
@@ -203,27 +142,30 @@ class WriteReport:
     version: str = ""
     removed: tuple[str, ...] = ()  # objects of versions retired more than the grace ago, deleted after publishing
     dropped: dict[str, int] = field(default_factory=dict)  # tokens: documents left out by reason (too_short, ...)
-    lease_note: str = ""  # said when this write took over an expired lease (sharding/lease.py)
+    lease_note: str = ""  # said when this write took over an expired lease (sharding/write/lease.py)
 
 
 class _Journaled:
-    """The progress sink of a write, also recording every confirmed shard in the journal.
+    """The progress sink of a write, also recording every confirmed shard in the journal it builds.
 
     Local shards are written without an fsync each (the workers' time); this process fsyncs each
     one's files and directory in a thread as its result arrives (beside the workers' writing),
     and before the journal records a batch (every `journal_every_s`, and before the manifest) it
     waits for those fsyncs: a shard the journal or the manifest names is always on disk."""
 
-    def __init__(self, progress: Any, journal: Journal, dest: Store, lease: Lease, *, sync: bool) -> None:
+    def __init__(self, progress: ProgressSink, dest: Store, lease: Lease, head: JournalHead, *, flush_every_s: float,
+                 num_batches: int, sync: bool) -> None:
         # sync: this process fsyncs the shards (local disk, written unsynced by local workers; Ray
         # tasks sync their own, on whichever machine they run)
-        self.progress, self.journal, self.dest, self.lease = progress, journal, dest, lease
+        self.progress, self.dest, self.lease = progress, dest, lease
         self._syncing: list[Future] = []
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="shardify-fsync") if sync else None
-        journal.before_flush = self.sync
+        # num_batches: a resumed journal's earlier batches stay; each batch waits for `sync` first
+        self.journal = Journal(dest, head, flush_every_s=flush_every_s, num_batches=num_batches,
+                               before_flush=self.sync)
 
-    def update(self, *args: Any) -> None:
-        self.progress.update(*args)
+    def update(self, num_samples: int, num_bytes: int) -> None:
+        self.progress.update(num_samples, num_bytes)
 
     def log_shard(self, result: ShardResult) -> None:
         self.progress.log_shard(result)
@@ -269,32 +211,31 @@ def _retire_others(dest: Store, version: str) -> None:
             write_head(dest, replace(head, retired_s=now))
 
 
-def _run(tasks: list[tuple[int, str, list[Ref]]], source: Source, dest: Store, config: WriteConfig, layout: Layout,
-         sink: _Journaled) -> list[ShardResult]:
+def _run(job: WriteJob, tasks: list[ShardTask], sink: _Journaled) -> list[ShardResult]:
     """Write the shards of `tasks` with the configured engine; each confirmed one goes to `sink`."""
     if not tasks:
         return []
-    if config.engine == "ray":
-        from sharding.engine_ray import run_ray
+    if job.config.engine == "ray":
+        from sharding.write.engine_ray import run_ray
 
-        return run_ray(tasks, source, dest, config, layout, sink, address=config.ray_address)
-    if config.num_workers == 1 or len(tasks) == 1:
+        return run_ray(job, tasks, sink)
+    if job.config.num_workers == 1 or len(tasks) == 1:
         results = []
         for task in tasks:
-            results.append(write_shard(task, source, dest, config, layout, sink.progress.update, durable=False))
+            results.append(write_shard(job, task, sink.update, durable=False))
             sink.log_shard(results[-1])
         return results
-    return run_parallel(tasks, source, dest, config, layout, sink)
+    return run_parallel(job, tasks, sink)
 
 
-def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: Any, *,
+def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: ProgressSink, *,
                   grace_s: float = DEFAULT_GRACE_S, resume: bool = False, append: bool = False) -> WriteReport:
     """Write every shard of a new version, then its manifest; raises (and publishes nothing) if anything fails.
 
     resume: continue DEST's interrupted write, keeping the shards its journal confirmed; append:
-    add the source's samples to DEST's dataset as new shards (see sharding/resume.py). After
+    add the source's samples to DEST's dataset as new shards (see sharding/write/resume.py). After
     publishing, versions retired more than `grace_s` ago are deleted (best effort). The write
-    holds DEST's lease throughout (sharding/lease.py): LeaseError, before anything is written,
+    holds DEST's lease throughout (sharding/write/lease.py): LeaseError, before anything is written,
     while another command holds it.
     """
     check_folder(dest)  # before the lease creates anything there
@@ -306,7 +247,7 @@ def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: An
     return report
 
 
-def _write_leased(source: Source, dest: Store, config: WriteConfig, progress: Any, lease: Lease, *,
+def _write_leased(source: Source, dest: Store, config: WriteConfig, progress: ProgressSink, lease: Lease, *,
                   grace_s: float, resume: bool, append: bool) -> WriteReport:
     start = time.perf_counter()
     old, done, num_batches, head = None, {}, 0, None
@@ -317,25 +258,26 @@ def _write_leased(source: Source, dest: Store, config: WriteConfig, progress: An
             check_token_append(old, config, source.description)
         source = appended_source(source, old, check_append(old, source, layout, source.description))
         config, layout = replace(config, format=old.format), appended_layout(old, layout)
+    job = WriteJob(source=source, dest=dest, config=config, layout=layout)
     plan = plan_shards(source.refs, config)
-    prefixes = config.num_prefixes or default_prefixes(len(plan) + (old.num_shards if old else 0))
-    first = old.num_shards if old else 0
+    first = old.num_shards if old else 0  # an append's new shards follow the old ones
+    prefixes = config.num_prefixes or default_prefixes(first + len(plan))
 
-    def tasks_of(generation: int) -> list[tuple[int, str, list[Ref]]]:
-        base = shard_base(generation)
-        return [(first + i, shard_name(first + i, first + len(plan), config.format, prefixes, base),
-                 [source.refs[j] for j in run]) for i, run in enumerate(plan)]
+    def tasks_of(generation: int) -> list[ShardTask]:
+        return shard_tasks(plan, source.refs, generation=generation, first=first, fmt=config.format,
+                           num_prefixes=prefixes)
 
     if resume:
         generation, head, done, num_batches = resume_point(dest, lambda g: _head(source, config, g), tasks_of)
     elif not append:
         generation = prepare_destination(dest, config.overwrite)
-    tasks = [t for t in tasks_of(generation) if t[0] not in done]
-    journal = Journal(dest, head or _head(source, config, generation), flush_every_s=config.journal_every_s)
-    journal.num_batches = num_batches  # a resumed journal's earlier batches stay
+    tasks = [t for t in tasks_of(generation) if t.index not in done]
+    sink = _Journaled(progress, dest, lease, head or _head(source, config, generation),
+                      flush_every_s=config.journal_every_s, num_batches=num_batches,
+                      sync=dest.is_local and config.engine == "local")
+    journal = sink.journal
     journal.start()
-    sink = _Journaled(progress, journal, dest, lease, sync=dest.is_local and config.engine == "local")
-    manifest, dropped = _publish(tasks, done, old, source, dest, config, layout, sink, lease)
+    manifest, dropped = _publish(job, tasks, done, old, sink, lease)
     removed: tuple[str, ...] = ()
     with contextlib.suppress(Exception):  # the dataset is published; bookkeeping may lag, gc catches up
         journal.finish(manifest_fingerprint=manifest.fingerprint)
@@ -346,27 +288,26 @@ def _write_leased(source: Source, dest: Store, config: WriteConfig, progress: An
                        version=journal.head.version, removed=removed, dropped=dropped)
 
 
-def _publish(tasks: list[tuple[int, str, list[Ref]]], done: dict[int, ShardResult], old: Manifest | None,
-             source: Source, dest: Store, config: WriteConfig, layout: Layout, sink: _Journaled,
-             lease: Lease) -> tuple[Manifest, dict[str, int]]:
+def _publish(job: WriteJob, tasks: list[ShardTask], done: dict[int, ShardResult], old: Manifest | None,
+             sink: _Journaled, lease: Lease) -> tuple[Manifest, dict[str, int]]:
     """Write the shards of `tasks`, then the manifest naming them and those `done` (and `old`'s when
     appending); on any failure the journal keeps the confirmed shards and says failed, unless this
     write lost its lease: then the journal is the new holder's, and is left alone."""
     journal = sink.journal
     try:
-        results = _run(tasks, source, dest, config, layout, sink)
+        results = _run(job, tasks, sink)
         dropped = dropped_counts([*done.values(), *results])
-        manifest = _manifest([*done.values(), *results], source, config, layout)
+        manifest = _manifest([*done.values(), *results], job)
         if old is not None:
-            manifest = (appended_token_manifest if config.tokens else appended_manifest)(old, manifest)
+            manifest = (appended_token_manifest if job.config.tokens else appended_manifest)(old, manifest)
         if manifest.num_shards == 0:
             raise SourceError(
-                f"{source.description}: every sample was skipped ({len(manifest.skipped)}; first: "
+                f"{job.source.description}: every sample was skipped ({len(manifest.skipped)}; first: "
                 f"{manifest.skipped[0]['reason'] if manifest.skipped else '-'}); nothing to write"
             )
         journal.flush()  # every shard the manifest names is in the journal before it is published
         lease.check()  # (flush checks too, but only when it had shards to record)
-        write_manifest(dest, manifest, parts_threshold=config.parts_threshold)
+        write_manifest(job.dest, manifest, parts_threshold=job.config.parts_threshold)
     except BaseException as exc:
         with contextlib.suppress(Exception):
             if not lease.lost:  # (its before_flush checks the lease again first)

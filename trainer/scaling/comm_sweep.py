@@ -1,6 +1,6 @@
 """All-reduce timings over a sweep of message sizes, for fitting latency and bandwidth.
 
-Run by the scaling tool as `torchrun --nproc_per_node=2 -m trainer.comm_sweep --out FILE`; rank 0
+Run by the scaling tool as `torchrun --nproc_per_node=2 -m trainer.scaling.comm_sweep --out FILE`; rank 0
 writes {"world_size", "backend", "sizes_bytes": [...], "seconds": [...]} (one entry per repeat).
 """
 
@@ -40,7 +40,7 @@ def sweep(sizes_bytes: list[int], *, repeats: int, device: torch.device) -> list
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.comm_sweep", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m trainer.scaling.comm_sweep", description=__doc__)
     parser.add_argument("--out", required=True, help="JSON file rank 0 writes")
     parser.add_argument("--min-bytes", type=int, default=4096)
     parser.add_argument("--max-bytes", type=int, default=16 * 2**20)

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +20,9 @@ import torch
 from dataio.batch import PackedBytes
 from dataio.decode.images import pick_image
 from dataio.errors import CorruptSampleError
-from dataio.loader.fields import (
+from dataio.rand import sample_seed
+from dataio.storage.hedge import HedgeStats, process_stats
+from dataio.stream.fields import (
     FieldError,
     batch_fields,
     collate_values,
@@ -29,24 +31,14 @@ from dataio.loader.fields import (
     label_field,
     parse_value,
 )
-from dataio.loader.slabs import active_ring, recycled_uint8
-from dataio.rand import sample_seed
-from dataio.storage.hedge import HedgeStats, process_stats
+from dataio.stream.job import OpenJob
+from dataio.stream.slabs import active_ring, recycled_uint8
 
 SKIPPED_KEY = "__skipped__"  # worker -> main only: URL#key of corrupt samples replaced; popped in main
 HEDGES_KEY = "__hedges__"  # worker -> main only: the worker's hedged-read counters since its last batch
 BYTES_LIKE = (bytes, bytearray, memoryview)
 _META_KEYS = ("__key__", "__id__", "__url__", "__source__")  # keys of a sample dict that are bookkeeping, not fields
 LABEL_FIELD = "cls"
-
-
-class BatchContext(Protocol):
-    """What assembling a batch needs from the worker's dataset: its job and decoder."""
-
-    job: Any
-
-    @property
-    def decoder(self) -> Any: ...
 
 
 def url_of(sample: dict[str, Any]) -> str:
@@ -117,7 +109,7 @@ def default_collate(
     expected: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Keys, labels, the decoded images (N, 3, H, W), and every other field as its kind's column
-    (see dataio.loader.fields): a field some samples lack is None (empty bytes) for them.
+    (see dataio.stream.fields): a field some samples lack is None (empty bytes) for them.
 
     Bookkeeping keys other than __key__ (__id__, __url__) stay in the worker: a batch carries no
     per-sample strings it does not need."""
@@ -139,10 +131,10 @@ def default_collate(
 
 
 def parse_fields(
-    owner: BatchContext, samples: list[dict[str, Any]], kinds: dict[str, str], skip: set[int]
+    opened: OpenJob, samples: list[dict[str, Any]], kinds: dict[str, str], skip: set[int]
 ) -> list[dict[str, Any]]:
     """Samples with text, JSON and numbers parsed; a bad one raises, or joins `skip` (on_corrupt='skip')."""
-    skip_names = {*_META_KEYS, *owner.job.image_fields, label_field(owner.job.manifest)}
+    skip_names = {*_META_KEYS, *opened.job.image_fields, label_field(opened.job.manifest)}
     names = [n for n in dict.fromkeys(k for s in samples for k in s) if n not in skip_names]
     todo = [n for n in names if (kinds.get(n) or kind_of(n, None)) in ("text", "json", "number")]
     if not todo:
@@ -158,7 +150,7 @@ def parse_fields(
                 parsed[name] = parse_value(kinds.get(name) or kind_of(name, None), value, name)
             except FieldError as exc:
                 key, url = str(sample.get("__key__", "?")), url_of(sample)
-                if owner.job.on_corrupt == "raise":
+                if opened.job.on_corrupt == "raise":
                     raise CorruptSampleError(
                         f"{url}: sample {key!r}: {exc}; fix the source and rewrite the shard, or pass "
                         "on_corrupt='skip'", url=url, key=key,
@@ -169,11 +161,11 @@ def parse_fields(
 
 
 def assemble(
-    owner: BatchContext, samples: list[dict[str, Any]], mask: list[bool], *, epoch: int,
+    opened: OpenJob, samples: list[dict[str, Any]], mask: list[bool], *, epoch: int,
     batch_number: int, read_s: float,
 ) -> dict[str, Any]:
     """One batch dict per the contract in dataio/batch.py (or the user's collate output)."""
-    job = owner.job
+    job = opened.job
     skipped: list[str] = []
     images = None
     start = time.perf_counter()
@@ -183,32 +175,32 @@ def assemble(
     if job.decode != "cpu" and job.transform is not None:  # the hook sees the raw sample (bytes)
         samples = [job.transform(as_bytes(s)) for s in samples]
     if job.collate is None:
-        samples = parse_fields(owner, samples, kinds, bad)
+        samples = parse_fields(opened, samples, kinds, bad)
         if bad and job.decode != "cpu":
-            samples, mask, skipped = substitute(owner, samples, [None if i in bad else True for i in range(len(samples))], mask)
+            samples, mask, skipped = substitute(opened, samples, [None if i in bad else True for i in range(len(samples))], mask)
     if job.decode == "cpu":
-        samples, mask, skipped, images = decode_images(owner, samples, mask, epoch=epoch, bad=bad)
+        samples, mask, skipped, images = decode_images(opened, samples, mask, epoch=epoch, bad=bad)
     decode_s = time.perf_counter() - start if job.decode == "cpu" else 0.0
     if job.collate is not None:
         if images is not None:  # the hook sees each sample's decoded (3, H, W) image
             samples = [{**s, "image": images[i]} for i, s in enumerate(samples)]
         batch = job.collate([as_bytes(s) for s in samples])
     else:
-        expected = () if job.mixture is not None else batch_fields(job.manifest, job.fields, job.image_fields,
-                                                                    decoded=job.decode is not None)
+        expected = () if job.mixes else batch_fields(job.manifest, job.fields, job.image_fields,
+                                                      decoded=job.decode is not None)
         batch = default_collate(samples, images=images, image_fields=job.image_fields,
                                 kinds=kinds, label=label, expected=expected)
     if isinstance(batch, dict):
         ids = [int(s["__id__"]) for s in samples]
-        if job.mixture is not None:  # each sample's source index (substitutes included), from its id
-            source, source_shard, position = job.mixture.sources_of(ids)
+        # Each sample's source (a real mixture), shard and position in it, from its id.
+        source, source_shard, position = job.mixture.sources_of(ids)
+        if job.mixes:
             batch.setdefault("source", torch.from_numpy(source))
         if job.decode == "dali":  # DALI seeds each sample's crop like the CPU path: (seed, epoch, id)
             batch["__id__"] = torch.tensor(ids, dtype=torch.int64)
             batch["epoch"] = epoch
         if job.collate is None:
-            batch["__shard__"], batch["__position__"] = (shard_positions(job.manifest, ids) if job.mixture is None
-                                                          else (torch.from_numpy(source_shard), torch.from_numpy(position)))
+            batch["__shard__"], batch["__position__"] = torch.from_numpy(source_shard), torch.from_numpy(position)
         batch.setdefault("mask", torch.tensor(mask, dtype=torch.bool))
         batch.setdefault("read_s", read_s)
         batch.setdefault("decode_s", decode_s)
@@ -218,35 +210,18 @@ def assemble(
     return batch
 
 
-_OFFSETS: dict[int, tuple[Any, np.ndarray]] = {}  # id(manifest) -> (manifest, global id of each shard's first sample)
-
-
-def shard_positions(manifest: Any, ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(shard number, position in its shard) of each global sample id, int64 [N] each: where a sample
-    came from, for dataio.sources_of (no per-sample strings cross the worker pipe)."""
-    entry = _OFFSETS.get(id(manifest))
-    if entry is None or entry[0] is not manifest:
-        if len(_OFFSETS) > 8:
-            _OFFSETS.clear()
-        entry = _OFFSETS[id(manifest)] = (manifest, np.concatenate([[0], np.cumsum(np.asarray(manifest.shard_num_samples, dtype=np.int64))]))
-    offsets = entry[1]
-    arr = np.asarray(ids, dtype=np.int64)
-    shards = np.searchsorted(offsets, arr, side="right") - 1
-    return torch.from_numpy(shards), torch.from_numpy(arr - offsets[shards])
-
-
 def decode_images(
-    owner: BatchContext, samples: list[dict[str, Any]], mask: list[bool], *, epoch: int, bad: set[int] | None = None,
+    opened: OpenJob, samples: list[dict[str, Any]], mask: list[bool], *, epoch: int, bad: set[int] | None = None,
 ) -> tuple[list[dict[str, Any]], list[bool], list[str], torch.Tensor]:
     """(samples, mask, skipped, images (N, 3, H, W)): each sample's own image field; corrupt samples
     (and those in `bad`) raise or get a substitute."""
-    job = owner.job
+    job = opened.job
     bad = bad or set()
     seeds = [sample_seed(job.plan_config.seed, epoch, int(s["__id__"])) for s in samples]
     picked = [pick_image(s, job.image_fields) for s in samples]
     if not bad and all(p is not None for p in picked):
         try:  # the common case: one call filling one preallocated batch tensor
-            images = owner.decoder.decode_batch(
+            images = opened.decoder.decode_batch(
                 [p[1] for p in picked], seeds=seeds, keys=[str(s["__key__"]) for s in samples],  # type: ignore[index]
                 url=url_of(samples[0]),
             )
@@ -259,18 +234,18 @@ def decode_images(
             decoded.append(None)
             continue
         try:
-            decoded.append(decode_one(owner, sample, seed))
+            decoded.append(decode_one(opened, sample, seed))
         except CorruptSampleError:
             if job.on_corrupt == "raise":
                 raise
             decoded.append(None)
-    samples, mask, skipped = substitute(owner, samples, decoded, mask)
+    samples, mask, skipped = substitute(opened, samples, decoded, mask)
     return samples, mask, skipped, torch.from_numpy(np.stack(decoded))  # type: ignore[arg-type]
 
 
-def decode_one(owner: BatchContext, sample: dict[str, Any], seed: int) -> np.ndarray:
+def decode_one(opened: OpenJob, sample: dict[str, Any], seed: int) -> np.ndarray:
     """One sample's image as (3, H, W); CorruptSampleError names its shard URL and key."""
-    key, fields = str(sample.get("__key__", "?")), owner.job.image_fields
+    key, fields = str(sample.get("__key__", "?")), opened.job.image_fields
     url = url_of(sample)
     picked = pick_image(sample, fields)
     if picked is None:
@@ -279,11 +254,11 @@ def decode_one(owner: BatchContext, sample: dict[str, Any], seed: int) -> np.nda
             f"it has {[k for k in sample if not k.startswith('__')]}); pass decode=None to read raw fields, "
             "on_corrupt='skip' to leave such samples out, or fix the shard", url=url, key=key,
         )
-    return owner.decoder.decode(bytes(picked[1]), seed=seed, key=key, url=url)
+    return opened.decoder.decode(bytes(picked[1]), seed=seed, key=key, url=url)
 
 
 def substitute(
-    owner: BatchContext, samples: list[dict[str, Any]], decoded: list[Any], mask: list[bool]
+    opened: OpenJob, samples: list[dict[str, Any]], decoded: list[Any], mask: list[bool]
 ) -> tuple[list[dict[str, Any]], list[bool], list[str]]:
     """Replace each corrupt sample (None in `decoded`, in place) by the next good one of the batch, masked out."""
     good = [i for i, image in enumerate(decoded) if image is not None]

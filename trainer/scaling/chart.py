@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.scaling_report import SHARE_LABELS, SHARES, log2_ticks
+from trainer.scaling.report import SHARE_LABELS, SHARES, log2_ticks
 
 COLORS = {"wait": "#d62728", "h2d": "#9467bd", "compute": "#2ca02c", "comm_exposed": "#ff7f0e",
           "opt": "#1f77b4", "other": "#bbbbbb"}

@@ -14,9 +14,9 @@ Local shards without a disk cache take no window buffer at all: windows are only
 in the shards, each sample's checksummed span) and each batch is read straight into its own
 tensors (raw_direct.py); a lone stream lays out its next window in an I/O thread.
 
-Buffers (object storage, a disk cache): RawIo hands out one window buffer per stream for the window it serves, plus `spares`
-shared by the whole process for reading the next window ahead (the prefetch budget, shared by the
-reader threads of a process, not per stream). Buffers are reused, so their pages fault once.
+Buffers (object storage, a disk cache) come from the process's RawIo (raw_io.py): one window buffer
+per stream for the window it serves, plus `spares` shared by the whole process for reading the next
+window ahead. Buffers are reused, so their pages fault once.
 """
 
 from __future__ import annotations
@@ -31,102 +31,24 @@ from typing import Any
 
 import numpy as np
 
-from dataio.loader.raw_batch import BatchBuilder, CarryArena, Part
-from dataio.loader.raw_direct import DirectReader, Rows, ShardSource, will_need
-from dataio.plan.mix import MixState, plan_mix_worker
-from dataio.plan.plan import plan_worker
-from dataio.plan.types import PlanState
-from dataio.readers.base import LruCache, nbytes_of, shard_offsets, split_segment
-from dataio.readers.tar import INDEX_CACHE_BYTES, INDEX_CACHE_SHARDS
+from dataio.format.manifest import Manifest
+from dataio.plan.plan import Window
+from dataio.plan.types import PlanState, Segment
+from dataio.readers.mixed import MixedReader
+from dataio.readers.tar import TarReader
 from dataio.readers.tar_raw import TarColumns, columns_of, read_span_into
+from dataio.stream.job import OpenJob, WorkerJob
+from dataio.stream.raw_batch import BatchBuilder, CarryArena, Part
+from dataio.stream.raw_direct import DirectReader, Rows, ShardSource, will_need
+from dataio.stream.raw_io import IO_THREAD_PREFIX, RawIo
 
-IO_THREAD_PREFIX = "dataio-raw-io"
-GROWTH = 1.125  # a new window buffer has room for windows this much larger than the one that asked
 
-
-def raw_fast_path(job: Any) -> bool:
-    """Whether a WorkerJob's batches come from RawStream (else WorkerStream's sample dicts): RAW tar,
-    one dataset or a mixture of tar sources whose labels need no renaming."""
+def raw_fast_path(job: WorkerJob) -> bool:
+    """Whether a WorkerJob's batches come from RawStream (else WorkerStream's sample dicts): RAW tar
+    datasets (one, or a mixture) whose labels need no renaming."""
     if job.decode is not None or job.transform is not None or job.collate is not None:
         return False
-    if job.mixture is None:
-        return job.manifest.format == "tar"
-    return all(m.format == "tar" for _, m, _ in job.sources) and len(set(job.label_fields)) <= 1
-
-
-def window_bytes(job: Any) -> int:
-    """A full shuffle window of the dataset's (a mixture's: its sources') mean-sized samples;
-    windows may start smaller."""
-    manifests = [m for _, m, _ in job.sources] if job.mixture is not None else [job.manifest]
-    mean = sum(m.num_bytes for m in manifests) / max(1, sum(m.num_samples for m in manifests))
-    return max(1, int(job.plan_config.shuffle_window * mean))
-
-
-def spare_windows(job: Any, num_streams: int) -> int:
-    """Window buffers for reading ahead, one prefetch_bytes budget for all of a process's streams:
-    the whole windows that fit in it, at most one per stream. A lone stream (a worker process,
-    num_workers=0) always gets one, or it would stop at every window; reader threads share the
-    budget, and where no window fits, a thread reading its next window is covered by the others'."""
-    fit = job.prefetch_bytes // window_bytes(job)
-    return min(num_streams, max(1 if num_streams == 1 else 0, fit))
-
-
-class RawIo:
-    """What the RAW streams of one process share: I/O threads, window buffers, index columns.
-
-    A stream holds one buffer for the window it serves (never waits for it) and at most one more
-    for the next window, taken only while fewer than `spares` are out: memory is
-    (streams + spares) windows, and no stream can starve another.
-    """
-
-    def __init__(self, *, max_in_flight: int, spares: int, min_bytes: int = 0, lone: bool = False) -> None:
-        # New buffers have room for a full window at once (min_bytes): windows that grow from one
-        # batch (plan v2) then fill the same buffer, and only the pages written are ever touched.
-        self.max_in_flight, self.spares, self.min_bytes = max_in_flight, spares, min_bytes
-        self.lone = lone  # one stream in this process: its direct reads may use an I/O thread
-        self._lock = threading.Lock()
-        self._free: list[np.ndarray] = []
-        self._ahead = 0
-        self._pool: ThreadPoolExecutor | None = None
-        self.columns = LruCache(INDEX_CACHE_SHARDS, max_bytes=INDEX_CACHE_BYTES, size_of=nbytes_of)
-
-    def submit(self, fn: Any, *args: Any) -> Future:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix=IO_THREAD_PREFIX)
-            return self._pool.submit(fn, *args)
-
-    def take(self, num_bytes: int, *, ahead: bool) -> np.ndarray | None:
-        """A buffer of at least num_bytes (contents undefined); None when reading ahead is over budget."""
-        with self._lock:
-            if ahead:
-                if self._ahead >= self.spares:
-                    return None
-                self._ahead += 1
-            fits = [i for i, b in enumerate(self._free) if b.nbytes >= num_bytes]
-            if fits:  # the smallest that fits (a list of arrays: by position, never by ==)
-                return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
-            if self._free:  # all too small: drop the largest, a bigger one takes its place
-                self._free.pop(max(range(len(self._free)), key=lambda i: self._free[i].nbytes))
-        return np.empty(max(self.min_bytes, int(num_bytes * GROWTH)), dtype=np.uint8)
-
-    def promote(self) -> None:
-        """A buffer read ahead becomes its stream's current one (no longer counts as a spare)."""
-        with self._lock:
-            self._ahead -= 1
-
-    def give(self, buf: np.ndarray, *, ahead: bool = False) -> None:
-        with self._lock:
-            if ahead:
-                self._ahead -= 1
-            self._free.append(buf)
-
-    def close(self) -> None:
-        """Stop the I/O threads (started again on the next read); buffers stay for reuse."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+    return all(d.manifest.format == "tar" for d in job.datasets) and len({d.label_field for d in job.datasets}) <= 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +57,9 @@ class _Piece:
     the source's own shard numbers, and its global shard (the sources' concatenated; one dataset:
     the same)."""
 
-    reader: Any
-    manifest: Any
-    seg: Any
+    reader: TarReader
+    manifest: Manifest
+    seg: Segment
     shard: int
 
 
@@ -146,7 +68,7 @@ class _Window:
     """One window being read or served: its buffer, its pieces' reads and where every member lies
     (direct: no buffer, no reads; offsets in the shards, and each sample's span and checksum)."""
 
-    window: Any
+    window: Window
     buf: np.ndarray | None
     ahead: bool  # the buffer was taken as a spare (not yet promoted)
     reads: list[Future]
@@ -168,21 +90,16 @@ class _Window:
 class RawStream:
     """The RAW batches of one WorkerSlot for one iteration (WorkerStream's interface), no dicts."""
 
-    def __init__(self, owner: Any, worker_id: int, state: PlanState, io: RawIo) -> None:
-        job = owner.job
-        self.owner, self.io, self.job = owner, io, job
+    def __init__(self, opened: OpenJob, worker_id: int, state: PlanState, io: RawIo) -> None:
+        job = opened.job
+        self.opened, self.io, self.job = opened, io, job
         self.epoch = state.epoch
         self.numbers_before = sum(p.batches for p in state.progress)
-        slot = job.topology.slot(worker_id)
-        if job.mixture is None:
-            self.plan = plan_worker(job.manifest.shard_num_samples, config=job.plan_config, slot=slot, state=state)
-        else:
-            self.plan = plan_mix_worker(job.mixture, config=job.plan_config, slot=slot,
-                                        state=MixState(plan=state, mixture=job.mixture.describe()))
+        self.plan = job.plan(worker_id, state)
         self._numbers = self.plan.batch_numbers.tolist()
         self._last = self._numbers[-1] if self._numbers else -1
-        self._offsets = shard_offsets(job.manifest) if job.mixture is None else job.mixture.shard_starts
-        self._builder = BatchBuilder(owner, epoch=state.epoch, url_of_shard=self._url_of_shard)
+        self._offsets = job.mixture.shard_starts  # global id of each global shard's first sample
+        self._builder = BatchBuilder(opened, epoch=state.epoch, url_of_shard=opened.url_of_shard)
         self._next_window = 0  # the next window to read
         self._cur: _Window | None = None
         self._ahead: _Window | Future | None = None  # a Future: a direct layout being made
@@ -192,25 +109,15 @@ class RawStream:
         self._sources: dict[int, ShardSource] = {}
         # Local shards are read straight into each batch (raw_direct.py): no window buffers.
         self._direct = DirectReader(packs=self._builder.packs, source_of=self._sources.__getitem__,
-                                    submit=io.submit if io.lone else None) if all_local(owner.reader) else None
+                                    submit=io.submit if io.lone else None) if all_local(opened.reader) else None
         self.finished = False
 
     # --- reading windows ----------------------------------------------------------------
-    def _pieces(self, seg: Any) -> list[_Piece]:
-        """A window's segment as pieces its sources' readers read (readers.base.split_segment)."""
-        reader = self.owner.reader
-        if self.job.mixture is None:
-            return [_Piece(reader, self.job.manifest, p, p.shard) for p in split_segment(seg, self.job.manifest)]
+    def _pieces(self, seg: Segment) -> list[_Piece]:
+        """A window's segment as pieces its datasets' readers read (readers.base.split_segment)."""
+        reader = self.opened.reader
         return [_Piece(reader.readers[p.source], reader.manifests[p.source], p.seg,
                        reader.shard_base[p.source] + p.seg.shard) for p in reader.split_segment(seg)]
-
-    def _url_of_shard(self, shard: int) -> str:
-        """The redacted URL of a global shard."""
-        reader, job = self.owner.reader, self.job
-        if job.mixture is None:
-            return reader.store.url_of(job.manifest.shard_paths[shard])
-        s = int(np.searchsorted(job.mixture.shard_base, shard, side="right")) - 1
-        return reader.readers[s].store.url_of(reader.manifests[s].shard_paths[shard - reader.shard_base[s]])
 
     def _columns(self, p: _Piece) -> TarColumns:
         return self.io.columns.get_or_load(p.shard, lambda: columns_of(p.reader.index(p.seg.shard), p.reader.fields))
@@ -256,7 +163,7 @@ class RawStream:
                 dest[: end - begin] = memoryview(checked).cast("B")
         return time.perf_counter() - start
 
-    def _layout(self, window: Any, pieces: list, spans: list, buf: np.ndarray, ahead: bool) -> _Window:
+    def _layout(self, window: Window, pieces: list, spans: list, buf: np.ndarray, ahead: bool) -> _Window:
         cols = [self._columns(p) for p in pieces]
         exts = tuple(dict.fromkeys(e for c in cols for e in c.exts))
         n = sum(p.seg.stop - p.seg.start for p in pieces)
@@ -285,7 +192,7 @@ class RawStream:
         _load_indexes([(p.reader, p.seg.shard) for p in pieces if p.seg.stop > p.seg.start], self.job.max_in_flight)
         return self._layout_direct(window, pieces)
 
-    def _layout_direct(self, window: Any, pieces: list[_Piece]) -> _Window:
+    def _layout_direct(self, window: Window, pieces: list[_Piece]) -> _Window:
         """A window's layout in its shards (offsets as the index says) and each sample's span to read:
         the checksummed span where sums are checked, else its projected members' extent."""
         w = self._layout(window, pieces, [(0, 0, 0)] * len(pieces), None, False)
@@ -452,13 +359,12 @@ def _in_thread(fn: Any, *args: Any) -> Future:
     return future
 
 
-def all_local(reader: Any) -> bool:
-    """Whether every source's shards are local files read without a disk cache (raw_direct.py)."""
-    readers = getattr(reader, "readers", None) or [reader]
-    return hasattr(os, "preadv") and all(r.store.is_local and r.cache is None for r in readers)
+def all_local(reader: MixedReader) -> bool:
+    """Whether every dataset's shards are local files read without a disk cache (raw_direct.py)."""
+    return hasattr(os, "preadv") and all(r.store.is_local and r.cache is None for r in reader.readers)
 
 
-def _load_indexes(shards: list[tuple[Any, int]], max_in_flight: int) -> None:
+def _load_indexes(shards: list[tuple[TarReader, int]], max_in_flight: int) -> None:
     """The (reader, shard)s' indexes (a HEAD and a GET each), fetched side by side: a window's start
     costs a round trip or two, not two per shard, and one slow request holds only its own shard."""
     unique = list({(id(reader), shard): (reader, shard) for reader, shard in shards}.values())
@@ -466,10 +372,3 @@ def _load_indexes(shards: list[tuple[Any, int]], max_in_flight: int) -> None:
         with ThreadPoolExecutor(min(max_in_flight, len(unique)), thread_name_prefix=IO_THREAD_PREFIX) as pool:
             for f in [pool.submit(reader.index, shard) for reader, shard in unique]:
                 f.result()
-
-
-def process_io(job: Any, num_streams: int) -> RawIo:
-    """A RawIo for one process serving `num_streams` streams of this job."""
-    return RawIo(max_in_flight=job.max_in_flight, spares=spare_windows(job, num_streams),
-                 min_bytes=int(window_bytes(job) * GROWTH), lone=num_streams == 1)
-

@@ -45,7 +45,7 @@ class Measured:
     wire_bytes: float  # bytes each rank all-reduces per step
     num_buckets: int = 1  # all-reduce calls per step (each pays the latency)
     comm_extra_s: float = 0.0  # measured comm per step beyond the link model (hook work, peers' jitter), N > 1
-    step_extra_s: float = 0.0  # N > 1: the measured step beyond every term above (signed); see scaling_report
+    step_extra_s: float = 0.0  # N > 1: the measured step beyond every term above (signed); see report.py
     overlap_share: float = 0.0  # of all-reduce time that ran during backward (hidden)
     input_per_rank: float | None = None  # the input pipeline's ceiling on one rank; None: unknown
     bytes_per_sample: float = 0.0  # stored bytes read per sample (for the storage wall)

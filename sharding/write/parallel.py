@@ -28,10 +28,8 @@ from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from dataio.storage.store import Store
-from sharding.config import Layout, ShardResult, WriteConfig
-from sharding.shard import write_shard
-from sharding.sources.base import Ref, Source
+from sharding.write.config import ProgressSink, ShardResult, ShardTask, WriteJob
+from sharding.write.shard import write_shard
 
 _WORKER: dict[str, Any] = {}
 INTERRUPTED = 130  # a worker's exit code after SIGINT or SIGTERM (the shell's code for Ctrl-C)
@@ -72,7 +70,7 @@ def _watch_parent(parent: int) -> None:
             return
 
 
-def _init_worker(queue: Any, source: Source, dest: Store, config: WriteConfig, layout: Layout) -> None:
+def _init_worker(queue: Any, job: WriteJob) -> None:
     signal.signal(signal.SIGTERM, _stop_on_signal)
     # SIGINT came blocked from the parent (see _sigint_blocked): ignoring it discards a Ctrl-C
     # that arrived before this point, so no worker ever raises KeyboardInterrupt on its own.
@@ -81,10 +79,10 @@ def _init_worker(queue: Any, source: Source, dest: Store, config: WriteConfig, l
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     sys.unraisablehook = _quiet_stop
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    _WORKER.update(queue=queue, source=source, dest=dest, config=config, layout=layout)
+    _WORKER.update(queue=queue, job=job)
 
 
-def _run_task(task: tuple[int, str, list[Ref]]) -> ShardResult:
+def _run_task(task: ShardTask) -> ShardResult:
     w = _WORKER
     w["busy"] = True
 
@@ -94,13 +92,41 @@ def _run_task(task: tuple[int, str, list[Ref]]) -> ShardResult:
 
     try:
         # durable=False: the parent fsyncs each batch of shards before its journal names them
-        result = write_shard(task, w["source"], w["dest"], w["config"], w["layout"], report, durable=False)
+        result = write_shard(w["job"], task, report, durable=False)
         _check_stop()  # stopped while finishing: this shard is whole, the next one is not started
         return result
     except KeyboardInterrupt:
         os._exit(INTERRUPTED)  # open_atomic already removed the temporary file
     finally:
         w["busy"] = False
+
+
+class QueueDrain:
+    """A thread that moves (samples, bytes) tuples from a multiprocessing queue into a Progress."""
+
+    def __init__(self, queue: Any, progress: ProgressSink) -> None:
+        self._queue, self._progress = queue, progress
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress-drain", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import queue as queue_mod
+
+        while not self._stop.is_set():
+            try:
+                self._progress.update(*self._queue.get(timeout=0.1))
+            except queue_mod.Empty:
+                continue
+            except (EOFError, OSError):
+                return  # the queue was closed under us
+
+    def stop(self) -> None:
+        """Stop the thread and close the queue (the parent never puts, so no feeder thread lingers)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._queue.close()
+        self._queue.join_thread()
 
 
 def _mp_context() -> Any:
@@ -129,16 +155,13 @@ def _fresh(obj: Any) -> Any:
     return pickle.loads(pickle.dumps(obj))
 
 
-def run_parallel(tasks: list[tuple[int, str, list[Ref]]], source: Source, dest: Store, config: WriteConfig,
-                 layout: Layout, progress: Any) -> list[ShardResult]:
-    """Write `tasks` (shard number, path, refs) on worker processes; on any error or interrupt stop them all."""
-    from sharding.progress import QueueDrain
-
+def run_parallel(job: WriteJob, tasks: list[ShardTask], progress: ProgressSink) -> list[ShardResult]:
+    """Write `tasks` on worker processes; on any error or interrupt stop them all."""
     ctx = _mp_context()
     queue = ctx.Queue()
     drain = QueueDrain(queue, progress)
-    pool = ProcessPoolExecutor(min(config.num_workers, len(tasks)), mp_context=ctx, initializer=_init_worker,
-                               initargs=(queue, _fresh(source), _fresh(dest), config, layout))
+    pool = ProcessPoolExecutor(min(job.config.num_workers, len(tasks)), mp_context=ctx, initializer=_init_worker,
+                               initargs=(queue, _fresh(job)))
     try:
         with _sigint_blocked():  # the first submit forks every worker (the fork context starts them all)
             pending = {pool.submit(_run_task, t) for t in tasks}

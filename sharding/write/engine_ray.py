@@ -20,9 +20,8 @@ from typing import Any
 
 from dataio.errors import ShardifyError
 from dataio.storage.store import Store, redact
-from sharding.config import Layout, ShardResult, WriteConfig
-from sharding.shard import write_shard
-from sharding.sources.base import Ref, Source
+from sharding.write.config import ProgressSink, ShardResult, ShardTask, WriteJob
+from sharding.write.shard import write_shard
 
 MAX_RETRIES = 3  # per task, for a worker or node that died; a data error is not retried
 
@@ -31,9 +30,8 @@ class RayEngineError(ShardifyError):
     """A Ray task failed for good, or the cluster went away; no manifest was written."""
 
 
-def _write_task(task: tuple[int, str, list[Ref]], source: Source, dest: Store, config: WriteConfig,
-                layout: Layout) -> ShardResult:
-    return write_shard(task, source, dest, config, layout, lambda num_samples, num_bytes: None)
+def _write_task(job: WriteJob, task: ShardTask) -> ShardResult:
+    return write_shard(job, task, lambda num_samples, num_bytes: None)
 
 
 def start_ray(address: str | None, num_cpus: int) -> bool:
@@ -61,16 +59,16 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
     return True
 
 
-def run_ray(tasks: list[tuple[int, str, list[Ref]]], source: Source, dest: Store, config: WriteConfig,
-            layout: Layout, progress: Any, *, address: str | None = None) -> list[ShardResult]:
-    """Write `tasks` (shard number, path, refs) as Ray tasks; one result per shard number, or an error naming the task."""
+def run_ray(job: WriteJob, tasks: list[ShardTask], progress: ProgressSink) -> list[ShardResult]:
+    """Write `tasks` as Ray tasks (on `job.config.ray_address`, or a local Ray started for the run); one
+    result per shard number, or an error naming the task."""
     import ray
 
-    started = start_ray(address, config.num_workers)
+    started = start_ray(job.config.ray_address, job.config.num_workers)
     try:
         remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_write_task)
-        shared = [ray.put(x) for x in (source, dest, config, layout)]  # once, not per task
-        pending = {remote.remote(task, *shared): task for task in tasks}
+        shared = ray.put(job)  # once, not per task
+        pending = {remote.remote(shared, task): task for task in tasks}
         results: dict[int, ShardResult] = {}
         try:
             while pending:
@@ -85,20 +83,20 @@ def run_ray(tasks: list[tuple[int, str, list[Ref]]], source: Source, dest: Store
             for ref in pending:
                 ray.cancel(ref, force=True)
             raise
-        assert sorted(results) == [t[0] for t in tasks], "every shard exactly once"
-        _remove_orphans(dest, tasks)
-        return [results[t[0]] for t in tasks]
+        assert sorted(results) == [t.index for t in tasks], "every shard exactly once"
+        _remove_orphans(job.dest, tasks)
+        return [results[t.index] for t in tasks]
     finally:
         if started:
             ray.shutdown()
 
 
-def _remove_orphans(dest: Store, tasks: list[tuple[int, str, list[Ref]]]) -> None:
+def _remove_orphans(dest: Store, tasks: list[ShardTask]) -> None:
     """Delete the temporary files of attempts whose worker died mid-shard (local disk only: an S3
     upload that never completed leaves no object)."""
     if not dest.is_local:
         return
-    for directory in sorted({rel.rsplit("/", 1)[0] for _, rel, _ in tasks if "/" in rel}):
+    for directory in sorted({t.path.rsplit("/", 1)[0] for t in tasks if "/" in t.path}):
         path = dest.path(directory)
         for name in os.listdir(path) if os.path.isdir(path) else ():
             if name.startswith(".") and ".tmp-" in name:
@@ -106,7 +104,7 @@ def _remove_orphans(dest: Store, tasks: list[tuple[int, str, list[Ref]]]) -> Non
                     os.unlink(os.path.join(path, name))
 
 
-def _get(ray: Any, ref: Any, task: tuple[int, str, list[Ref]]) -> ShardResult:
+def _get(ray: Any, ref: Any, task: ShardTask) -> ShardResult:
     """The task's result; its own error re-raised as is, Ray's failures as RayEngineError naming the shard."""
     from ray.exceptions import RayError, RayTaskError
 
@@ -116,9 +114,9 @@ def _get(ray: Any, ref: Any, task: tuple[int, str, list[Ref]]) -> ShardResult:
         cause = exc.cause if isinstance(exc.cause, BaseException) else None
         if isinstance(cause, (ShardifyError, ValueError, OSError)):
             raise cause from None  # a bad sample or storage error: the same message as the local engine's
-        raise RayEngineError(f"Ray task for shard {task[0]} ({task[1]}) failed: {redact(str(exc))[:2000]}") from None
+        raise RayEngineError(f"Ray task for shard {task.index} ({task.path}) failed: {redact(str(exc))[:2000]}") from None
     except RayError as exc:
         raise RayEngineError(
-            f"Ray task for shard {task[0]} ({task[1]}) was lost after {MAX_RETRIES} retries or the cluster went "
+            f"Ray task for shard {task.index} ({task.path}) was lost after {MAX_RETRIES} retries or the cluster went "
             f"away ({type(exc).__name__}: {redact(str(exc))[:500]}); no manifest was written: rerun with --overwrite"
         ) from None

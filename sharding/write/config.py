@@ -5,21 +5,22 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from dataio.decode import images
 from dataio.format.manifest import Field
 from dataio.format.manifest_parts import PARTS_THRESHOLD
-from sharding.sources.base import Source
+from dataio.storage.store import Store
+from sharding.sources.base import Ref, Source
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TokenOptions:
-    """How `shardify write --tokenizer` tokenizes documents (sharding/token_writer.py)."""
+    """How `shardify write --tokenizer` tokenizes documents (sharding/write/tokens.py)."""
 
     tokenizer: str  # a tokenizer.json, or a NAME.tiktoken file
     tokenizer_hash: str  # "xxh3_64:<hex>" of that file: part of the resume fingerprint
-    eos_token: str | None = None  # None: the tokenizer's own (sharding/tokenizer.py EOS_CANDIDATES)
+    eos_token: str | None = None  # None: the tokenizer's own (sharding/write/tokenizer.py EOS_CANDIDATES)
     min_tokens: int = 0  # documents with fewer tokens (EOS not counted) are dropped and counted
     max_tokens: int | None = None  # documents with more are dropped and counted
     block_tokens: int = 1 << 16  # the checksum block (dataio/format/tokens.py)
@@ -50,7 +51,7 @@ class WriteConfig:
     overwrite: bool = False
     num_prefixes: int | None = None  # hashed directories under shards/; None: chosen from the shard count
     parts_threshold: int = PARTS_THRESHOLD  # more shards than this: a JSON root + Parquet parts
-    engine: str = "local"  # "local": worker processes here; "ray": Ray tasks (sharding/engine_ray.py)
+    engine: str = "local"  # "local": worker processes here; "ray": Ray tasks (sharding/write/engine_ray.py)
     ray_address: str | None = None  # engine "ray": an existing cluster; None starts a local Ray
     journal_every_s: float = 2.0  # the journal records confirmed shards this often: what --resume keeps
     tokens: TokenOptions | None = None  # format "tokens": text tokenized into token shards
@@ -148,3 +149,31 @@ class ShardResult:
     skipped: tuple[dict[str, str], ...] = ()
     num_tokens: int | None = None  # tokens: the shard's tokens (EOS included)
     dropped: tuple[tuple[str, int], ...] = ()  # tokens: documents left out by reason (too_short, too_long)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShardTask:
+    """One shard to write: its number in the dataset, its path below DEST, its samples in write order."""
+
+    index: int
+    path: str
+    refs: tuple[Ref, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WriteJob:
+    """What every shard of one write shares: samples from `source` into `dest`, laid out by `config`
+    and `layout`. Sent once to each worker process or Ray task (a Store drops its client when pickled)."""
+
+    source: Source
+    dest: Store
+    config: WriteConfig
+    layout: Layout
+
+
+class ProgressSink(Protocol):
+    """Where a write reports: samples and bytes as they are written, and each finished shard."""
+
+    def update(self, num_samples: int, num_bytes: int) -> None: ...
+
+    def log_shard(self, result: ShardResult) -> None: ...

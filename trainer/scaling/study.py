@@ -5,7 +5,7 @@
 Each world size is a real `torchrun --standalone` job of the trainer for --steps optimizer steps with
 --threads torch threads per rank (OMP_NUM_THREADS too), so one rank never gets the whole machine
 while each of two ranks gets half of it. Then an all-reduce sweep at 2 ranks fits the link, one
-rank's input pipeline is timed alone (its ceiling), and the report (trainer/scaling_report.py) says
+rank's input pipeline is timed alone (its ceiling), and the report (trainer/scaling/report.py) says
 per world size: samples/s, efficiency, step-time shares, slowest rank, $; and predicts bigger jobs.
 """
 
@@ -157,7 +157,7 @@ def run_comm_sweep(cfg: ScalingConfig, trainer_args: list[str]) -> dict[str, Any
     """All-reduce timings over message sizes at 2 ranks (gloo on CPU, NCCL on GPUs)."""
     out = Path(cfg.out) / "runs" / "comm-sweep"
     device = "cuda" if parse_config([*trainer_args, "--out", cfg.out]).device == "cuda" else "cpu"
-    cmd = [*_torchrun(2), "-m", "trainer.comm_sweep", "--out", str(out / "sweep.json"),
+    cmd = [*_torchrun(2), "-m", "trainer.scaling.comm_sweep", "--out", str(out / "sweep.json"),
            "--threads", str(cfg.threads), "--device", device]
     _run(cmd, log=out / "log.txt", threads=cfg.threads, timeout_s=cfg.timeout_s)
     return json.loads((out / "sweep.json").read_text())
@@ -195,7 +195,7 @@ def input_ceiling(cfg: ScalingConfig, trainer_args: list[str]) -> dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from trainer import scaling_chart, scaling_report
+    from trainer.scaling import chart, report
 
     console = Console(width=160, soft_wrap=True) if not sys.stdout.isatty() else Console()
     try:
@@ -217,15 +217,12 @@ def main(argv: list[str] | None = None) -> int:
             sweep = run_comm_sweep(cfg, trainer_args)
         console.print("[bold]timing[/] one rank's input pipeline alone")
         ceiling = input_ceiling(cfg, trainer_args)
-        result = scaling_report.build(cfg, runs, sweep=sweep, ceiling=ceiling, cpu_count=os.cpu_count() or 1)
+        result = report.build(cfg, runs, sweep=sweep, ceiling=ceiling, cpu_count=os.cpu_count() or 1)
     except (RuntimeError, OSError, ValueError) as exc:  # a failed run, or a sweep that fits no link
         console.print(f"trainer.scaling: error: {exc}")
         return 1
-    scaling_report.write_json(cfg.out, result)
-    scaling_chart.write_chart(os.path.join(cfg.out, "scaling.png"), result)
-    scaling_report.show(console, result)
+    report.write_json(cfg.out, result)
+    chart.write_chart(os.path.join(cfg.out, "scaling.png"), result)
+    report.show(console, result)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,15 +21,14 @@ import torch
 
 from dataio.batch import PackedBytes
 from dataio.errors import CorruptSampleError
-from dataio.loader.collate import (
+from dataio.stream.collate import (
     HEDGES_KEY,
     _new_uint8,
     assemble,
     hedges_since_last_batch,
     pack_bytes,
-    shard_positions,
 )
-from dataio.loader.fields import (
+from dataio.stream.fields import (
     FieldError,
     batch_fields,
     collate_values,
@@ -38,6 +37,7 @@ from dataio.loader.fields import (
     label_field,
     parse_value,
 )
+from dataio.stream.job import OpenJob
 
 
 @dataclass
@@ -99,9 +99,9 @@ class CarryArena:
 class BatchBuilder:
     """Parts -> the batch dict of dataio/batch.py, as collate.assemble would build it from dicts."""
 
-    def __init__(self, owner: Any, *, epoch: int, url_of_shard: Callable[[int], str]) -> None:
-        self.owner, self.epoch, self.url_of_shard = owner, epoch, url_of_shard
-        self.manifest = owner.job.manifest
+    def __init__(self, opened: OpenJob, *, epoch: int, url_of_shard: Callable[[int], str]) -> None:
+        self.opened, self.epoch, self.url_of_shard = opened, epoch, url_of_shard
+        self.manifest = opened.job.manifest
         self.kinds = field_kinds(self.manifest)
         self.label = label_field(self.manifest)
 
@@ -139,18 +139,17 @@ class BatchBuilder:
             except FieldError:  # raise or substitute, as the general path does
                 return self._general(items, exts, offsets, sizes, ranks, ids, mask, number, read_s)
             batch[name] = collate_values(kind, values, pack_bytes)
-        mixture = self.owner.job.mixture
-        if mixture is None:  # a field no sample of this batch holds is still a column (as in collate)
-            job = self.owner.job
+        job = self.opened.job
+        if not job.mixes:  # a field no sample of this batch holds is still a column (as in collate)
             for name in batch_fields(self.manifest, job.fields, job.image_fields, decoded=job.decode is not None):
                 if name not in batch:
                     kind = self.kinds.get(name) or kind_of(name, None)
                     batch[name] = collate_values(kind, [None] * len(ids), pack_bytes)
-            batch["__shard__"], batch["__position__"] = shard_positions(self.manifest, ids)
-        else:  # each sample's source, and where it lies in that source, from its global id
-            source, shard, position = mixture.sources_of(ids)
-            batch["source"], batch["__shard__"], batch["__position__"] = (
-                torch.from_numpy(source), torch.from_numpy(shard), torch.from_numpy(position))
+        # Each sample's source (a real mixture), and where it lies in that source, from its global id.
+        source, shard, position = job.mixture.sources_of(ids)
+        if job.mixes:
+            batch["source"] = torch.from_numpy(source)
+        batch["__shard__"], batch["__position__"] = torch.from_numpy(shard), torch.from_numpy(position)
         batch["mask"] = torch.from_numpy(mask.copy())
         batch["read_s"], batch["decode_s"], batch["batch_number"] = read_s, 0.0, number
         batch[HEDGES_KEY] = hedges_since_last_batch()
@@ -185,7 +184,7 @@ class BatchBuilder:
             for f in sorted((f for f in range(len(exts)) if sizes[f, i] >= 0), key=lambda f: ranks[f, i]):
                 d[exts[f]] = items.view(i, exts[f], int(offsets[f, i]), int(sizes[f, i]))
             samples.append(d)
-        batch = assemble(self.owner, samples, mask.tolist(), epoch=self.epoch, batch_number=number, read_s=read_s)
+        batch = assemble(self.opened, samples, mask.tolist(), epoch=self.epoch, batch_number=number, read_s=read_s)
         batch[HEDGES_KEY] = hedges_since_last_batch()
         return batch
 

@@ -1,8 +1,8 @@
 """Token shards for `shardify write --tokenizer`: one worker's shard of documents, tokenized in batches by
 the Rust tokenizer, each ended by EOS, written as dataio/format/tokens.py lays out; and the manifest.
 
-It runs inside the one write engine (sharding/writer.py: plan, workers, journal, versions): the
-engine calls `write_token_shard` where it writes a tar or Parquet shard (sharding/shard.py).
+It runs inside the one write engine (sharding/write/writer.py: plan, workers, journal, versions): the
+engine calls `write_token_shard` where it writes a tar or Parquet shard (sharding/write/shard.py).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from dataio.format.tokens import (
     offsets_path,
     token_sums_path,
 )
-from dataio.storage.store import Store, redact
-from sharding.config import ShardResult, TokenOptions, WriteConfig
+from dataio.storage.store import redact
 from sharding.sources.base import RawSample, Ref, Source, SourceError
 from sharding.sources.text import TextSource, sample_texts
-from sharding.tokenizer import Tokenizer, as_token_array, bytes_per_token, load_tokenizer
+from sharding.write.config import ShardResult, ShardTask, TokenOptions, WriteConfig, WriteJob
+from sharding.write.tokenizer import Tokenizer, as_token_array, bytes_per_token, load_tokenizer
 
 ENCODE_BATCH = 256  # documents per encode_batch call: enough for the tokenizer's threads, little memory
 DEFAULT_TOKENS_PER_SHARD = 1 << 27  # 256 MiB of uint16 tokens, the size of a default image shard
@@ -101,7 +101,7 @@ def tokenizer_of(config: WriteConfig) -> Tokenizer:
     return tok
 
 
-def _documents(source: Source, refs: list[Ref], config: WriteConfig, skipped: list[dict[str, str]],
+def _documents(source: Source, refs: Sequence[Ref], config: WriteConfig, skipped: list[dict[str, str]],
                report: Callable[[int, int], None]) -> Iterator[list[RawSample]]:
     """The loaded documents in chunks of ENCODE_BATCH; a failed load raises (or is skipped with --on-error skip)."""
     chunk: list[RawSample] = []
@@ -124,10 +124,10 @@ def _documents(source: Source, refs: list[Ref], config: WriteConfig, skipped: li
     report(len(chunk), num_bytes)
 
 
-def write_token_shard(task: tuple[int, str, list[Ref]], source: Source, dest: Store, config: WriteConfig,
-                      report: Callable[[int, int], None], *, durable: bool = True) -> ShardResult:
+def write_token_shard(job: WriteJob, task: ShardTask, report: Callable[[int, int], None], *,
+                      durable: bool = True) -> ShardResult:
     """Tokenize one shard's documents, write its tokens, offsets, block checksums and provenance."""
-    index, rel, refs = task
+    source, dest, config, rel = job.source, job.dest, job.config, task.path
     opts, tok = config.tokens, tokenizer_of(config)
     assert opts is not None
     skipped: list[dict[str, str]] = []
@@ -135,7 +135,7 @@ def write_token_shard(task: tuple[int, str, list[Ref]], source: Source, dest: St
     origins: list[str] = []
     with dest.open_atomic(rel, durable=durable) as f:
         writer = TokenShardWriter(f, tok.dtype, opts.block_tokens)
-        for chunk in _documents(source, refs, config, skipped, report):
+        for chunk in _documents(source, task.refs, config, skipped, report):
             kept = []
             for sample, ids in zip(chunk, tok.encode_batch([s.extras["text"] for s in chunk])):
                 if len(ids) < opts.min_tokens:
@@ -148,7 +148,7 @@ def write_token_shard(task: tuple[int, str, list[Ref]], source: Source, dest: St
             writer.add(kept)
         offsets, sums = writer.close()
     checksum = writer.checksum.hexdigest()
-    common = dict(index=index, path=rel, num_samples=writer.num_documents, num_bytes=writer.checksum.num_bytes,
+    common = dict(index=task.index, path=rel, num_samples=writer.num_documents, num_bytes=writer.checksum.num_bytes,
                   checksum=checksum, skipped=tuple(skipped), dropped=tuple(sorted(dropped.items())))
     if writer.num_documents == 0:
         dest.remove(rel)

@@ -1,7 +1,7 @@
 """The scaling report: measured rows per world size, the prediction past the machine, the bill.
 
 `build` is plain arithmetic over the runs' summaries (tested without processes); `write_json` saves
-scaling.json (trainer/scaling_chart.py draws scaling.png); `show` prints the rich tables and the verdict lines.
+scaling.json (trainer/scaling/chart.py draws scaling.png); `show` prints the rich tables and the verdict lines.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trainer import cost, predict
+from trainer.scaling import cost, predict
 from trainer.timing import PHASES
 
 SHARES = (*PHASES, "other")

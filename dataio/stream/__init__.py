@@ -1,0 +1,1 @@
+"""The torch-facing loader: config, start-up, state, worker, collate and ShardLoader (make_loader)."""
