@@ -1,6 +1,6 @@
 """Token loading in one run: shardify's token loader against nanoGPT's np.memmap get_batch, LitData's
-StreamingDataset + TokensLoader and Megatron-Core's GPTDataset, on the bundled corpus (the Python docs, tokenized once); and the
-tokenization throughput of `shardify write` against `datasets.map` with the same tokenizer.
+StreamingDataset + TokensLoader and Megatron-Core's GPTDataset, on the bundled corpus (the Python
+docs, tokenized once); and the tokenization throughput of `shardify write` against `datasets.map` with the same tokenizer.
 
     python -m benchmarks.bench_tokens [--copies 30] [--batches 60] [--rounds 3] [--no-peers]
 
@@ -54,7 +54,8 @@ def prepare(work: Path, copies: int, vocab: int) -> dict[str, Any]:
     with open(work / "train.bin", "wb") as f:
         for shard in shards:
             f.write(Path(shard).read_bytes())
-    return {"jsonl": str(jsonl), "tokenizer": str(tok), "url": str(dest), "shards": shards, "bin": str(work / "train.bin"),
+    return {"jsonl": str(jsonl), "tokenizer": str(tok), "url": str(dest), "shards": shards,
+            "bin": str(work / "train.bin"),
             "num_tokens": num_tokens, "write_s": write_s, "eos_id": manifest["tokens"]["tokenizer"]["eos_id"],
             "num_documents": sum(manifest["shards"]["num_samples"])}
 
@@ -217,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--batches", type=int, default=60, help="batches timed per run (default %(default)s)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--no-peers", action="store_true", help="skip LitData, Megatron-Core and datasets (no peers' venv)")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="skip LitData, Megatron-Core and datasets (no peers' venv)")
     parser.add_argument("--work", default=str(ROOT / "out" / "bench_tokens"))
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results_tokens.md"))
     args = parser.parse_args(argv)

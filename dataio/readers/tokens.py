@@ -143,7 +143,8 @@ class TokenSources:
 
     def __init__(self, shards: Sequence[TokenShards]) -> None:
         self.shards = tuple(shards)
-        self.shard_base = np.concatenate([[0], np.cumsum([s.manifest.num_shards for s in self.shards])]).astype(np.int64)
+        counts = [s.manifest.num_shards for s in self.shards]
+        self.shard_base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.itemsize = max(s.info.np_dtype.itemsize for s in self.shards)
         self.is_local = all(s.store.is_local for s in self.shards)
         self._located: dict[int, tuple[TokenShards, int]] = {}

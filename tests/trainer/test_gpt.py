@@ -87,4 +87,5 @@ def test_a_tokenizer_of_another_hash_is_refused_before_training(tmp_path) -> Non
     result = run_trainer(["--model", "gpt", "--data", str(tmp_path / "train"), "--tokenizer",
                           str(tmp_path / "tok.json"), "--out", str(tmp_path / "out")], nproc=None)
     assert result.returncode != 0
-    assert "tokenized by 'ids'" in result.stderr + result.stdout and "pass the dataset's tokenizer" in result.stderr + result.stdout
+    output = result.stderr + result.stdout
+    assert "tokenized by 'ids'" in output and "pass the dataset's tokenizer" in output
