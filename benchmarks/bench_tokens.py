@@ -1,6 +1,7 @@
 """Token loading in one run: shardify's token loader against nanoGPT's np.memmap get_batch, LitData's
 StreamingDataset + TokensLoader and Megatron-Core's GPTDataset, on the bundled corpus (the Python
-docs, tokenized once); and the tokenization throughput of `shardify write` against `datasets.map` with the same tokenizer.
+docs, tokenized once); and the tokenization throughput of `shardify write` against `datasets.map`
+with the same tokenizer.
 
     python -m benchmarks.bench_tokens [--copies 30] [--batches 60] [--rounds 3] [--no-peers]
 
