@@ -34,6 +34,7 @@ from dataio.plan.token_mix import token_mix_num_steps, token_mixture
 from dataio.plan.tokens import SequenceOrder, TokenPlanConfig, token_num_steps
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.readers.tokens import TokenShards, TokenSources
+from dataio.storage.cache import DiskCache
 from dataio.storage.store import Store
 
 _STOP_POLL_S = 0.1
@@ -72,7 +73,10 @@ class TokenLoader:
         self.opened = opened
         info = self.manifest.tokens
         assert info is not None
-        shards = TokenSources([TokenShards(st, m, verify_checksums=config.verify_checksums) for st, m in opened])
+        cache = (DiskCache(config.cache_dir, limit_bytes=config.cache_limit_bytes)
+                 if config.cache_dir is not None and config.cache_limit_bytes is not None else None)
+        shards = TokenSources([TokenShards(st, m, verify_checksums=config.verify_checksums, cache=cache)
+                               for st, m in opened])
         seq_bytes = (self.seq_len + 1) * info.np_dtype.itemsize
         window = config.shuffle_window if config.shuffle_window_bytes is None else max(
             1, min(config.shuffle_window, config.shuffle_window_bytes // seq_bytes))

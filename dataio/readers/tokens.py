@@ -5,7 +5,8 @@ process the first time they are read (one pass over pages the copy into the batc
 From object storage a window's reads (contiguous token ranges, merged by the plan) go through the
 Store as one ranged read each, of the whole checksum blocks around them, so the Store's retries,
 short-read checks and hedging apply, and the Prefetcher runs them ahead of use within a byte budget.
-Each shard's document offsets and block checksums (small sidecars) are read once and kept.
+With cache_dir, those ranged reads go through the disk cache (storage/cache.py). Each shard's
+document offsets and block checksums (small sidecars) are read once and kept.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from dataio.format.tokens import (
     token_sums_path,
 )
 from dataio.plan.types import Segment
+from dataio.readers.base import cached_read
+from dataio.storage.cache import DiskCache
 from dataio.storage.prefetch import Prefetcher
 from dataio.storage.store import Store
 
@@ -49,11 +52,12 @@ class Piece:
 class TokenShards:
     """A token dataset's shards as token ranges: `read(segment)` -> Piece; sidecars cached, thread-safe."""
 
-    def __init__(self, store: Store, manifest: Manifest, *, verify_checksums: bool = True) -> None:
+    def __init__(self, store: Store, manifest: Manifest, *, verify_checksums: bool = True,
+                 cache: DiskCache | None = None) -> None:
         if manifest.tokens is None:
             raise ValueError(f"{store.url}: not a token dataset (format {manifest.format!r})")
         self.store, self.manifest, self.info = store, manifest, manifest.tokens
-        self.verify = verify_checksums
+        self.verify, self.cache = verify_checksums, cache
         self._lock = threading.Lock()
         self._offsets: dict[int, np.ndarray] = {}
         self._sums: dict[int, np.ndarray] = {}
@@ -103,8 +107,13 @@ class TokenShards:
             size = self.info.np_dtype.itemsize
             data = self.store.read(rel, seg.start * size, seg.stop * size)
             return Piece(seg.shard, seg.start, seg.stop, np.frombuffer(data, dtype=self.info.np_dtype))
-        tokens = read_token_range(self.store, rel, seg.start, seg.stop, self.info, num_tokens=n, sums=sums,
-                                  offsets=self.offsets(seg.shard))
+        ranges = _CachedRanges(self, seg.shard)
+        try:
+            tokens = read_token_range(ranges, rel, seg.start, seg.stop, self.info, num_tokens=n, sums=sums,
+                                      offsets=self.offsets(seg.shard))
+        except ShardFormatError:
+            ranges.discard()  # a cached copy that fails its checksums is dropped, the error stands
+            raise
         return Piece(seg.shard, seg.start, seg.stop, tokens)
 
     def _local(self, seg: Segment) -> np.ndarray:
@@ -135,6 +144,28 @@ class TokenShards:
                 check_blocks(data, sums, int(block), self.info, url=self.url_of(seg.shard),
                              offsets=self.offsets(seg.shard))
             checked[block] = True
+
+
+class _CachedRanges:
+    """The Store's ranged reads of one shard through the disk cache (when there is one), for read_token_range;
+    the manifest's whole-shard checksum names the cache entries, so a rewritten shard never hits."""
+
+    def __init__(self, shards: TokenShards, shard: int) -> None:
+        self.shards, self.shard = shards, shard
+        self.last: tuple[int, int] | None = None
+        self.url_of = shards.store.url_of
+
+    def read(self, rel: str, start: int, end: int) -> bytes:
+        m = self.shards.manifest
+        self.last = (start, end)
+        return cached_read(self.shards.store, self.shards.cache, rel, start, end,
+                           checksum=m.shard_checksums[self.shard], object_size=m.shard_num_bytes[self.shard])
+
+    def discard(self) -> None:
+        if self.shards.cache is not None and self.last is not None:
+            m = self.shards.manifest
+            self.shards.cache.discard(namespace=self.shards.store.url, path=m.shard_paths[self.shard],
+                                      start=self.last[0], end=self.last[1], checksum=m.shard_checksums[self.shard])
 
 
 class TokenSources:

@@ -165,16 +165,21 @@ def test_a_corrupt_shard_names_the_shard_and_document(tmp_path, num_workers) -> 
             pass
 
 
-def test_object_storage_reads_ranged_windows(s3_server, token_url) -> None:
-    """The same batches from SeaweedFS as from the local copy (ranged reads of whole checksum blocks)."""
+def test_object_storage_reads_ranged_windows(s3_server, token_url, tmp_path) -> None:
+    """The same batches from SeaweedFS as from the local copy (ranged reads of whole checksum blocks),
+    also through the disk cache, whose second pass reads nothing from the store."""
     url = f"s3://{s3_server.new_bucket()}/ds"
     store = Store(url, s3_server.options())
     write_token_dataset(store, DOCS, block_tokens=16)
-    for packing in ("concat", "aligned"):
+    cache = dict(cache_dir=str(tmp_path / "cache"), cache_limit_bytes=1 << 20)
+    for packing, extra in (("concat", {}), ("aligned", cache), ("aligned", cache)):
         kw = dict(seq_len=SEQ_LEN, batch_size=BATCH, num_workers=2, packing=packing, rank=1, world_size=2)
-        remote = [b["input_ids"].tolist() for b in make_loader(url, storage=s3_server.options(), **kw)]
+        loader = make_loader(url, storage=s3_server.options(), **kw, **extra)
+        remote = [b["input_ids"].tolist() for b in loader]
         local = [b["input_ids"].tolist() for b in make_loader(token_url, **kw)]
         assert remote == local and remote
+    stats = loader.job.sources.shards[0].cache.stats  # the last pass: every ranged read a hit
+    assert stats.hits > 0 and stats.misses == 0
 
 
 # --- mixtures: weights are token shares -----------------------------------------------------------------
