@@ -24,6 +24,7 @@ import numpy as np
 
 from dataio.plan.mix import MixSource, MixState, Mixture, plan_mix_worker
 from dataio.plan.plan import plan_worker
+from dataio.plan.schedule import Piece, scheduled
 from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
 
 NUM_SHARDS = 100_000
@@ -49,7 +50,16 @@ CASES = {
                     "20-source mixture (deadline order), epoch start, 4096 ranks x 8 workers"),
     "mix20-resumed": (RESUMED, WorkerSlot(rank=777, world_size=2048, worker_id=2, num_workers=4),
                       "20-source mixture (deadline order), the same 2 prior levels, 2048 ranks x 4 workers"),
+    "sched10-fresh": (PlanState(epoch=3), WorkerSlot(rank=1234, world_size=4096, worker_id=3, num_workers=8),
+                      "3-source mixture, 10-piece schedule (10 segments in this epoch), epoch start, "
+                      "4096 ranks x 8 workers"),
+    "sched10-resumed": (RESUMED, WorkerSlot(rank=777, world_size=2048, worker_id=2, num_workers=4),
+                        "3-source mixture, 10-piece schedule, the same 2 prior levels, now 2048 ranks x 4 workers"),
 }
+# The schedule cases: ten pieces, the first ending 50M samples into epoch 3 (run position 3.05B),
+# eight of 100M each, the last open-ended: epoch 3 is cut into ten segments.
+SCHEDULE10 = (Piece((0.5, 0.3, 0.2), 3_050_000_000),
+              *(Piece((0.5 - 0.04 * i, 0.3, 0.2 + 0.04 * i), 100_000_000) for i in range(8)), Piece((0.1, 0.3, 0.6)))
 # The mixture: 70k + 25k + 5k shards, 700M + 250M + 50M samples, weights 0.5 / 0.3 / 0.2 of a 1B
 # epoch: the first source down-sampled (0.71 of it per epoch), the last upsampled 4x.
 MIX = (("web", 70_000, 700_000_000, 0.5), ("books", 25_000, 250_000_000, 0.3), ("gold", 5_000, 50_000_000, 0.2))
@@ -71,11 +81,12 @@ def shard_sizes(num_shards: int = NUM_SHARDS, num_samples: int = NUM_SAMPLES) ->
 def planner(name: str):
     """A no-argument function computing the case's worker plan (the inputs built beforehand)."""
     state, slot, _ = CASES[name]
-    if not name.startswith("mix"):
+    if not name.startswith(("mix", "sched")):
         sizes = shard_sizes()
         return lambda: plan_worker(sizes, config=CONFIG, slot=slot, state=state)
     mix = MIX20 if name.startswith("mix20-") else MIX
-    mixture = Mixture(sources=tuple(MixSource(name=n, shard_sizes=shard_sizes(k, m), weight=w) for n, k, m, w in mix))
+    sources = tuple(MixSource(name=n, shard_sizes=shard_sizes(k, m), weight=w) for n, k, m, w in mix)
+    mixture = scheduled(sources, SCHEDULE10) if name.startswith("sched") else Mixture(sources=sources)
     mix_state = MixState(plan=state, mixture=mixture.describe())
     return lambda: plan_mix_worker(mixture, config=CONFIG, slot=slot, state=mix_state)
 
@@ -147,7 +158,9 @@ def report(rows: list[dict]) -> str:
         "(`plan_mix_worker`). The mix20 cases: twenty sources of 5,000 shards and 50,000,000 samples, "
         "weights 1 to 1000 (geometric), no tree within 1 of the shares: the deadline order "
         "(`dataio/plan/deadlines.py`, every prefix within 1) fills the 4,096-position blocks the "
-        "worker's positions fall in.",
+        "worker's positions fall in. The sched10 cases: the three-source mixture under a schedule of ten "
+        "pieces (`dataio/plan/schedule.py`) whose boundaries cut epoch 3 into ten segments; the worker "
+        "plans its share of every segment left in the epoch.",
         "",
         f"Target (one worker of the 4096-rank job, fresh and after resumes, mixture or not, under a second): "
         f"{'met' if worst < 1 else 'NOT met'}, slowest best-of-3 {worst:.3f} s. Memory stays O(shards) "

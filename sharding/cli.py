@@ -21,6 +21,7 @@ from dataio.storage.redact import split_userinfo, url_secrets
 from dataio.storage.store import StorageOptions, Store, redact, with_retry
 from sharding.flags import label_names, num_cores, parse_duration, parse_size, positive_int, positive_seconds
 from sharding.text_cli import add_text_flags, add_tokenizer_parser, tokenizer_command, write_text
+from sharding.which import add_which_parser, which_command
 
 
 def _storage_flags(p: argparse.ArgumentParser) -> None:
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--quiet", action="store_true")
     _storage_flags(v)
     add_tokenizer_parser(sub, _storage_flags)
+    add_which_parser(sub, _storage_flags)
     return parser
 
 
@@ -326,11 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     secrets = tuple(s for s in (getattr(args, "access_key", None), getattr(args, "secret_key", None),
                                 os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")) if s)
-    for name in ("src", "dest", "url"):
+    for name in ("src", "dest", "url", "run"):
         secrets += url_secrets(getattr(args, name, None) or "")
     try:
         return {"write": _write, "append": _write, "inspect": _inspect, "verify": _verify, "index": _index, "gc": _gc,
-                "tokenizer": lambda a: tokenizer_command(a, _options(a))}[args.command](args)
+                "tokenizer": lambda a: tokenizer_command(a, _options(a)),
+                "which": lambda a: which_command(a, _options(a))}[args.command](args)
     except KeyboardInterrupt:
         if args.command == "write":
             print(f"shardify: interrupted; the new version was not published, so {redact(args.dest, secrets)} "

@@ -29,6 +29,7 @@ import torch
 import xxhash
 
 from dataio.errors import ShardifyError
+from dataio.loader.which import SIDECAR_SUFFIX
 from dataio.storage.store import Store
 
 FORMAT_VERSION = 2  # 2: sealed by a checksum; 1 (older trainers): the same payload, unsealed
@@ -83,9 +84,27 @@ def save(store: Store, step: int, payload: dict[str, Any], *, keep: int) -> tupl
     try:
         for old in list_checkpoints(store)[:-keep]:
             store.remove(old)
+            if store.exists(sidecar_name(old)):
+                store.remove(sidecar_name(old))
     except (ShardifyError, OSError):
         pass  # the new checkpoint is stored; the next save prunes what this one could not
     return store.url_of(name), sealer.checksum
+
+
+def sidecar_name(name: str) -> str:
+    """The loader-state sidecar beside checkpoint `name`: ckpt-STEP.pt -> ckpt-STEP.loader-state.json."""
+    return name[:-len(".pt")] + SIDECAR_SUFFIX
+
+
+def save_sidecar(store: Store, step: int, data: bytes) -> None:
+    """Publish the loader state beside ckpt-STEP.pt as JSON (`shardify which` reads it without torch);
+    CheckpointWriteError, naming the URL, if it was not stored."""
+    name = sidecar_name(checkpoint_name(step))
+    try:
+        with store.open_atomic(name) as f:
+            f.write(data)
+    except Exception as exc:  # noqa: BLE001 - reported by the caller, never fatal
+        raise CheckpointWriteError(f"{store.url_of(name)}: {_why(exc)}") from None
 
 
 def _why(exc: BaseException) -> str:

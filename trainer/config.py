@@ -119,6 +119,9 @@ class TrainConfig:
     # --- labels of the --data sources: one label space (dataio/loader/labels.py) ---
     label_space: str = "same"  # same: names agree by index | union: merged by name, sorted
     label_map: str = ""  # JSON file {source: {name: index}} or {name: index}; empty: none
+    spike_factor: float = 3.0  # a step whose loss exceeds this x the running median is a spike; 0: off
+    spike_sample_losses: bool = False  # keep per-sample losses so a spike names its worst samples
+    mix_schedule: str = ""  # mixture weights over the run (dataio/plan/schedule.py syntax); empty: fixed weights
     # --- --model gpt on token datasets (trainer/gpt.py) ---
     seq_len: int = 256
     packing: str = "concat"
@@ -154,6 +157,8 @@ class TrainConfig:
         if self.comm_hook not in COMM_HOOKS and ":" not in self.comm_hook:
             raise ValueError(f"--comm-hook must be one of {COMM_HOOKS} or package.module:function, "
                              f"got {self.comm_hook!r}")
+        if not self.spike_factor >= 0:
+            raise ValueError(f"--spike-factor must be >= 0 (0: off), got {self.spike_factor}")
         if self.packing not in ("concat", "aligned") or self.peak_flops < 0:
             raise ValueError(f"--packing must be concat or aligned (got {self.packing!r}), --peak-flops >= 0")
         if not self.dist_timeout_s > 0:
@@ -164,6 +169,8 @@ class TrainConfig:
         object.__setattr__(self, "data", sources[0].url if plain else sources)
         if len(sources) > 1 and any(s.url.startswith("synthetic:") for s in sources):
             raise ValueError("--data synthetic: cannot be mixed with other datasets")
+        if self.mix_schedule:
+            _check_schedule(self.mix_schedule, sources)
         if not self.data:
             raise ValueError("--data is required: a dataset URL made by `shardify`, e.g. --data runs/digits/train")
         if not self.out:
@@ -186,6 +193,16 @@ class TrainConfig:
     @property
     def checkpoint_url(self) -> str:
         return self.checkpoint_dir or f"{self.out.rstrip('/')}/checkpoints"
+
+
+def _check_schedule(text: str, sources: tuple[DataSource, ...]) -> None:
+    """ValueError unless --mix-schedule parses and gives one weight per --data source (two or more)."""
+    from dataio.plan.schedule import parse_schedule
+
+    pieces = parse_schedule(text)
+    if len(sources) < 2 or len(pieces[0].weights) != len(sources):
+        raise ValueError(f"--mix-schedule gives {len(pieces[0].weights)} weights per piece; it needs one per --data "
+                         f"source, and two or more sources (got {len(sources)})")
 
 
 def _check_labels_flags(label_space: str, label_map: str) -> None:
@@ -245,6 +262,15 @@ _HELP = {
     "tensorboard": "directory for TensorBoard scalars of every report interval (needs the tensorboard package)",
     "label_space": "one label space for the --data sources: same (their label names must agree by index; else "
                    "refused) or union (merged by name into the sorted union; each source's labels remapped)",
+    "spike_factor": "a step whose loss on a rank exceeds this many times the running median of that rank's loss "
+                    "(last 200 steps, from step 20) is a spike: listed in the report, metrics.jsonl and spikes.jsonl "
+                    "with its ranks and the keys of its samples, computed from the plan; 0: off",
+    "spike_sample_losses": "also keep each step's per-sample losses, so a spike names its worst samples (a little "
+                           "extra work per step)",
+    "mix_schedule": "mixture weights that change over the run, by samples since its start (across epochs): "
+                    "'0.7,0.3@1000000; 0.5,0.5' is 0.7/0.3 for the first 1M samples, then 0.5/0.5; a piece "
+                    "FROM~TO@SAMPLES/PIECES ramps linearly in PIECES steps (one weight per --data source, in order; "
+                    "pieces after the epoch in progress may change on resume, earlier ones not)",
     "label_map": "JSON file giving the label space explicitly: {\"SOURCE\": {\"NAME\": INDEX}} (SOURCE: a --data URL "
                  "or the last part of its path) or {\"NAME\": INDEX} for every source",
     "seq_len": "--model gpt: tokens per sequence (the model's context; batches carry seq_len + 1 for the labels)",

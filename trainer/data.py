@@ -44,7 +44,10 @@ def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: in
                            tokenizer=cfg.tokenizer or None)
 
     tabular = bool(cfg.feature_names)  # rows of numeric columns: no image decode, only the columns needed
-    loader = make_loader([Source(s.url, weight=s.weight) for s in sources], batch_size=cfg.batch_size,
+    from dataio.plan.schedule import Schedule
+
+    weights = Schedule.parse(cfg.mix_schedule) if cfg.mix_schedule and train else None
+    loader = make_loader([Source(s.url, weight=s.weight) for s in sources], weights=weights, batch_size=cfg.batch_size,
                        num_workers=cfg.num_workers, seed=cfg.seed, rank=rank, world_size=world_size,
                        decode=None if tabular else cfg.decode, fields=(*cfg.feature_names, "cls") if tabular else None,
                        image_size=cfg.image_size, train=train and cfg.augment, tail=tail, shuffle=train,
@@ -129,6 +132,13 @@ def mixture_facts(loader: TrainLoader) -> tuple[list[str], list[float]]:
     """(source URLs, requested shares) of a mixture loader, for the report."""
     sources = loader.facts.sources
     return [s.url for s in sources], [s.share for s in sources]
+
+
+def requested_at(loader: Any, samples_seen: int) -> list[float] | None:
+    """A scheduled mixture's requested shares at the run's sample `samples_seen` (the report's
+    requested column follows the schedule); None for fixed weights."""
+    mixture = getattr(loader, "mixture", None)
+    return mixture.shares_at(samples_seen) if hasattr(mixture, "shares_at") else None
 
 
 def job_facts(loader: TrainLoader) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from trainer import runtime
+from trainer import runtime, spikes
 from trainer.config import TrainConfig, config_dict, config_secrets
 from trainer.display import LiveTable, print_summary
 from trainer.redaction import scrub
@@ -61,6 +61,11 @@ class Recorder:
         self.source_interval: list[int] = []
         self.source_total: list[int] = []
         self.keys_path = os.path.join(cfg.out, f"keys-rank{rt.rank}.jsonl")
+        # Loss spikes (trainer/spikes.py): this rank's since the last report; rank 0 names their samples
+        # with spike_keys(step, ranks) (set by setup) and keeps every merged row for the summary.
+        self.spikes: list[dict[str, Any]] = []
+        self.spike_keys: Callable[[int, list[int]], dict[str, list[str]] | None] | None = None
+        self.spike_rows: list[dict[str, Any]] = []
         # Piped output (CI logs, tests) gets wide tables instead of rich's 80-column default, and lines
         # of text are never wrapped (soft_wrap): a log line stays one line, whatever its length.
         self.console = (Console() if sys.stdout.isatty() else Console(width=150, soft_wrap=True)) if rt.is_main else None
@@ -154,10 +159,12 @@ class Recorder:
         mine = {**summarize(self.interval, rank=self.rt.rank), **self.where}
         mine["loss"] = self.last_loss
         mine["source_samples"], self.source_interval = self.source_interval, [0] * len(self.source_names)
+        mine["spikes"], self.spikes = self.spikes, []
         gathered = runtime.gather(self.rt, mine)
         self.interval = []
         if not self.rt.is_main:
             return
+        self._name_spikes([g.pop("spikes") for g in gathered])
         rep = combine(gathered, num_workers=self.cfg.num_workers, decode=self.cfg.decode)
         if self.source_names:
             rep["sources"] = source_rows(gathered, names=self.source_names, requested=self.requested,
@@ -168,6 +175,23 @@ class Recorder:
         self.table.add(rep, step=step, epoch=epoch, loss=loss, lr=lr)
         if self.tensorboard is not None:
             self.tensorboard.interval(rep, step=step, loss=loss, lr=lr)
+
+    def _name_spikes(self, gathered: list[list[dict[str, Any]]]) -> None:
+        """Rank 0: merge the ranks' spikes by step, name their samples from the plan, and write each
+        to spikes.jsonl, metrics.jsonl and the console."""
+        for row in spikes.merge(gathered):
+            try:
+                row["keys"] = self.spike_keys(row["step"], row["ranks"]) if self.spike_keys else None
+            except Exception as exc:  # noqa: BLE001 - naming the samples must never stop training
+                row["keys"], row["keys_error"] = None, f"{type(exc).__name__}: {exc}"
+            row = scrub(row, self.secrets)
+            self.spike_rows.append(row)
+            line = json.dumps(row) + "\n"
+            self._saving(os.path.join(self.cfg.out, "spikes.jsonl"), lambda path: _append(path, line))
+            self.event({"kind": "spike", **row})
+            loss = max(row["loss"].values())
+            self.note(f"loss spike at step {row['step']} on rank(s) {row['ranks']}: {loss:.4g} (median "
+                      f"{max(row['median'].values()):.4g}); its samples are in spikes.jsonl")
 
     def validation(self, val: dict[str, float], *, step: int, epoch: int) -> None:
         self.event({"kind": "validation", "step": step, "epoch": epoch, **val})
@@ -181,8 +205,10 @@ class Recorder:
     def finish(self, val: dict[str, float] | None) -> dict[str, Any] | None:
         """Gather totals and traces; rank 0 writes trace.json, the chart, summary.json and prints."""
         total = self.total or self.first or {**summarize([], rank=self.rt.rank), **self.where}
-        total = {**total, "source_samples": self.source_total}
+        total = {**total, "source_samples": self.source_total, "spikes": self.spikes}
         totals = runtime.gather(self.rt, total)
+        if self.rt.is_main:
+            self._name_spikes([t.pop("spikes") for t in totals])
         traces = runtime.gather(self.rt, self.trace)
         if self.table is not None:
             self.table.close()
@@ -212,6 +238,8 @@ class Recorder:
                                        wasted_share=cost.wasted_share(rep["stage_share"]))
         if self.checkpoints is not None:
             rep["checkpoints"] = self.checkpoints
+        if self.spike_rows:
+            rep["spikes"] = self.spike_rows
         rep = scrub(rep, self.secrets)
         final = {"kind": "summary", **{k: v for k, v in rep.items()}, "validation": val}
         self._saving(outputs["summary"], lambda path: _dump(path, final))

@@ -6,6 +6,7 @@ last micro-batch (no_sync on the others) through the timing comm hook.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dataio.loader.protocol import TrainLoader
+from dataio.loader.which import samples_of_step, sidecar_doc
 from dataio.storage.store import RetryPolicy, Store
 from trainer import checkpoint as ckpt_io
 from trainer import comm_hooks, data, gpt, runtime
@@ -21,6 +23,7 @@ from trainer.config import TrainConfig, config_dict
 from trainer.models import build_model
 from trainer.recorder import Recorder
 from trainer.schedule import WarmupCosine, planned_samples
+from trainer.spikes import SpikeWatch
 from trainer.timing import StepRecord, StepTimer
 from trainer.validate import evaluate
 
@@ -49,6 +52,8 @@ class Run:
     checkpoints_stored: int = 0  # this run's saves the store confirmed (rank 0 counts)
     checkpoints_failed: int = 0
     val: dict[str, float] | None = field(default=None)
+    spike_watch: SpikeWatch | None = None
+    sample_losses: list[float] | None = None  # the last step's real samples' losses (--spike-sample-losses)
 
 
 def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -72,6 +77,8 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
     else:
         loader, val_loader = loaders
     loader.set_epoch(0)
+    if hasattr(loader, "history"):  # a ShardLoader: its run history counts optimizer steps (shardify which)
+        loader.history.grad_accum = cfg.grad_accum
     steps_per_epoch = len(loader) // cfg.grad_accum
     if steps_per_epoch < 1:
         raise ValueError(
@@ -107,6 +114,8 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
     run = Run(cfg=cfg, rt=rt, loader=loader, val_loader=val_loader, model=model, net=model, optimizer=optimizer,
               schedule=schedule, scaler=torch.amp.GradScaler(enabled=False), timer=timer, store=store,
               identity=identity, steps_per_epoch=steps_per_epoch, recorder=recorder)
+    run.spike_watch = SpikeWatch(cfg.spike_factor)
+    recorder.spike_keys = lambda step, ranks: spike_keys(run, step, ranks)
     resume(run)
     return run
 
@@ -160,6 +169,8 @@ def resume(run: Run) -> None:
     run.step, run.epoch, run.last_saved_step = int(ckpt["step"]), int(ckpt["epoch"]), int(ckpt["step"])
     if ckpt["epoch_done"]:
         run.epoch += 1
+        if hasattr(run.loader, "load_history"):  # the position starts afresh, the run's history goes on
+            run.loader.load_history(ckpt["loader"])
     else:
         run.loader.load_state_dict(ckpt["loader"])
     replan(run, ckpt.get("config", {}))
@@ -233,11 +244,42 @@ def save(run: Run, *, epoch_done: bool) -> None:
                               f"{'none' if run.last_saved_step < 0 else f'step {run.last_saved_step}'})")
         else:
             run.checkpoints_stored += 1
+            save_loader_sidecar(run, payload["loader"])
             run.recorder.event({"kind": "checkpoint", "step": run.step, "epoch": run.epoch, "url": url,
                                 "xxh3_128": checksum})
             run.last_saved_step = run.step
     # Rank 0 knows whether the store confirmed it; the gather is also the barrier after the save.
     run.last_saved_step = runtime.gather(run.rt, run.last_saved_step)[0]
+
+
+def loader_sidecar(run: Run, loader_state: dict[str, Any]) -> bytes:
+    """The loader-state sidecar (dataio/loader/which.py) of the run's position: state, step, sources."""
+    urls = [st.url for st in run.loader.opened.stores]  # redacted; credentials come from the storage options
+    weights = [s.weight for s in run.cfg.sources] if len(urls) == len(run.cfg.sources) else [None] * len(urls)
+    return sidecar_doc(step=run.step, epoch=run.epoch, grad_accum=run.cfg.grad_accum,
+                       sources=list(zip(urls, weights)), loader_state=loader_state)
+
+
+def spike_keys(run: Run, step: int, ranks: list[int]) -> dict[str, list[str]] | None:
+    """The keys each of `ranks` trained on in `step`, from the plan and the loader's history (rank 0,
+    at a report: reads only the shards holding them); None for the synthetic loader."""
+    if not hasattr(run.loader, "history"):
+        return None
+    doc = json.loads(loader_sidecar(run, run.loader.state_dict()))
+    samples = samples_of_step(doc, step, ranks=ranks, storage=data.storage_options(run.cfg))
+    return {str(r): [s.key for s in samples if s.rank == r and not s.is_pad] for r in ranks}
+
+
+def save_loader_sidecar(run: Run, loader_state: dict[str, Any]) -> None:
+    """Beside the checkpoint, the loader state as JSON for `shardify which` (rank 0); a failure is warned."""
+    if not hasattr(run.loader, "history"):
+        return  # the synthetic loader: nothing to name
+    doc = loader_sidecar(run, loader_state)
+    try:
+        ckpt_io.save_sidecar(run.store, run.step, doc)
+    except ckpt_io.CheckpointWriteError as exc:
+        run.recorder.warn(f"the loader-state sidecar of step {run.step} was not stored ({exc}); "
+                          "`shardify which` cannot read this checkpoint")
 
 
 def checkpoint_facts(run: Run) -> dict[str, Any]:
@@ -260,7 +302,7 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
     """One optimizer step over grad_accum micro-batches; returns its record, loss and real sample keys."""
     cfg, rt, timer = run.cfg, run.rt, run.timer
     timer.begin()
-    loss_total, samples, read_s, decode_s, keys = 0.0, 0, 0.0, 0.0, []
+    loss_total, samples, read_s, decode_s, keys, losses = 0.0, 0, 0.0, 0.0, [], []
     for micro in range(cfg.grad_accum):
         batch = next(batches, None)
         if batch is None:
@@ -286,7 +328,12 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
             with torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=rt.device.type == "cuda"):
                 logits = run.net(inputs)
             target = labels.masked_fill(~mask, -1)
-            loss = nn.functional.cross_entropy(logits.float(), target, ignore_index=-1) / cfg.grad_accum
+            if cfg.spike_sample_losses:  # the same mean, with the per-sample losses kept for a spike
+                per = nn.functional.cross_entropy(logits.float(), target, ignore_index=-1, reduction="none")
+                losses.extend(per[mask].detach().cpu().tolist())
+                loss = per.sum() / mask.sum().clamp(min=1) / cfg.grad_accum
+            else:
+                loss = nn.functional.cross_entropy(logits.float(), target, ignore_index=-1) / cfg.grad_accum
             loss.backward()
         loss_total += float(loss.detach())
     with timer.phase("opt"):
@@ -294,6 +341,7 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
         run.optimizer.zero_grad(set_to_none=True)
         run.schedule.step(rt.world_size * cfg.batch_size * cfg.grad_accum)
     run.step += 1
+    run.sample_losses = losses if cfg.spike_sample_losses else None
     rec = timer.end(step=run.step, epoch=run.epoch, samples=samples, read_s=read_s, decode_s=decode_s)
     return rec, loss_total, keys
 
@@ -318,6 +366,13 @@ def train(run: Run) -> None:
         try:
             for done in range(1, steps + 1):
                 rec, loss, keys = train_step(run, batches)
+                spike = run.spike_watch.observe(run.step, loss, rank=run.rt.rank, keys=keys,
+                                                sample_losses=run.sample_losses) if run.spike_watch else None
+                if spike is not None:
+                    run.recorder.spikes.append(spike)
+                shares = data.requested_at(run.loader, run.schedule.samples_seen)
+                if shares is not None:  # a scheduled mixture: the report's requested shares follow it
+                    run.recorder.requested = shares
                 run.recorder.step(rec, loss, keys, lr=run.schedule.lr)
                 if _at_max(run):
                     break

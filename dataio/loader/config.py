@@ -109,6 +109,8 @@ class LoaderConfig:
     seq_len: int | None = None
     packing: str = "concat"
     tokenizer: str | None = None
+    # A mixture's weights over the run (plan/schedule.py Pieces): make_loader(weights=Schedule); None: fixed.
+    mix_schedule: tuple[Any, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "image_size", "shuffle_window", "prefetch_bytes", "max_in_flight",

@@ -21,13 +21,14 @@ from dataio.loader.config import LoaderConfig, Source, check_int
 from dataio.loader.mixing import as_sources
 from dataio.loader.shard_loader import ShardLoader
 from dataio.loader.tokens import TokenLoader
+from dataio.plan.schedule import Schedule
 from dataio.plan.types import Topology
 
 _OPTIONS = {f.name: f for f in dataclasses.fields(LoaderConfig)}
 _TOPOLOGY = ("rank", "world_size", "num_workers")  # make_loader's own: they build the Topology
 
 
-def make_loader(url: str | Sequence[str | Source], *, weights: Sequence[float] | None = None,
+def make_loader(url: str | Sequence[str | Source], *, weights: Sequence[float] | Schedule | None = None,
                 rank: int | None = None, world_size: int | None = None, num_workers: int = 2,
                 **options: Any) -> ShardLoader | TokenLoader:
     """Open the dataset at `url` and return a ShardLoader; batch_size is per rank.
@@ -42,6 +43,8 @@ def make_loader(url: str | Sequence[str | Source], *, weights: Sequence[float] |
     field (listed below, with its default). With seq_len, a token dataset (or a mixture of them,
     weights as token shares) gives batches of packed sequences instead (a TokenLoader).
     """
+    if isinstance(weights, Schedule):  # weights that change over the run (plan/schedule.py)
+        options, weights = {**options, "mix_schedule": weights.pieces}, None
     config = LoaderConfig(**checked_options(options))
     topology, kv_store = job_topology(rank=rank, world_size=world_size, num_workers=num_workers)
     if config.seq_len is not None:  # token datasets: packed sequences (loader/tokens.py)

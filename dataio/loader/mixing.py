@@ -27,6 +27,7 @@ from dataio.loader.config import LoaderConfig, Source
 from dataio.loader.labels import LabelSpace, SourceLabels, build_label_space
 from dataio.loader.startup import fields_to_read, image_fields_of, open_dataset
 from dataio.plan.mix import MixSource, Mixture
+from dataio.plan.schedule import scheduled
 from dataio.readers.base import sample_url_of
 from dataio.storage.store import Store
 from dataio.stream.fields import label_field
@@ -74,10 +75,12 @@ class OpenSources:
     @property
     def fingerprint(self) -> str:
         """The data's identity: a single dataset's manifest fingerprint, or a mixture's description
-        (every source's manifest fingerprint, weights, epoch) hashed."""
+        (every source's manifest fingerprint, weights, epoch; not a schedule's pieces) hashed."""
         if self.mixture.single:
             return self.manifests[0].fingerprint
-        text = json.dumps(self.mixture.describe(), sort_keys=True)
+        described = self.mixture.describe()
+        described.pop("schedule", None)  # pieces yet to come may change on resume (state.py checks the rest)
+        text = json.dumps(described, sort_keys=True)
         return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -98,7 +101,8 @@ def open_sources(sources: Sequence[Source], config: LoaderConfig) -> OpenSources
                   fingerprint=m.fingerprint)
         for s, store, m in zip(sources, stores, manifests))
     try:
-        mixture = Mixture(sources=mix_sources, epoch_samples=config.epoch_samples)
+        mixture = (Mixture(sources=mix_sources, epoch_samples=config.epoch_samples) if config.mix_schedule is None
+                   else scheduled(mix_sources, config.mix_schedule, config.epoch_samples))
     except ValueError as exc:
         raise ValueError(f"make_loader: cannot mix {[s.url for s in stores]}: {exc}") from None
     for s, store, m in zip(mix_sources, stores, manifests):

@@ -23,6 +23,7 @@ from dataio.format.manifest import Manifest
 from dataio.loader.config import LoaderConfig, Source, check_int
 from dataio.loader.facts import dataset_facts, where
 from dataio.loader.first_batch import FirstBatch, first_batch_in_main
+from dataio.loader.history import HISTORY_KEY, HistoryKeeper
 from dataio.loader.mixing import (
     OpenSources,
     as_sources,
@@ -38,8 +39,6 @@ from dataio.loader.state import check_state, make_state
 from dataio.loader.stats import LoaderStats
 from dataio.loader.threads import ReaderThreads
 from dataio.loader.tickets import TicketSampler
-from dataio.plan.mix import delivered_epoch
-from dataio.plan.plan import steps_of_total
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.storage.store import Store
 from dataio.stream.collate import HEDGES_KEY, SKIPPED_KEY
@@ -98,6 +97,7 @@ class ShardLoader:
         self._active_steps: int | None = None
         self._token = 0  # the iteration in progress (or last started): older generators stop
         self._sampler = TicketSampler()
+        self.history = HistoryKeeper()  # every pass of the run, for `shardify which` (loader/history.py)
         self._dataloader: torch.utils.data.DataLoader | None = None
         self._threads: ReaderThreads | None = None
         self.uses_threads = self.num_workers > 0 and (
@@ -168,6 +168,7 @@ class ShardLoader:
         """Select the epoch the next iteration delivers; a resumed epoch keeps its position."""
         check_int("epoch", epoch, minimum=0)
         if epoch != self._state.epoch or self._finished:
+            self._record_history(new_pass=True)
             self._state, self._delivered, self._finished = PlanState(epoch=epoch), 0, False
 
     def _position(self) -> PlanState:
@@ -181,10 +182,8 @@ class ShardLoader:
         return PlanState(epoch=self._state.epoch) if self._finished else self._position()
 
     def _steps_from(self, state: PlanState) -> int:
-        world_size = self.topology.world_size
-        # A mixture's epoch is first rounded down to the global batch (a mixture of one: not).
-        total = delivered_epoch(self.mixture, config=self.plan_config, world_size=world_size, state=state).total
-        return int(steps_of_total(total, config=self.plan_config, world_size=world_size, state=state))
+        # A mixture's epoch (each schedule segment's) is first rounded down to the global batch (one: not).
+        return int(self.mixture.steps_from(config=self.plan_config, world_size=self.topology.world_size, state=state))
 
     def __len__(self) -> int:
         """Batches this rank gets in the current iteration (or the next one, between iterations)."""
@@ -195,6 +194,7 @@ class ShardLoader:
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
         start = self._next_start()
+        self._record_history(new_pass=self._finished)
         self._state, self._delivered, self._finished = start, 0, False
         steps = self._steps_from(start)
         self._token += 1
@@ -306,8 +306,21 @@ class ShardLoader:
     # --- Stateful (torch.distributed.checkpoint) -------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What has been delivered so far, in a form any rank of any topology can load."""
-        return make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
-                          mixture=self.mixture, epoch_complete=self._finished and self._active_steps is None)
+        state = make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
+                           mixture=self.mixture, epoch_complete=self._finished and self._active_steps is None)
+        state[HISTORY_KEY] = self.history.snapshot(position=self._state, delivered=self._delivered,
+                                                   topology=self.topology, fingerprint=self.fingerprint,
+                                                   plan=self.plan_config)
+        return state
+
+    def _record_history(self, *, new_pass: bool) -> None:
+        """Fold the batches delivered since `_state` into the run's history before the position moves."""
+        self.history.advance(position=self._state, delivered=self._delivered, topology=self.topology,
+                             fingerprint=self.fingerprint, plan=self.plan_config, new_pass=new_pass)
+
+    def load_history(self, state_dict: dict[str, Any]) -> None:
+        """Take only the run's history from a saved state (an epoch-end checkpoint, not resumed)."""
+        self.history.load(state_dict, self._state, fingerprint=self.fingerprint, plan=self.plan_config)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
@@ -319,6 +332,7 @@ class ShardLoader:
             self._steps_from(state)  # replays the saved progress: refuses positions past the epoch
         except (ValueError, IndexError) as exc:
             raise StateError(f"loader state does not fit this dataset: {exc}") from None
+        self.history.load(state_dict, state, fingerprint=self.fingerprint, plan=self.plan_config)
         self._state, self._delivered, self._finished = state, 0, False
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ loader the position is a frozen PlanState; only here does it become a dict and J
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 from dataio.errors import StateError
@@ -162,4 +163,7 @@ def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig, mixtur
     position = PlanState.from_dict(plan)
     if position.epoch != state["epoch"]:
         raise StateError(f"loader state is inconsistent: epoch {state['epoch']} vs plan epoch {position.epoch}")
+    if hasattr(mixture, "check_schedule"):  # pieces that ran must match; later ones may change (plan/schedule.py)
+        for note in mixture.check_schedule(json.loads(state["mixture"]), position.epoch):
+            warnings.warn(f"resuming with a changed mixture schedule: {note}", UserWarning, stacklevel=3)
     return position

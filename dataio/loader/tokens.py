@@ -51,6 +51,9 @@ class TokenLoader:
         if config.worker_mode == "processes":
             raise ValueError("token batches are built in this process (copies out of memory maps and ranged "
                              "reads); worker_mode='processes' is for decoded images: leave it 'auto'")
+        if config.mix_schedule is not None:
+            raise ValueError("a weight Schedule is for mixtures of sample datasets; token mixtures take fixed "
+                             "weights (token shares)")
         if any(s.repeat is not None for s in sources):
             raise ValueError("token mixtures take weights (token shares), not repeat=; give each Source a weight")
         if in_process and topology.num_workers != 1:

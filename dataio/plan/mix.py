@@ -113,6 +113,9 @@ class Mixture:
 
     sources: tuple[MixSource, ...]
     epoch_samples: int | None = None  # None: the sum of the sources' sizes (repeat sources scaled)
+    # Source s's k-th draw of any epoch is its cursor_base[s] + k (a scheduled mixture's segment,
+    # plan/schedule.py); None: epoch * counts[s] + k.
+    cursor_base: tuple[int, ...] | None = None
     counts: np.ndarray = field(init=False)  # (n,) int64 positions per requested epoch, summing to total
     total: int = field(init=False)  # N, the requested epoch's length
     id_base: np.ndarray = field(init=False)  # (n+1,) int64 first global id of each source
@@ -181,6 +184,17 @@ class Mixture:
         """(sum of shards,) int64: every source's shard sizes, concatenated (global shard order)."""
         return np.concatenate([s.shard_sizes for s in self.sources]).astype(np.int64)
 
+    def plan_worker(self, *, config: PlanConfig, slot: WorkerSlot, state: MixState,
+                    orders: dict | None = None) -> WorkerPlan:
+        """One worker's windows from the state's position (a scheduled mixture plans its segments);
+        `orders` caches the sources' pass orders between calls."""
+        return _plan_mix_epoch(self, config=config, slot=slot, state=state, orders={} if orders is None else orders)
+
+    def steps_from(self, *, config: PlanConfig, world_size: int, state: PlanState) -> int:
+        """Batches every rank delivers from `state` to the epoch's end."""
+        total = delivered_epoch(self, config=config, world_size=world_size, state=state).total
+        return steps_of_total(total, config=config, world_size=world_size, state=state)
+
     def describe(self) -> dict:
         """A JSON-able description a saved state carries, so another mixture can be refused."""
         return {"mix_version": MIX_VERSION, "epoch_samples": self.total, "sources": [
@@ -195,7 +209,8 @@ class Mixture:
         cache = {} if cache is None else cache
         src = self.sources[source]
         size = src.num_samples
-        base_pass, base_off = divmod(epoch * int(self.counts[source]), size)
+        cursor = epoch * int(self.counts[source]) if self.cursor_base is None else int(self.cursor_base[source])
+        base_pass, base_off = divmod(cursor, size)
         off = base_off + np.asarray(k, dtype=np.int64)
         passes, idx = off // size, off % size
         out = np.empty_like(idx)
@@ -336,6 +351,9 @@ def check_mixture(mixture: Mixture, saved: Mapping) -> None:
             if a.get(what) != b[what]:
                 raise StateError(f"cannot resume: source {i} ({b['name']}) had {what} {a.get(what)!r} when "
                                  f"saved, this mixture has {b[what]!r}; use the saved mixture or start afresh")
+    if "schedule" in saved and "schedule" not in mine:
+        raise StateError("cannot resume: the state was saved by a mixture with a weight schedule, this one has fixed "
+                         "weights; pass the same schedule (pieces after the epoch in progress may change)")
     if saved.get("epoch_samples") != mine["epoch_samples"]:
         raise StateError(f"cannot resume: the mixture's epoch had {saved.get('epoch_samples')!r} samples when "
                          f"saved, this one has {mine['epoch_samples']}; pass the same epoch_samples")
@@ -355,8 +373,7 @@ def mix_num_steps(mixture: Mixture, *, config: PlanConfig, world_size: int, stat
     check_mixture(mixture, state.mixture)
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
-    total = delivered_epoch(mixture, config=config, world_size=world_size, state=state.plan).total
-    return steps_of_total(total, config=config, world_size=world_size, state=state.plan)
+    return mixture.steps_from(config=config, world_size=world_size, state=state.plan)
 
 
 def plan_mix_worker(mixture: Mixture, *, config: PlanConfig, slot: WorkerSlot, state: MixState) -> WorkerPlan:
@@ -364,12 +381,16 @@ def plan_mix_worker(mixture: Mixture, *, config: PlanConfig, slot: WorkerSlot, s
     check_mixture(mixture, state.mixture)
     if mixture.single:  # a mixture of one is the single-dataset plan, bit for bit
         return plan_worker(mixture.sources[0].shard_sizes, config=config, slot=slot, state=state.plan)
+    return mixture.plan_worker(config=config, slot=slot, state=state)
+
+
+def _plan_mix_epoch(mixture: Mixture, *, config: PlanConfig, slot: WorkerSlot, state: MixState,
+                    orders: dict) -> WorkerPlan:
+    """plan_mix_worker of one unscheduled epoch (Mixture.plan_worker)."""
     epoch = state.plan.epoch
     delivered = delivered_epoch(mixture, config=config, world_size=slot.world_size, state=state.plan)
     offsets = np.concatenate([[0], np.cumsum(mixture.shard_sizes)]).astype(np.int64)
     place = np.arange(len(offsets) - 1, dtype=np.int64)  # a window's reads: sources in order, shards too
-
-    orders: dict = {}
 
     def make_window(pos0: np.ndarray, is_pad: np.ndarray) -> Window:
         source, k = delivered.locate(pos0)

@@ -154,7 +154,8 @@ mount -o remount,ro {disk} || exit 91
     facts = summary(b)["checkpoints"]
     assert (facts["stored"], facts["failed"], facts["last_stored_step"]) == (0, 2, 4)
     assert "checkpoints: 0 stored, 2 failed in this run; newest resumable: step 4" in said["b"]
-    assert sorted(p.name for p in kept.iterdir()) == ["ckpt-000000002.pt", "ckpt-000000004.pt"]  # no torn file
+    assert sorted(p.name for p in kept.iterdir() if p.suffix == ".pt") == ["ckpt-000000002.pt", "ckpt-000000004.pt"]
+    assert not [p.name for p in kept.iterdir() if p.name.startswith(".")]  # no torn file
     assert rc["c"] == 3, said["c"][-3000:]
     assert "no checkpoint could be stored" in said["c"] and "nothing can be resumed" in said["c"], said["c"][-3000:]
     # Its --out on the full disk too (the default layout: OUT/checkpoints): each record it cannot

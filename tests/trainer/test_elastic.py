@@ -81,7 +81,8 @@ def test_sigkill_of_a_rank_restarts_the_group_and_resumes_exactly_once(tmp_path,
 def test_resume_on_another_world_size_continues_the_epoch(tmp_path, dataset):
     out = tmp_path / "out"
     ok(run_trainer(_args(dataset, out, "--max-steps", "5", "--epochs", "1"), nproc=2, timeout_s=120))
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["ckpt-000000005.pt"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [  # with its loader-state sidecar
+        "ckpt-000000005.loader-state.json", "ckpt-000000005.pt"]
     ok(run_trainer(_args(dataset, out, "--epochs", "1", "--resume", "auto"), nproc=None, timeout_s=120))
     assert any("step 5, epoch 0 (saved by 2 ranks, now 1)" in n for n in _notes(out))
     steps = _assert_exactly_once(out, max_global_batch=8)
