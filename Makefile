@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint docs bench faults s3-server clean
+.PHONY: setup demo demo-text test test-fast lint docs bench faults s3-server clean
 
 setup: $(STAMP)
 
@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m tools.demo
+
+demo-text: $(STAMP)
+	$(PY) -m tools.demo --text
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports

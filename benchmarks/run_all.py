@@ -1,6 +1,6 @@
 """Run every benchmark in turn, then gather their result files into benchmarks/README.md.
 
-    python -m benchmarks.run_all [--only loader,first,s3,write,decode,plan,dali] [--quick]
+    python -m benchmarks.run_all [--only loader,first,s3,write,decode,plan,dali,tokens] [--quick]
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from pathlib import Path
 from benchmarks.headline import HEADLINES, RATIO_NOTE, date_of, headline_row, machine_of, title_of
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("plan", "decode", "write", "loader", "first", "s3", "mix", "scale")
+ORDER = ("plan", "decode", "write", "loader", "first", "s3", "mix", "scale", "tokens")
 # Names whose command is not benchmarks.bench_NAME.
 COMMANDS = {"mix": ["benchmarks.bench_loader", "--mix"]}
 QUICK = {"loader": ["--num-images", "2000", "--repeats", "1", "--epochs", "2"],
          "first": ["--num-images", "2000", "--repeats", "1"], "s3": ["--num-images", "2000", "--repeats", "1"],
-         "mix": ["--num-images", "2000", "--repeats", "1", "--epochs", "2"]}
+         "mix": ["--num-images", "2000", "--repeats", "1", "--epochs", "2"],
+         "tokens": ["--copies", "4", "--batches", "10", "--rounds", "1"]}
 
 
 def gather() -> None:

@@ -8,25 +8,10 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-
-def _bin(name: str) -> str:
-    """A console script of this environment (next to the running python)."""
-    path = Path(sys.executable).parent / name
-    return str(path) if path.exists() else name
-
-
-def _run(title: str, cmd: list[str]) -> None:
-    print(f"\n=== {title}\n$ {' '.join(cmd)}", flush=True)
-    start = time.perf_counter()
-    done = subprocess.run(cmd, check=False)
-    if done.returncode != 0:
-        sys.exit(f"demo: step '{title}' failed with exit code {done.returncode}")
-    print(f"--- {title}: {time.perf_counter() - start:.1f} s", flush=True)
+from tools.demo_steps import _bin, _run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +20,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=4, help="training epochs (default: %(default)s)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks for torchrun (default: %(default)s)")
     parser.add_argument("--no-train", action="store_true", help="stop after shardify inspect")
+    parser.add_argument("--text", action="store_true",
+                        help="the text demo instead: tokenize the bundled Python docs, train a tiny GPT (tools/demo_text.py)")
+    parser.add_argument("--quick", action="store_true", help="with --text: a smaller run (<= 30 s) that the tests use")
     args = parser.parse_args(argv)
+    if args.text:
+        from tools.demo_text import main as text_demo
+
+        return text_demo(Path(args.out if args.out != "out/demo" else "out/demo-text"), quick=args.quick,
+                         nproc=args.nproc)
 
     out = Path(args.out)
     if out.exists():

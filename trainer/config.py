@@ -122,10 +122,19 @@ class TrainConfig:
     spike_factor: float = 3.0  # a step whose loss exceeds this x the running median is a spike; 0: off
     spike_sample_losses: bool = False  # keep per-sample losses so a spike names its worst samples
     mix_schedule: str = ""  # mixture weights over the run (dataio/plan/schedule.py syntax); empty: fixed weights
+    # --- --model gpt on token datasets (trainer/gpt.py) ---
+    seq_len: int = 256
+    packing: str = "concat"
+    tokenizer: str = ""  # the dataset's tokenizer file, checked by hash; empty: not checked
+    n_layer: int = 4
+    n_embd: int = 128
+    n_head: int = 4
+    doc_masking: bool = True
+    peak_flops: float = 0.0  # 0: the GPU table (H100/H200/A100/L4), none on CPU
 
     def __post_init__(self) -> None:
         positive = ("epochs", "batch_size", "grad_accum", "image_size", "log_every", "keep_checkpoints",
-                    "trace_steps")
+                    "trace_steps", "seq_len", "n_layer", "n_embd", "n_head")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
@@ -150,6 +159,8 @@ class TrainConfig:
                              f"got {self.comm_hook!r}")
         if not self.spike_factor >= 0:
             raise ValueError(f"--spike-factor must be >= 0 (0: off), got {self.spike_factor}")
+        if self.packing not in ("concat", "aligned") or self.peak_flops < 0:
+            raise ValueError(f"--packing must be concat or aligned (got {self.packing!r}), --peak-flops >= 0")
         if not self.dist_timeout_s > 0:
             raise ValueError("--dist-timeout-s must be > 0")
         _check_labels_flags(self.label_space, self.label_map)
@@ -209,7 +220,8 @@ _HELP = {
     "data": "train dataset URL (local path, s3://..., or synthetic:?samples=N&classes=C&delay_s=S); repeat "
             "as --data URL=WEIGHT to train on a weighted mixture (the last '=' splits; no weight: 1)",
     "val_data": "held-out dataset URL (its own manifest); every sample seen once per validation; empty: none",
-    "model": "registry name (resnet, mlp) or a factory package.module:function(num_classes=, image_size=)",
+    "model": "registry name (resnet, mlp, gpt: a decoder-only transformer on a token dataset) or a factory "
+             "package.module:function(num_classes=, image_size=)",
     "num_classes": "classes of the classifier; 0: from the manifest's label names",
     "epochs": "passes over the training set",
     "max_steps": "stop after this many optimizer steps in total (0: no limit)",
@@ -261,6 +273,16 @@ _HELP = {
                     "pieces after the epoch in progress may change on resume, earlier ones not)",
     "label_map": "JSON file giving the label space explicitly: {\"SOURCE\": {\"NAME\": INDEX}} (SOURCE: a --data URL "
                  "or the last part of its path) or {\"NAME\": INDEX} for every source",
+    "seq_len": "--model gpt: tokens per sequence (the model's context; batches carry seq_len + 1 for the labels)",
+    "packing": "--model gpt: concat (documents back to back, cut every seq_len) or aligned (each sequence starts "
+               "at a document start; the rest padded and masked)",
+    "tokenizer": "--model gpt: the dataset's tokenizer file; another one (by hash) is refused before training",
+    "n_layer": "--model gpt: transformer blocks",
+    "n_embd": "--model gpt: width (a multiple of --n-head)",
+    "n_head": "--model gpt: attention heads",
+    "doc_masking": "--model gpt: attend only within a document (block-diagonal causal mask from the batch's doc_ids)",
+    "peak_flops": "--model gpt: peak FLOP/s per rank for the MFU estimate; 0: known GPUs (H100, H200, A100, L4), "
+                  "else no MFU",
 }
 
 

@@ -1,4 +1,4 @@
-"""A small model registry (a compact ResNet-style CNN, an MLP) and user factories.
+"""A small model registry (a compact ResNet-style CNN, an MLP, a GPT: trainer/gpt.py) and user factories.
 
 A model is built by `build_model(name, num_classes=, image_size=)`; `name` is a registry key or
 "package.module:function" called with the same keyword arguments.
@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from trainer.gpt import gpt
 
 
 class BasicBlock(nn.Module):
@@ -77,7 +79,7 @@ def mlp(*, num_classes: int, image_size: int, in_features: int = 0) -> nn.Module
     return MLP(num_classes, in_features=in_features or 3 * image_size * image_size)
 
 
-REGISTRY: dict[str, Callable[..., nn.Module]] = {"resnet": resnet, "mlp": mlp}
+REGISTRY: dict[str, Callable[..., nn.Module]] = {"resnet": resnet, "mlp": mlp, "gpt": gpt}
 
 
 def resolve_factory(name: str) -> Callable[..., nn.Module]:
@@ -99,10 +101,12 @@ def resolve_factory(name: str) -> Callable[..., nn.Module]:
     return factory
 
 
-def build_model(name: str, *, num_classes: int, image_size: int, in_features: int = 0) -> nn.Module:
+def build_model(name: str, *, num_classes: int, image_size: int, in_features: int = 0,
+                sizes: dict[str, int] | None = None) -> nn.Module:
     """Build the named model; the factory must return an nn.Module. in_features > 0: table rows of that width
-    (passed to the factory as in_features=; image-only factories need not take it)."""
+    (passed to the factory as in_features=; image-only factories need not take it); `sizes`: gpt's size flags."""
     extra = {"in_features": in_features} if in_features else {}
+    extra.update(sizes or {})
     model = resolve_factory(name)(num_classes=num_classes, image_size=image_size, **extra)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model factory {name!r} returned {type(model).__name__}, not a torch.nn.Module")

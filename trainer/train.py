@@ -18,7 +18,7 @@ from dataio.loader.protocol import TrainLoader
 from dataio.loader.which import samples_of_step, sidecar_doc
 from dataio.storage.store import RetryPolicy, Store
 from trainer import checkpoint as ckpt_io
-from trainer import comm_hooks, data, runtime
+from trainer import comm_hooks, data, gpt, runtime
 from trainer.config import TrainConfig, config_dict
 from trainer.models import build_model
 from trainer.recorder import Recorder
@@ -86,9 +86,11 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
             f"{cfg.grad_accum} micro-steps, more than the dataset gives (a rank's share is "
             f"{len(loader)} batches); use a smaller --batch-size or --grad-accum, or fewer ranks"
         )
-    num_classes = data.num_classes_of(cfg, loader)
+    tokens = cfg.model == "gpt"  # token batches: the vocabulary is the model's output (trainer/gpt.py)
+    num_classes = gpt.vocab_size_of(loader) if tokens else data.num_classes_of(cfg, loader)
     model = build_model(cfg.model, num_classes=num_classes, image_size=cfg.image_size,
-                        in_features=len(cfg.feature_names)).to(rt.device)
+                        in_features=len(cfg.feature_names), sizes=gpt.model_sizes(cfg) if tokens else None
+                        ).to(rt.device)
     ckpt_io.seed_all(cfg.seed + 7919 * (rt.rank + 1))  # same weights, but each rank its own random stream
     timer = StepTimer(rt.device, keep_slices=cfg.trace_steps)
     optimizer = make_optimizer(cfg, model)
@@ -308,6 +310,10 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
                                f"(step {run.step + 1}); this is a loader bug, not a data problem")
         read_s += float(batch.get("read_s", 0.0))
         decode_s += float(batch.get("decode_s", 0.0))
+        if "input_ids" in batch:  # --- token batches: next-token loss (trainer/gpt.py) ---
+            loss_share, num_sequences = gpt.micro_step(run, batch, micro == cfg.grad_accum - 1)
+            loss_total, samples = loss_total + loss_share, samples + num_sequences
+            continue
         data.check_labels(batch, run.identity["num_classes"], run.loader)
         with timer.phase("h2d"):
             inputs, labels, mask = data.to_device(batch, rt.device, cfg.feature_names)
@@ -377,8 +383,11 @@ def train(run: Run) -> None:
         # Leftover micro-batches (fewer than --grad-accum) are part of the documented dropped tail.
         save(run, epoch_done=done == steps)
         if run.val_loader is not None:
-            run.val = evaluate(run.model, run.val_loader, run.rt, epoch=run.epoch,
-                               autocast=run.rt.device.type == "cuda", features=cfg.feature_names)
+            if cfg.model == "gpt":
+                run.val = gpt.evaluate(run.model, run.val_loader, run.rt, epoch=run.epoch, doc_masking=cfg.doc_masking)
+            else:
+                run.val = evaluate(run.model, run.val_loader, run.rt, epoch=run.epoch,
+                                   autocast=run.rt.device.type == "cuda", features=cfg.feature_names)
             run.recorder.validation(run.val, step=run.step, epoch=run.epoch)
         run.epoch += 1
     run.recorder.job["buckets_per_step"] = run.timer.buckets_per_step
@@ -388,7 +397,9 @@ def train(run: Run) -> None:
                           f"(a second request after a slow start; {stats.hedges_won} won by the hedge, "
                           f"{stats.hedges_over_budget} slow reads over the 10% budget)")
     run.recorder.checkpoints = checkpoint_facts(run)
-    run.recorder.finish(run.val)
+    rep = run.recorder.finish(run.val)
+    if cfg.model == "gpt" and run.rt.is_main:
+        gpt.token_report(run, rep)
 
 
 def _at_max(run: Run) -> bool:

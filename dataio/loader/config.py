@@ -11,6 +11,7 @@ from typing import Any
 
 from dataio.decode.images import DEFAULT_MAX_PIXELS
 from dataio.format.manifest import Manifest
+from dataio.plan.tokens import PACKINGS
 from dataio.storage.store import StorageOptions
 
 DECODES = ("cpu", "dali", None)
@@ -103,6 +104,11 @@ class LoaderConfig:
     # One label space for every source (loader/labels.py): "same" (names must agree by index),
     # "union" (merged by name, sorted), or a map {source: {name: index}} / {name: index}.
     label_space: str | Mapping[str, Any] = "same"
+    # Token datasets (loader/tokens.py): batches of seq_len-token packed sequences (None: a dataset of
+    # samples); packing "concat" or "aligned"; the dataset's tokenizer file, refused unless its hash matches.
+    seq_len: int | None = None
+    packing: str = "concat"
+    tokenizer: str | None = None
     # A mixture's weights over the run (plan/schedule.py Pieces): make_loader(weights=Schedule); None: fixed.
     mix_schedule: tuple[Any, ...] | None = None
 
@@ -111,6 +117,9 @@ class LoaderConfig:
                      "prefetch_factor", "max_pixels", "dali_threads"):
             check_int(name, getattr(self, name), minimum=1)
         check_int("seed", self.seed, minimum=0)
+        if self.seq_len is not None:
+            check_int("seq_len", self.seq_len, minimum=1)
+        check_choice("packing", self.packing, PACKINGS)
         check_choice("decode", self.decode, DECODES)
         check_choice("tail", self.tail, TAILS)
         check_choice("on_corrupt", self.on_corrupt, ON_CORRUPT)

@@ -71,9 +71,9 @@ def open_dataset(url: str, config: LoaderConfig) -> tuple[Store, Manifest]:
     """
     store = Store(url, config.storage)
     manifest = read_manifest(store.first_request())  # a stuck endpoint fails within 30 s
-    if manifest.format == "tokens":  # until the token loader exists
-        raise ManifestError(f"{store.url}: a token dataset (manifest format 'tokens'); make_loader reads tar and "
-                            "Parquet datasets of samples, not token shards: there is no token loader yet")
+    if manifest.format == "tokens":  # read by the token loader (loader/tokens.py), given seq_len
+        raise ManifestError(f"{store.url}: a token dataset (manifest format 'tokens'): pass seq_len= (and "
+                            "packing=) to make_loader for batches of packed sequences")
     check_fields(manifest, config.fields)
     return store, manifest
 

@@ -139,7 +139,8 @@ class TokenWorkerPlan:
     num_steps: int
     batch_numbers: np.ndarray  # (n,) int64; rank batch j comes from worker j % num_workers
     windows: tuple[TokenWindow, ...]
-    order: SequenceOrder  # maps stream positions to shards and global token ids
+    order: SequenceOrder | None  # maps stream positions to shards and token ids (None: a mixture's windows
+    # carry their own orders, plan/token_mix.py)
 
 
 def token_num_steps(doc_lengths: Sequence[Sequence[int]], *, config: TokenPlanConfig, world_size: int,

@@ -325,7 +325,7 @@ def test_unknown_option_and_field(dataset) -> None:
         make_loader(dataset, batch_size=2, fields=("png",))
 
 
-def test_a_token_dataset_is_refused_up_front(tmp_path) -> None:
+def test_a_token_dataset_without_seq_len_is_refused_up_front(tmp_path) -> None:
     from dataio.format.manifest import Manifest, checksum_bytes, write_manifest
     from dataio.format.tokens import TokenizerInfo, TokensInfo
 
@@ -336,5 +336,5 @@ def test_a_token_dataset_is_refused_up_front(tmp_path) -> None:
                         index_num_bytes=(16,), index_checksums=(c,), sums_checksums=(c,), shard_num_tokens=(1,),
                         tokens=TokensInfo(tokenizer=tokenizer, dtype="uint16"))
     write_manifest(Store(str(tmp_path)), manifest)
-    with pytest.raises(ManifestError, match=f"{tmp_path}: a token dataset.*no token loader yet"):
+    with pytest.raises(ManifestError, match=f"{tmp_path}: a token dataset.*pass seq_len="):
         make_loader(str(tmp_path), batch_size=2)

@@ -1,0 +1,160 @@
+"""What one token worker does: its plan's windows read (readers/tokens.py), sequences packed into batches.
+
+A batch of B sequences of seq_len L (every tensor a fresh one the caller may keep):
+    input_ids     [B, L+1] int64   tokens; inputs are [:, :-1], next-token labels [:, 1:]
+    position_ids  [B, L+1] int64   0 at the row's start and at each document start within it
+    doc_ids       [B, L+1] int64   global document number (manifest order); -1 on padding
+    loss_mask     [B, L+1] bool    a real token of a real (not repeated) sequence
+    mask          [B]      bool    False for a tail="pad" repeat
+    source        [B]      int64   a mixture's source of each sequence (mixtures only)
+Each row is copied once from the memory map (or a ranged read) into `input_ids`, widened to int64 by
+the same assignment. With fields=("input_ids",) the document fields are left out (no offsets read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dataio.plan.mix import Mixture
+from dataio.plan.token_mix import SequenceGroup, TokenMixWindow, plan_token_mix_worker
+from dataio.plan.tokens import TokenPlanConfig, TokenWindow, TokenWorkerPlan, plan_token_worker
+from dataio.plan.types import PlanState, WorkerSlot
+from dataio.readers.tokens import Piece, TokenSources
+
+TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenJob:
+    """Everything a token worker needs; the same on every worker of every rank."""
+
+    sources: TokenSources
+    config: TokenPlanConfig
+    # Per source, per shard: what the plan cuts (concat: one entry, the shard's tokens; aligned: documents).
+    doc_lengths: tuple[tuple[np.ndarray, ...], ...]
+    mixture: Mixture | None = None  # several sources (plan/token_mix.py); None: one dataset
+    with_docs: bool = True  # position_ids and doc_ids
+    pad_id: int = 0
+    prefetch_bytes: int = 128 << 20
+    max_in_flight: int = 8
+
+
+class _Rows:
+    """The batch being filled: numpy views of fresh tensors."""
+
+    def __init__(self, batch_size: int, width: int, with_docs: bool, mixed: bool) -> None:
+        self.tensors: dict[str, torch.Tensor] = {
+            "input_ids": torch.empty((batch_size, width), dtype=torch.int64),
+            "loss_mask": torch.empty((batch_size, width), dtype=torch.bool),  # every element written per row
+            "mask": torch.ones(batch_size, dtype=torch.bool),
+        }
+        if mixed:
+            self.tensors["source"] = torch.zeros(batch_size, dtype=torch.int64)
+        if with_docs:
+            # Fresh memory is only written once: finish() fills every element of these.
+            self.tensors["position_ids"] = torch.empty((batch_size, width), dtype=torch.int64)
+            self.tensors["doc_ids"] = torch.empty((batch_size, width), dtype=torch.int64)
+        self.np = {k: v.numpy() for k, v in self.tensors.items()}
+        self.filled = 0
+        # Document runs of the rows filled so far, for position_ids and doc_ids made per batch (finish):
+        # each run's first token as a flat index into [B, L+1], its document; row r's real length.
+        self.run_at: list[np.ndarray] = []
+        self.run_doc: list[np.ndarray] = []
+        self.lengths = np.zeros(batch_size, dtype=np.int64)
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        """The batch, its position_ids and doc_ids made in a few passes over [B, L+1] (not per row)."""
+        if "doc_ids" in self.np:
+            B, W = self.np["doc_ids"].shape
+            run_at = np.concatenate(self.run_at)  # ascending; every row has a run at its first token
+            run_len = np.diff(np.append(run_at, B * W))
+            # (B*W,) views: each token's document, its offset from its run's start (repeats, no scans)
+            self.np["doc_ids"].reshape(-1)[:] = np.repeat(np.concatenate(self.run_doc), run_len)
+            np.subtract(np.arange(B * W, dtype=np.int64), np.repeat(run_at, run_len),
+                        out=self.np["position_ids"].reshape(-1))
+            for r in np.flatnonzero(self.lengths < W).tolist():  # padding (aligned packing, a short tail)
+                self.np["doc_ids"][r, self.lengths[r]:] = -1
+                self.np["position_ids"][r, self.lengths[r]:] = 0
+        return self.tensors
+
+
+def plan_of(job: TokenJob, slot: WorkerSlot, state: PlanState) -> TokenWorkerPlan:
+    """The worker's plan: one dataset's (plan/tokens.py) or a mixture's (plan/token_mix.py)."""
+    if job.mixture is None:
+        return plan_token_worker(job.doc_lengths[0], config=job.config, slot=slot, state=state)
+    return plan_token_mix_worker(job.doc_lengths, job.mixture, config=job.config, slot=slot, state=state)
+
+
+def worker_batches(job: TokenJob, slot: WorkerSlot, state: PlanState) -> Iterator[dict[str, Any]]:
+    """This worker's batches from `state` on, in its plan's order (rank batch j from worker j % num_workers)."""
+    plan = plan_of(job, slot, state)
+    B, width, mixed = job.config.plan.batch_size, job.config.seq_len + 1, job.mixture is not None
+    rows = _Rows(B, width, job.with_docs, mixed)
+    reads = job.sources.windows((w.segments for w in plan.windows), budget_bytes=job.prefetch_bytes,
+                                max_in_flight=job.max_in_flight)
+    for window, pieces in zip(plan.windows, reads):
+        lookups, group = _lookups(job, window, pieces, plan)
+        for i in range(len(window.stream_starts)):
+            _fill_row(job, rows, lookups[int(group[i])], window, i)
+            if mixed:
+                rows.np["source"][rows.filled] = int(window.source[i])
+            rows.filled += 1
+            if rows.filled == B:
+                yield rows.finish()
+                rows = _Rows(B, width, job.with_docs, mixed)
+    assert rows.filled == 0, "a worker's sequences are whole batches"
+
+
+def _lookups(job: TokenJob, window: TokenWindow, pieces: list[Piece], plan: TokenWorkerPlan
+             ) -> tuple[list[_PieceLookup], np.ndarray]:
+    """A lookup per group of the window's sequences (one for a single dataset), and each sequence's group."""
+    if isinstance(window, TokenMixWindow):
+        return [_PieceLookup(pieces, g, job.sources) for g in window.groups], window.group
+    assert plan.order is not None
+    whole = SequenceGroup(source=0, order=plan.order, first=0, end=len(pieces))
+    return [_PieceLookup(pieces, whole, job.sources)], np.zeros(len(window.stream_starts), dtype=np.int64)
+
+
+class _PieceLookup:
+    """One group's pieces by their place in its pass's stream of tokens."""
+
+    def __init__(self, pieces: list[Piece], group: SequenceGroup, sources: TokenSources) -> None:
+        self.pieces = pieces[group.first:group.end]
+        starts, place = group.order.shards.starts, group.order.shards.place
+        base = int(sources.shard_base[group.source])
+        self.lo = np.asarray([int(starts[place[p.shard - base]]) + p.start for p in self.pieces], dtype=np.int64)
+
+    def first(self, stream_pos: int) -> int:
+        return int(self.lo.searchsorted(stream_pos, side="right")) - 1
+
+
+def _fill_row(job: TokenJob, rows: _Rows, lookup: _PieceLookup, window: TokenWindow, i: int) -> None:
+    """The batch's next row: sequence i of the window, copied from its pieces; padding after it."""
+    r = rows.filled
+    s, n = int(window.stream_starts[i]), int(window.num_tokens[i])
+    ids = rows.np["input_ids"][r]
+    row_at = r * ids.shape[0]
+    k, done = lookup.first(s), 0
+    while done < n:
+        piece = lookup.pieces[k]
+        a = s + done - int(lookup.lo[k])
+        take = min(n - done, len(piece.tokens) - a)
+        assert take > 0, "the plan's segments cover every sequence"
+        ids[done:done + take] = piece.tokens[a:a + take]  # the one copy, widened to int64 on the way
+        if job.with_docs:
+            starts, docs = job.sources.doc_runs(piece.shard, piece.start + a, piece.start + a + take)
+            rows.run_at.append(starts + (row_at + done))
+            rows.run_doc.append(docs)
+        done += take
+        k += 1
+    ids[n:] = job.pad_id
+    real = not bool(window.is_pad[i])
+    rows.np["loss_mask"][r, :n] = real
+    rows.np["loss_mask"][r, n:] = False
+    rows.np["mask"][r] = real
+    rows.lengths[r] = n

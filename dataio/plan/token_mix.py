@@ -1,0 +1,111 @@
+"""The token mixture plan: several token datasets blended into one epoch of sequences, weights as token shares.
+
+A pure function like tokens.py (no I/O, no torch). Each source's unit is its sequence of seq_len + 1
+tokens (tokens.py cuts it); the mixture plan (mix.py) gives source s an exact count of the epoch's
+sequence positions by weight and interleaves them within 1 of the shares over every prefix. Every
+sequence carries seq_len tokens of input, so shares of sequences are shares of tokens (under aligned
+packing, of sequences with their padding). Source s's k-th position takes draw c = epoch * count_s + k
+of an endless run of passes over its sequences: pass p = c // num_sequences_s is the source's level 0
+with its shards permuted by (its seed, p); a source that runs out starts a new pass (upsampling), one
+too big goes on where it stopped in the next epoch. Ranks, workers, windows, tails and resume are
+plan.py's (plan_positions), so the five properties hold in sequences of the mixture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from dataio.plan.mix import MixSource, Mixture, delivered_epoch
+from dataio.plan.plan import Window, plan_positions, steps_of_total
+from dataio.plan.tokens import SequenceOrder, TokenPlanConfig, TokenWindow, TokenWorkerPlan
+from dataio.plan.types import PlanState, Segment, WorkerSlot
+from dataio.rand import key
+
+_TOKEN_MIX_KEY = 0x544F4B4D4958  # "TOKMIX": each source's shard permutations its own
+
+
+@dataclass(frozen=True, kw_only=True)
+class SequenceGroup:
+    """Sequences of one window that come from one pass of one source: read by segments[first:end]."""
+
+    source: int
+    order: SequenceOrder  # that pass's level 0 (its segments' shards are the source's own numbers)
+    first: int
+    end: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenMixWindow(TokenWindow):
+    """A mixture's window: segments' shards are global (sources' shards concatenated)."""
+
+    source: np.ndarray  # (m,) int64
+    group: np.ndarray  # (m,) int64 index into groups
+    groups: tuple[SequenceGroup, ...]
+
+
+def source_config(config: TokenPlanConfig, source: int) -> TokenPlanConfig:
+    """Source s's own seed for its shard permutations (so equal sources are not permuted alike)."""
+    return replace(config, plan=replace(config.plan, seed=key(config.plan.seed, _TOKEN_MIX_KEY, source)))
+
+
+def token_mixture(doc_lengths: Sequence[Sequence[Sequence[int]]], config: TokenPlanConfig, *,
+                  names: Sequence[str], weights: Sequence[float], fingerprints: Sequence[str]) -> Mixture:
+    """The mixture of sources (each its shards' document lengths) counted in sequences, weights as shares."""
+    sources = []
+    for s, docs in enumerate(doc_lengths):
+        n = SequenceOrder(docs, source_config(config, s), 0).num_sequences  # the same in every pass
+        sources.append(MixSource(name=names[s], shard_sizes=[n], weight=float(weights[s]),
+                                 fingerprint=fingerprints[s]))
+    return Mixture(sources=tuple(sources))
+
+
+def token_mix_num_steps(mixture: Mixture, *, config: TokenPlanConfig, world_size: int, state: PlanState) -> int:
+    """Batches every rank delivers from the state's position to the mixture epoch's end."""
+    total = delivered_epoch(mixture, config=config.plan, world_size=world_size, state=state).total
+    return steps_of_total(total, config=config.plan, world_size=world_size, state=state)
+
+
+def plan_token_mix_worker(doc_lengths: Sequence[Sequence[Sequence[int]]], mixture: Mixture, *,
+                          config: TokenPlanConfig, slot: WorkerSlot, state: PlanState) -> TokenWorkerPlan:
+    """One worker's windows of mixed sequences (TokenMixWindow), from the state's position on."""
+    epoch = state.epoch
+    delivered = delivered_epoch(mixture, config=config.plan, world_size=slot.world_size, state=state)
+    shard_base = np.concatenate([[0], np.cumsum([len(d) for d in doc_lengths])]).astype(np.int64)
+    sizes = np.asarray([s.num_samples for s in mixture.sources], dtype=np.int64)
+    orders: dict[tuple[int, int], SequenceOrder] = {}
+    windows: list[TokenWindow] = []
+
+    def order_of(source: int, pass_: int) -> SequenceOrder:
+        if (source, pass_) not in orders:
+            if len(orders) > 64:  # an upsampled source may pass many times: keep memory bounded
+                orders.clear()
+            orders[source, pass_] = SequenceOrder(doc_lengths[source], source_config(config, source), pass_)
+        return orders[source, pass_]
+
+    def make_window(pos0: np.ndarray, is_pad: np.ndarray) -> Window:
+        source, k = delivered.locate(pos0)
+        draw = epoch * mixture.counts[source] + k
+        passes, idx = draw // sizes[source], draw % sizes[source]
+        m = len(pos0)
+        starts, counts, owned, group = (np.zeros(m, dtype=np.int64) for _ in range(4))
+        segments: list[Segment] = []
+        groups: list[SequenceGroup] = []
+        for s, p in sorted({(int(a), int(b)) for a, b in zip(source, passes)}):
+            sel = (source == s) & (passes == p)
+            order = order_of(s, p)
+            starts[sel], counts[sel], owned[sel] = order.sequences(idx[sel])
+            segs = [replace(g, shard=g.shard + int(shard_base[s])) for g in order.segments(starts[sel], counts[sel])]
+            group[sel] = len(groups)
+            groups.append(SequenceGroup(source=s, order=order, first=len(segments), end=len(segments) + len(segs)))
+            segments += segs
+        windows.append(TokenMixWindow(segments=tuple(segments), stream_starts=starts, num_tokens=counts,
+                                      num_owned=owned, is_pad=is_pad, source=source, group=group,
+                                      groups=tuple(groups)))
+        return Window(segments=(), sample_ids=pos0, is_pad=is_pad)
+
+    plan = plan_positions(delivered.total, config=config.plan, slot=slot, state=state, make_window=make_window)
+    return TokenWorkerPlan(num_steps=plan.num_steps, batch_numbers=plan.batch_numbers, windows=tuple(windows),
+                           order=None)

@@ -1,0 +1,91 @@
+"""--model gpt: document masking keeps attention inside documents, FLOPs and MFU arithmetic, the next-token
+targets; and (slow: torchrun) training on token shards with validation over every token once, and a
+tokenizer of another hash refused before training."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dataio.storage.store import Store
+from tests.dataio.tokengen import write_token_dataset
+from tests.trainer.harness import ok, run_trainer, summary
+from trainer.gpt import GPT, document_mask, peak_flops, to_device
+
+TINY = dict(vocab_size=50, seq_len=12, n_layer=2, n_embd=16, n_head=2)
+
+
+def test_document_masking_keeps_attention_inside_each_document() -> None:
+    torch.manual_seed(0)
+    model = GPT(**TINY).eval()
+    doc = torch.tensor([[3, 3, 3, 3, 8, 8, 8, 8, 8, 8]])
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5]])
+    a = torch.randint(1, 50, (1, 10))
+    b = a.clone()
+    b[0, :4] = (a[0, :4] + 7) % 50  # another first document
+    with torch.no_grad():
+        out_a, out_b = model(a, pos, doc), model(b, pos, doc)
+        plain_a, plain_b = model(a), model(b)
+    torch.testing.assert_close(out_a[0, 4:], out_b[0, 4:])  # the second document never sees the first
+    assert not torch.allclose(plain_a[0, 4:], plain_b[0, 4:])  # without doc_ids it does (plain causal)
+    mask = document_mask(doc)[0, 0]
+    assert mask[5, 4] and not mask[4, 3] and not mask[4, 5]
+
+
+def test_flops_per_token_and_peak() -> None:
+    model = GPT(**TINY)
+    n = sum(p.numel() for p in model.parameters()) - 12 * 16
+    assert model.flops_per_token() == 6 * n + 12 * 2 * 16 * 12
+    assert peak_flops(SimpleNamespace(peak_flops=1e12), torch.device("cpu")) == 1e12
+    assert peak_flops(SimpleNamespace(peak_flops=0.0), torch.device("cpu")) == 0.0  # no MFU on CPU
+
+
+def test_targets_skip_padding_and_repeats() -> None:
+    ids = torch.tensor([[5, 6, 7, 0, 0], [1, 2, 3, 4, 9]])
+    keep = torch.tensor([[True, True, True, False, False], [True] * 5])
+    batch = {"input_ids": ids, "loss_mask": keep, "mask": torch.tensor([True, False]),
+             "position_ids": torch.zeros_like(ids), "doc_ids": torch.zeros_like(ids)}
+    inputs, targets, pos, doc = to_device(batch, torch.device("cpu"))
+    assert inputs.tolist() == [[5, 6, 7, 0], [1, 2, 3, 4]]
+    assert targets.tolist() == [[6, 7, -1, -1], [-1, -1, -1, -1]]  # a repeat (mask False) teaches nothing
+    assert pos.shape == doc.shape == (2, 4)
+    assert to_device(batch, torch.device("cpu"), doc_masking=False)[3] is None
+
+
+DOCS = [[30, 4, 61], [17, 90, 2, 2], [45], [70, 12, 9]]
+VAL = [[20, 33], [5, 41, 3]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_two_ranks_train_on_token_shards_and_validate_every_token_once(tmp_path) -> None:
+    write_token_dataset(Store(str(tmp_path / "train")), DOCS)
+    write_token_dataset(Store(str(tmp_path / "val")), VAL)
+    out = tmp_path / "out"
+    result = ok(run_trainer([
+        "--model", "gpt", "--data", str(tmp_path / "train"), "--val-data", str(tmp_path / "val"),
+        "--seq-len", "16", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--batch-size", "4",
+        "--optimizer", "adamw", "--lr", "0.003", "--epochs", "2", "--num-workers", "1", "--log-every", "2",
+        "--peak-flops", "1e12", "--out", str(out), "--resume", "none", "--dist-timeout-s", "60"]))
+    assert "tokens/s per rank" in result.stdout and "MFU" in result.stdout
+    rep = summary(out)
+    # concat packing, tail padded and masked: every token of the held-out set is a label once but the first
+    assert rep["validation"]["samples"] == sum(map(sum, VAL)) - 1
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    tokens = [r for r in records if r["kind"] == "tokens"]
+    assert tokens and tokens[0]["mfu"] > 0 and tokens[0]["flops_per_token"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_tokenizer_of_another_hash_is_refused_before_training(tmp_path) -> None:
+    write_token_dataset(Store(str(tmp_path / "train")), DOCS)
+    (tmp_path / "tok.json").write_text("{}")
+    result = run_trainer(["--model", "gpt", "--data", str(tmp_path / "train"), "--tokenizer",
+                          str(tmp_path / "tok.json"), "--out", str(tmp_path / "out")], nproc=None)
+    assert result.returncode != 0
+    output = result.stderr + result.stdout
+    assert "tokenized by 'ids'" in output and "pass the dataset's tokenizer" in output
