@@ -61,6 +61,7 @@ class Store(ConditionalWrites):
         self._fs_pid = 0
         self._root = ""
         self._range_options: StorageOptions | None = None  # S3: ranged reads through s3_ranges
+        self._resolved_pid = 0  # the process the root and _range_options were worked out in
         self._hedger: Hedger | None = None
         self._hedger_pid = 0
 
@@ -94,12 +95,7 @@ class Store(ConditionalWrites):
 
             self._fs_pid = os.getpid()
 
-            url, options = self.raw_url, self.options
-            if self.protocol in ("s3", "s3a"):
-                # s3://KEY:SECRET@bucket/... means those credentials (flags still win).
-                url, user, password = split_userinfo(url)
-                if user and password and options.key is None:
-                    options = replace(options, key=user, secret=password)
+            url, options = self._s3_url_options()
             try:
                 self._fs, self._root = url_to_fs(url, **options.fsspec_kwargs(self.protocol))
             except (ImportError, ValueError) as exc:
@@ -110,15 +106,39 @@ class Store(ConditionalWrites):
             self._root = self._root.rstrip("/")
             if self.protocol in ("s3", "s3a") and s3_ranges.available():
                 self._range_options = options
+            self._resolved_pid = os.getpid()
             if hasattr(self._fs, "retries") and self.protocol in ("s3", "s3a"):
                 # s3fs retries 5 times on its own (under botocore's tries, under ours): one
                 # layer of backoff is enough, and a dead endpoint then fails in seconds.
                 self._fs.retries = 1
         return self._fs
 
+    def _s3_url_options(self) -> tuple[str, StorageOptions]:
+        """The URL without credentials and the options with them: s3://KEY:SECRET@bucket/... means
+        those credentials (flags still win)."""
+        url, options = self.raw_url, self.options
+        if self.protocol in ("s3", "s3a"):
+            url, user, password = split_userinfo(url)
+            if user and password and options.key is None:
+                options = replace(options, key=user, secret=password)
+        return url, options
+
+    def _resolve(self) -> None:
+        """Work out the root and how reads go. S3 read through botocore (s3_ranges) needs no s3fs
+        filesystem: reads skip importing and building one (as long as the first request took on a
+        loaded machine); listing, sizes and writes still open it when they need it."""
+        if self._resolved_pid == os.getpid():
+            return
+        if self.protocol in ("s3", "s3a") and s3_ranges.available():
+            url, options = self._s3_url_options()
+            self._root = url.split("://", 1)[1].rstrip("/")  # what s3fs's url_to_fs gives: bucket/key prefix
+            self._range_options, self._resolved_pid = options, os.getpid()
+        else:
+            self.fs  # noqa: B018 - resolves the root
+
     def path(self, rel: str) -> str:
         """The filesystem path of `rel` below the prefix (checked to stay inside it)."""
-        self.fs  # noqa: B018 - resolves the root
+        self._resolve()
         return f"{self._root}/{check_relative(rel)}" if self._root else check_relative(rel)
 
     def url_of(self, rel: str) -> str:
@@ -181,7 +201,7 @@ class Store(ConditionalWrites):
     def sizes_on_read(self) -> bool:
         """True when every ranged read states the object's whole size (S3 through botocore), so
         read(..., object_size=) checks a shard's size at no cost; else the size takes a HEAD (`size`)."""
-        self.fs  # noqa: B018 - decides how ranged reads go
+        self._resolve()  # decides how ranged reads go
         return self._range_options is not None
 
     @property
