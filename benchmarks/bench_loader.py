@@ -49,14 +49,15 @@ PEER_TORCH = "2.14.1"  # benchmarks/.peers-venv (peers_env.PACKAGES)
 
 
 # ---------------------------------------------------------------- parent: run, sample PSS
-def _tree_pss(proc: psutil.Process) -> int:
-    total = 0
+def _tree_pss(proc: psutil.Process) -> list[int]:
+    """PSS of the process and each of its descendants (the workers), bytes."""
+    out = []
     for p in [proc, *proc.children(recursive=True)]:
         try:
-            total += p.memory_full_info().pss
+            out.append(p.memory_full_info().pss)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-    return total
+    return out
 
 
 def _own_files(spec: dict[str, Any]) -> list[str]:
@@ -99,15 +100,17 @@ def run_config(spec: dict[str, Any], env: dict[str, str] | None = None) -> dict[
     cmd = [python, "-m", "benchmarks.bench_loader", "--child", json.dumps(spec)]
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, **(env or {}), **extra},
                              text=True)
-    peak, done = [0], threading.Event()
+    peak, parts, done = [0], [[0]], threading.Event()
 
     def sample() -> None:
         proc = psutil.Process(child.pid)
         while not done.wait(0.25):
             try:
-                peak[0] = max(peak[0], _tree_pss(proc))
+                now = _tree_pss(proc)
             except psutil.NoSuchProcess:
                 return
+            if sum(now) > peak[0]:
+                peak[0], parts[0] = sum(now), now
 
     sampler = threading.Thread(target=sample, daemon=True)
     load_before = os.getloadavg()[0]
@@ -119,13 +122,15 @@ def run_config(spec: dict[str, Any], env: dict[str, str] | None = None) -> dict[
         raise RuntimeError(f"{spec['loader']}/{spec['task']} failed with exit code {child.returncode}")
     result = json.loads(out.strip().splitlines()[-1])
     result["peak_pss_mib"] = peak[0] / 2**20
+    result["peak_pss_parts_mib"] = [round(p / 2**20) for p in parts[0]]  # the process, then its children
     # The 1-minute load average around the run (the machine is shared): before and after.
     result["load"] = (load_before + os.getloadavg()[0]) / 2
     label = f"{spec['loader']:<12} {spec.get('python', 'project'):<8} {spec['task']:<6} {spec.get('source', 'local'):<10}"
     print(f"  {label} {result['first_epoch_samples_per_s']:7.0f} then {result['samples_per_s']:7.0f} samples/s  "
           f"{result['mb_per_s']:8.1f} MB/s  "
           f"{result['samples_per_cpu_s']:7.0f}/CPU-s  ttfb {result['ttfb_s']:5.2f} s  "
-          f"PSS {result['peak_pss_mib']:6.0f} MiB  load {result['load']:.1f}", flush=True)
+          f"PSS {result['peak_pss_mib']:6.0f} MiB {result['peak_pss_parts_mib']}  load {result['load']:.1f}",
+          flush=True)
     return result
 
 
@@ -203,8 +208,9 @@ def local_specs(data: dict[str, Any], args: argparse.Namespace) -> dict[str, tup
         specs[f"shardify/{TORCH}/decode/local, batch 32"] = (
             {**local, "loader": "shardify", "task": "decode", "batch_size": 32, "epochs": 1, "max_batches": 3,
              "source": "local, batch 32"}, main_r)
-    big = {**base, "url": data["big_shards"], "tars": tar_urls(data["big_shards"]), "source": "local x4"}
-    specs[f"shardify/{TORCH}/raw/local x4"] = ({**big, "loader": "shardify", "task": "raw"}, peer_r)
+    if "big_shards" in data:
+        big = {**base, "url": data["big_shards"], "tars": tar_urls(data["big_shards"]), "source": "local x4"}
+        specs[f"shardify/{TORCH}/raw/local x4"] = ({**big, "loader": "shardify", "task": "raw"}, peer_r)
     specs["page cache/-/raw/local"] = ({**local, "loader": "pagecache", "task": "raw",
                                         "counts": shard_counts(data["shards"])}, main_r)
     if "halves" in data:
@@ -233,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--work", default="out/bench", help="where data is generated and cached")
     parser.add_argument("--no-s3", action="store_true", help="skip the runs against a local SeaweedFS")
+    parser.add_argument("--no-x4", action="store_true", help="no 4x dataset (its copies take minutes to make)")
     parser.add_argument("--raw-only", action="store_true", help="only the RAW rows (no DECODE, no batch-32 row)")
     parser.add_argument("--no-peers-venv", action="store_true",
                         help="no Streaming/LitData/ImageFolder rows (they need benchmarks/.peers-venv, built once)")
@@ -251,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if args.mix:
         return run_mix(work, args)
-    data = prepare(work, args.num_images, args.quality)
+    data = prepare(work, args.num_images, args.quality, x4=not args.no_x4)
     data["halves"] = prepare_halves(work, data["folder"])
     if not args.no_peers_venv:
         from benchmarks.peers_env import prepare_peer_formats

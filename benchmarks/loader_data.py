@@ -32,9 +32,15 @@ def make_images(work: Path, num_images: int, quality: int = DEFAULT_QUALITY) -> 
     return folder
 
 
-def prepare(work: Path, num_images: int, quality: int = DEFAULT_QUALITY) -> dict[str, Any]:
-    """Synthetic ImageNet-like folder, its 4x twin (same bytes, new keys), and tar shards of both."""
+def prepare(work: Path, num_images: int, quality: int = DEFAULT_QUALITY, x4: bool = True) -> dict[str, Any]:
+    """Synthetic ImageNet-like folder, its 4x twin (same bytes, new keys; unless x4=False), and tar
+    shards of both."""
     folder = make_images(work, num_images, quality)
+    if not x4:
+        shards = work / f"shards-{folder.name[len('images-'):]}"
+        if not (shards / "manifest.json").exists():
+            shardify(folder, str(shards))
+        return {"folder": str(folder), "shards": str(shards)}
     big = work / f"{folder.name}-x4"
     if not (big / ".copied").exists():  # copies: the folder source reads a hard-linked file once
         for f in folder.rglob("*.jpg"):
