@@ -43,7 +43,8 @@ class ViewGuard:
     The loader releases them when the caller asks for the next batch, the moment the batch's slab
     may be written again: using a view after that raises ValueError instead of reading another
     batch's bytes, and `views()` on that batch raises too. What was made from a view without a copy
-    (`np.frombuffer(v)`) points at the slab and is not guarded: copy what you keep.
+    is not guarded: `np.frombuffer(v)` keeps its own view (the slab stays mapped; its bytes change),
+    `torch.frombuffer(v)` keeps none (slice `data` for a tensor). Copy what you keep.
     """
 
     __slots__ = ("_views", "_released")

@@ -126,10 +126,10 @@ def test_what_is_derived_from_a_view_is_not_guarded_and_a_guarded_batch_pickles(
     guard = ViewGuard()
     packed = guard.attach({"jpg": PackedBytes.pack([b"abc", b"de"])})["jpg"]
     views = packed.views()
-    held = np.frombuffer(views[1], dtype=np.uint8)  # numpy keeps the memory, not the view's export
+    held = np.frombuffer(views[1], dtype=np.uint8)  # numpy takes its own view of the memory
     assert guard.release() == 0
     with pytest.raises(ValueError):
         bytes(views[1])
-    assert held.tobytes() == b"de"  # still the slab's memory: the documented limit (copy to keep)
+    assert held.tobytes() == b"de"  # still mapped, but the slab's: the documented limit (copy to keep)
     copy = pickle.loads(pickle.dumps(packed))  # a copy starts with a fresh, unreleased guard
     assert [bytes(v) for v in copy] == [b"abc", b"de"]
