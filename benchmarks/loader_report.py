@@ -159,12 +159,23 @@ def _form(r: dict[str, Any], form: str) -> str:
     return f"{r[f'samples_per_s {form}']:.0f}" if f"samples_per_s {form}" in r else "-"
 
 
+def _data_set(args: argparse.Namespace) -> str:
+    quality = getattr(args, "quality", 88)
+    return "" if quality == 88 else f", {args.num_images:,} JPEGs at quality {quality} (smaller samples)"
+
+
+def _flags(args: argparse.Namespace) -> str:
+    names = ("quality", "no_peers_venv", "no_x4")
+    return "".join(f" --{n.replace('_', '-')}" + ("" if getattr(args, n) is True else f" {getattr(args, n)}")
+                   for n in names if getattr(args, n, None) not in (None, False, 88))
+
+
 def write_results(path: Path, res: dict[str, Any], args: argparse.Namespace, load_start: tuple[float, ...]) -> None:
     lines = [
-        "# Loader benchmark: shardify against the best peer",
+        "# Loader benchmark: shardify against the best peer" + _data_set(args),
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `python -m benchmarks.bench_loader "
-        f"--num-images {args.num_images} --epochs {args.epochs} --decode-epochs {args.decode_epochs} "
+        f"--num-images {args.num_images}{_flags(args)} --epochs {args.epochs} --decode-epochs {args.decode_epochs} "
         f"--repeats {args.repeats}{' --raw-only' if getattr(args, 'raw_only', False) else ''}"
         f"{' --no-s3' if getattr(args, 'no_s3', False) else ''}`; {args.num_workers} workers unless the row says otherwise, batch "
         f"{args.batch_size}, persistent workers; medians of {args.repeats} runs for the RAW rows and the "
@@ -224,6 +235,9 @@ NOTES = """
   ImageFolder: `torchvision.datasets.ImageFolder` (raw bytes loader for RAW) + `DataLoader(shuffle=True)`.
   DECODE for those three: PIL, torchvision `RandomResizedCrop(224)`, `RandomHorizontalFlip`,
   `PILToTensor` (uint8 CHW, as shardify delivers). RAW batches of the peers are lists of bytes.
+- plain (the rows of runs with `--no-peers-venv`, when the peers' venv is not built): ImageFolder's
+  shape in the project's venv, without torchvision: a `Dataset` of one file per sample (opened and
+  read in `__getitem__`) + `DataLoader(shuffle=True)`, batches of per-sample bytes.
 - shardify: `make_loader(url, batch_size=256, num_workers=2, tail="pad")` with its defaults;
   padding repeats are not counted. RAW (decode=None) on tar shards runs its num_workers as reader
   threads in the main process by default (worker_mode="auto"; the "processes" row forces DataLoader

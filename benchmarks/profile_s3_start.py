@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--num-images", type=int, default=10_000)
+    parser.add_argument("--quality", type=int, default=88, help="JPEG quality of the synthetic images (78: ~74 KB)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", default="out/bench")
     args = parser.parse_args(argv)
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.loader_data import make_images, shardify, tar_urls
     from tools.s3_server import S3Server
 
-    folder = make_images(Path(args.work), args.num_images)
+    folder = make_images(Path(args.work), args.num_images, args.quality)
     print(f"load average at the start: {os.getloadavg()}", flush=True)
     with S3Server(data_dir=str(Path(args.work) / "seaweed-profile")) as server:
         env = {"AWS_ENDPOINT_URL": server.endpoint_url, "AWS_ACCESS_KEY_ID": server.key,
