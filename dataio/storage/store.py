@@ -24,15 +24,9 @@ from dataio.storage.hedge import Hedger, shared_hedger
 from dataio.storage.options import StorageOptions
 from dataio.storage import s3_ranges
 from dataio.storage.paths import check_relative
-from dataio.storage.redact import redact, split_userinfo, url_secrets
+from dataio.storage.redact import redact, url_secrets
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
-    FIRST_REQUEST_DEADLINE_S,
-    RetryPolicy,
-    ShortReadError,
-    UnconfirmedWriteError,
-    is_transient,
-    safe_cause,
-    with_retry,
+    FIRST_REQUEST_DEADLINE_S, RetryPolicy, ShortReadError, UnconfirmedWriteError, is_transient, safe_cause, with_retry,
 )
 
 T = TypeVar("T")
@@ -61,7 +55,7 @@ class Store(ConditionalWrites):
         self._fs_pid = 0
         self._root = ""
         self._range_options: StorageOptions | None = None  # S3: ranged reads through s3_ranges
-        self._resolved_pid = 0  # the process the root and _range_options were worked out in
+        self._resolved_pid = 0  # the process the root and _range_options were worked out in (_resolve)
         self._hedger: Hedger | None = None
         self._hedger_pid = 0
 
@@ -95,7 +89,8 @@ class Store(ConditionalWrites):
 
             self._fs_pid = os.getpid()
 
-            url, options = self._s3_url_options()
+            url, options = s3_ranges.keyed(self.raw_url, self.options) if self.protocol in ("s3", "s3a") else (
+                self.raw_url, self.options)
             try:
                 self._fs, self._root = url_to_fs(url, **options.fsspec_kwargs(self.protocol))
             except (ImportError, ValueError) as exc:
@@ -113,27 +108,12 @@ class Store(ConditionalWrites):
                 self._fs.retries = 1
         return self._fs
 
-    def _s3_url_options(self) -> tuple[str, StorageOptions]:
-        """The URL without credentials and the options with them: s3://KEY:SECRET@bucket/... means
-        those credentials (flags still win)."""
-        url, options = self.raw_url, self.options
-        if self.protocol in ("s3", "s3a"):
-            url, user, password = split_userinfo(url)
-            if user and password and options.key is None:
-                options = replace(options, key=user, secret=password)
-        return url, options
-
     def _resolve(self) -> None:
-        """Work out the root and how reads go. S3 read through botocore (s3_ranges) needs no s3fs
-        filesystem: reads skip importing and building one (as long as the first request took on a
-        loaded machine); listing, sizes and writes still open it when they need it."""
-        if self._resolved_pid == os.getpid():
-            return
-        if self.protocol in ("s3", "s3a") and s3_ranges.available():
-            url, options = self._s3_url_options()
-            self._root = url.split("://", 1)[1].rstrip("/")  # what s3fs's url_to_fs gives: bucket/key prefix
-            self._range_options, self._resolved_pid = options, os.getpid()
-        else:
+        """The root and how reads go: S3 read through botocore builds no s3fs filesystem (as slow as a request)."""
+        if self._resolved_pid != os.getpid() and self.protocol in ("s3", "s3a") and s3_ranges.available():
+            url, self._range_options = s3_ranges.keyed(self.raw_url, self.options)
+            self._root, self._resolved_pid = url.split("://", 1)[1].rstrip("/"), os.getpid()  # as url_to_fs's
+        elif self._resolved_pid != os.getpid():
             self.fs  # noqa: B018 - resolves the root
 
     def path(self, rel: str) -> str:
