@@ -7,9 +7,13 @@ LitData and torchvision's ImageFolder, each reading its own format written from 
 Each configuration runs in a fresh child process while the parent samples the proportional set
 size (PSS) of the child's whole process tree; the peers run in benchmarks/.peers-venv (torch
 2.14.1 + torchvision, built once by peers_env.py) and shardify runs both in the project's venv
-and there. Reported: samples/s of the first epoch and of the later ones, MB/s of payload, time to
-first batch, peak PSS, and issue 11's targets against the best peer (loader_report.py). Results
-(with the machine described) go to benchmarks/results_loader.md. Not part of the tests or CI.
+and there (without that venv, `--no-peers-venv`, a plain file-per-sample DataLoader stands in for
+ImageFolder). Reported: samples/s of the first epoch and of the later ones, MB/s of payload, time to
+first batch, peak PSS, and the targets against the best peer (loader_report.py). Every shardify RAW
+row is measured in two forms, packed and per sample (zero-copy views, and to_list copies:
+loader_child.py), since the peers deliver per-sample bytes. Results (with the machine described) go
+to benchmarks/results_loader.md. Not part of the tests or CI. The child: loader_child.py; the data:
+loader_data.py.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -28,6 +31,16 @@ from typing import Any
 
 import psutil
 
+from benchmarks.loader_child import FORMS, run_child
+from benchmarks.loader_data import (  # noqa: F401 - tar_urls, shardify: also bench_first's, bench_s3's, bench_mix's
+    DEFAULT_QUALITY,
+    make_images,
+    prepare,
+    prepare_halves,
+    shard_counts,
+    shardify,
+    tar_urls,
+)
 from tools.machine import package_version
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,108 +48,16 @@ TORCH = package_version("torch").split("+")[0]  # the project's torch, the rows'
 PEER_TORCH = "2.14.1"  # benchmarks/.peers-venv (peers_env.PACKAGES)
 
 
-# ---------------------------------------------------------------- child: one configuration
-PEERS_TV = ("streaming", "litdata", "imagefolder")
-
-
-def build_loader(spec: dict[str, Any]) -> tuple[Any, Any]:
-    """The loader a spec names and a function counting (samples, payload bytes) in one batch."""
-    from benchmarks import loader_peers as peers
-
-    kind, task = spec["loader"], spec["task"]
-    common = {"task": task, "batch_size": spec["batch_size"], "num_workers": spec["num_workers"]}
-    if kind == "shardify":
-        return peers.shardify_loader(spec["url"], options=spec.get("options"), **common)
-    if kind == "shardify-dali":
-        return peers.shardify_loader(spec["url"], decode="dali", **common)
-    if kind == "webdataset":
-        return peers.webdataset_loader(spec["tars"], **common)
-    if kind == "plain":
-        return peers.plain_loader(spec["folder"], **common)
-    if kind == "pagecache":
-        return page_cache_read(spec["tars"], spec["counts"])
-    if kind in PEERS_TV:
-        from benchmarks import peers_tv
-
-        source = {"streaming": spec.get("mds"), "litdata": spec.get("litdata"), "imagefolder": spec["folder"]}[kind]
-        builder = getattr(peers_tv, f"{kind}_loader")
-        return builder(source, **common), peers._count_raw if task == "raw" else peers._count_decoded
-    raise ValueError(f"unknown loader {kind!r}")
-
-
-def _import_library(kind: str) -> None:
-    """Import the loader's library before the clock starts: time to first batch is the library's
-    own start-up (opening the dataset, starting workers, the first batch), not Python's imports."""
-    import torch  # noqa: F401
-
-    from benchmarks import loader_peers  # noqa: F401
-
-    # dataio's loader is a lazy attribute (`import dataio` stays light for the CLI): import what
-    # `from dataio import make_loader` imports, as `import webdataset` imports its whole loader.
-    loader = ["dataio", "dataio.loader.shard_loader"]
-    names = {"shardify": loader, "shardify-dali": [*loader, "nvidia.dali"], "webdataset": ["webdataset"],
-             "streaming": ["streaming", "torchvision"], "litdata": ["litdata", "torchvision"],
-             "imagefolder": ["torchvision"]}
-    for name in names.get(kind, []):
-        __import__(name)
-
-
-def run_child(spec: dict[str, Any]) -> dict[str, Any]:
-    _import_library(spec["loader"])
-    start = time.perf_counter()
-    loader, count = build_loader(spec)
-    max_batches = spec.get("max_batches")
-    ttfb_s, epochs, cpu0 = None, [], 0.0
-    for epoch in range(spec["epochs"]):
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        if epoch == min(1, spec["epochs"] - 1):
-            cpu0 = _tree_cpu_s()
-        t0, n, nbytes = time.perf_counter(), 0, 0
-        for i, batch in enumerate(loader):
-            if ttfb_s is None:
-                ttfb_s = time.perf_counter() - start
-            k, b = count(batch)
-            n, nbytes = n + k, nbytes + b
-            if max_batches is not None and i + 1 >= max_batches:
-                break
-        epochs.append({"samples": n, "bytes": nbytes, "seconds": time.perf_counter() - t0})
-    cpu_s = _tree_cpu_s() - cpu0
-    steady = epochs[1:] or epochs
-    seconds = sum(e["seconds"] for e in steady)
-    samples = sum(e["samples"] for e in steady)
-    return {
-        "samples_per_s": samples / seconds,
-        "first_epoch_samples_per_s": epochs[0]["samples"] / epochs[0]["seconds"],
-        "mb_per_s": sum(e["bytes"] for e in steady) / seconds / 1e6,
-        "ttfb_s": ttfb_s,
-        "samples_per_cpu_s": samples / cpu_s if cpu_s > 0 else 0.0,
-        "epochs": epochs,
-    }
-
-
-def _tree_cpu_s() -> float:
-    """CPU seconds (user + system) used so far by this process and its live descendants (the workers)."""
-    me = psutil.Process()
-    total = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return total
-
-
 # ---------------------------------------------------------------- parent: run, sample PSS
-def _tree_pss(proc: psutil.Process) -> int:
-    total = 0
+def _tree_pss(proc: psutil.Process) -> list[int]:
+    """PSS of the process and each of its descendants (the workers), bytes."""
+    out = []
     for p in [proc, *proc.children(recursive=True)]:
         try:
-            total += p.memory_full_info().pss
+            out.append(p.memory_full_info().pss)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-    return total
+    return out
 
 
 def _own_files(spec: dict[str, Any]) -> list[str]:
@@ -179,15 +100,17 @@ def run_config(spec: dict[str, Any], env: dict[str, str] | None = None) -> dict[
     cmd = [python, "-m", "benchmarks.bench_loader", "--child", json.dumps(spec)]
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, **(env or {}), **extra},
                              text=True)
-    peak, done = [0], threading.Event()
+    peak, parts, done = [0], [[0]], threading.Event()
 
     def sample() -> None:
         proc = psutil.Process(child.pid)
         while not done.wait(0.25):
             try:
-                peak[0] = max(peak[0], _tree_pss(proc))
+                now = _tree_pss(proc)
             except psutil.NoSuchProcess:
                 return
+            if sum(now) > peak[0]:
+                peak[0], parts[0] = sum(now), now
 
     sampler = threading.Thread(target=sample, daemon=True)
     load_before = os.getloadavg()[0]
@@ -199,18 +122,20 @@ def run_config(spec: dict[str, Any], env: dict[str, str] | None = None) -> dict[
         raise RuntimeError(f"{spec['loader']}/{spec['task']} failed with exit code {child.returncode}")
     result = json.loads(out.strip().splitlines()[-1])
     result["peak_pss_mib"] = peak[0] / 2**20
+    result["peak_pss_parts_mib"] = [round(p / 2**20) for p in parts[0]]  # the process, then its children
     # The 1-minute load average around the run (the machine is shared): before and after.
     result["load"] = (load_before + os.getloadavg()[0]) / 2
     label = f"{spec['loader']:<12} {spec.get('python', 'project'):<8} {spec['task']:<6} {spec.get('source', 'local'):<10}"
     print(f"  {label} {result['first_epoch_samples_per_s']:7.0f} then {result['samples_per_s']:7.0f} samples/s  "
           f"{result['mb_per_s']:8.1f} MB/s  "
           f"{result['samples_per_cpu_s']:7.0f}/CPU-s  ttfb {result['ttfb_s']:5.2f} s  "
-          f"PSS {result['peak_pss_mib']:6.0f} MiB  load {result['load']:.1f}", flush=True)
+          f"PSS {result['peak_pss_mib']:6.0f} MiB {result['peak_pss_parts_mib']}  load {result['load']:.1f}",
+          flush=True)
     return result
 
 
 KEYS = ("samples_per_s", "first_epoch_samples_per_s", "mb_per_s", "ttfb_s", "peak_pss_mib", "samples_per_cpu_s",
-        "load")
+        "load", *(f"samples_per_s {form}" for form in FORMS[1:]))
 
 
 def interleaved(specs: dict[str, tuple[dict[str, Any], int]], env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -223,68 +148,12 @@ def interleaved(specs: dict[str, tuple[dict[str, Any], int]], env: dict[str, str
                 runs[name].append(run_config(spec, env))
     out: dict[str, Any] = {}
     for name, rs in runs.items():
-        out[name] = {k: statistics.median(r[k] for r in rs) for k in KEYS}
+        out[name] = {k: statistics.median(r[k] for r in rs) for k in KEYS if k in rs[0]}
         out[name]["runs"] = [round(r["samples_per_s"]) for r in rs]
         m = out[name]
         print(f"{name:<32} median of {len(rs)}: {m['samples_per_s']:9.0f} samples/s  {m['mb_per_s']:8.1f} MB/s  "
               f"ttfb {m['ttfb_s']:5.2f} s  peak PSS {m['peak_pss_mib']:7.0f} MiB", flush=True)
     return out
-
-
-# ---------------------------------------------------------------- data preparation
-def _shardify(src: Path, dest: str, env: dict[str, str] | None = None) -> None:
-    shardify = str(Path(sys.executable).parent / "shardify")
-    cmd = [shardify, "write", str(src), dest, "--format", "tar", "--shard-size", "64MB",
-           "--shuffle", "--seed", "0", "--overwrite", "--quiet"]
-    subprocess.run(cmd, check=True, env={**os.environ, **(env or {})})
-
-
-def prepare(work: Path, num_images: int) -> dict[str, Any]:
-    """Synthetic ImageNet-like folder, its 4x twin (same bytes, new keys), and tar shards of both."""
-    folder = work / f"images-{num_images}"
-    if not (folder / ".done").exists():
-        subprocess.run([sys.executable, "-m", "tools.make_synthetic", str(folder), "--num-images",
-                        str(num_images), "--num-classes", str(min(1000, num_images)), "--seed", "0"], check=True)
-        (folder / ".done").touch()
-    big = work / f"images-{num_images}-x4"
-    if not (big / ".copied").exists():  # copies: the folder source reads a hard-linked file once
-        for f in folder.rglob("*.jpg"):
-            for copy in range(4):
-                target = big / f.parent.name / f"{f.stem}_c{copy}{f.suffix}"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if target.exists() and target.stat().st_nlink > 1:
-                    target.unlink()
-                if not target.exists():
-                    shutil.copyfile(f, target)
-        shutil.rmtree(work / f"shards-{num_images}-x4", ignore_errors=True)  # written from the links: again
-        (big / ".copied").touch()
-    shards, big_shards = work / f"shards-{num_images}", work / f"shards-{num_images}-x4"
-    for src, dest in ((folder, shards), (big, big_shards)):
-        if not (dest / "manifest.json").exists():
-            _shardify(src, str(dest))
-    return {"folder": str(folder), "shards": str(shards), "big_shards": str(big_shards)}
-
-
-def prepare_halves(work: Path, folder: str) -> list[str]:
-    """The same images as two datasets (the first half of the class folders, then the rest), for
-    the mixture row: a 1:1 mixture of them reads exactly the bytes of the one-dataset row."""
-    classes = sorted(p for p in Path(folder).iterdir() if p.is_dir())
-    urls = []
-    for i, part in enumerate((classes[: len(classes) // 2], classes[len(classes) // 2:])):
-        half = work / f"{Path(folder).name}-half{i}"
-        if not (half / ".done").exists():
-            for cls in part:
-                for f in cls.glob("*.jpg"):
-                    target = half / cls.name / f.name
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    if not target.exists():
-                        os.link(f, target)
-            (half / ".done").touch()
-        dest = work / f"shards-{Path(folder).name}-half{i}"
-        if not (dest / "manifest.json").exists():
-            _shardify(half, str(dest))
-        urls.append(str(dest))
-    return urls
 
 
 def mix_specs(data: dict[str, Any], args: argparse.Namespace) -> dict[str, tuple[dict[str, Any], int]]:
@@ -294,52 +163,20 @@ def mix_specs(data: dict[str, Any], args: argparse.Namespace) -> dict[str, tuple
     return {
         f"shardify/{TORCH}/raw/local": ({**base, "url": data["shards"]}, args.repeats),
         f"shardify/{TORCH}/raw/local, 2-source mix": (
-            {**base, "url": data["halves"], "options": {"weights": [1, 1]}, "source": "2-source mix"}, args.repeats),
+            {**base, "url": data["halves"], "options": {"weights": [1, 1], "label_space": "union"},
+             "source": "2-source mix"}, args.repeats),
     }
 
 
-def tar_urls(prefix: str) -> list[str]:
-    from dataio.format.manifest import read_manifest
-    from dataio.storage.store import StorageOptions, Store
-
-    store = Store(prefix, StorageOptions.resolve(env=os.environ))
-    return [f"{prefix.rstrip('/')}/{p}" for p in read_manifest(store).shard_paths]
-
-
-def shard_counts(prefix: str) -> list[int]:
-    from dataio.format.manifest import read_manifest
-    from dataio.storage.store import StorageOptions, Store
-
-    return list(read_manifest(Store(prefix, StorageOptions.resolve(env=os.environ))).shard_num_samples)
-
-
 # ---------------------------------------------------------------- the run
-def page_cache_read(urls: list[str], counts: list[int]) -> tuple[Any, Any]:
-    """The machine's ceiling for RAW: every shard read front to back into one reused 16 MiB buffer."""
-
-    def batches() -> Any:
-        buf = bytearray(16 * 2**20)
-        for url, n in zip(urls, counts):
-            with open(url, "rb", buffering=0) as f:
-                total = 0
-                while (got := f.readinto(buf)) > 0:
-                    total += got
-            yield n, total
-
-    class Reads:
-        def __iter__(self) -> Any:
-            return batches()
-
-    return Reads(), lambda b: b
-
-
 def local_specs(data: dict[str, Any], args: argparse.Namespace) -> dict[str, tuple[dict[str, Any], int]]:
     """Every local row: name "loader/torch/task/variant" -> (spec, repeats)."""
     base = {"epochs": args.epochs, "batch_size": args.batch_size, "num_workers": args.num_workers}
     local = {**base, "url": data["shards"], "tars": tar_urls(data["shards"]), "folder": data["folder"],
              "mds": data.get("mds"), "litdata": data.get("litdata")}
     main_r, peer_r = args.repeats, min(args.peer_repeats, args.repeats)
-    peers = ["webdataset", *([] if args.no_peers_venv else ["imagefolder", "streaming", "litdata"])]
+    # Without the peers' venv, "plain" (ImageFolder's shape: a file per sample, a DataLoader) stands in.
+    peers = ["webdataset", *(["plain"] if args.no_peers_venv else ["imagefolder", "streaming", "litdata"])]
     specs: dict[str, tuple[dict[str, Any], int]] = {}
     for task in ("raw",) if args.raw_only else ("raw", "decode"):
         epochs = args.epochs if task == "raw" else args.decode_epochs
@@ -365,23 +202,35 @@ def local_specs(data: dict[str, Any], args: argparse.Namespace) -> dict[str, tup
     if not args.no_peers_venv:
         specs[f"imagefolder/{PEER_TORCH}/raw/local, 0 workers"] = ({**w0, "loader": "imagefolder",
                                                                      "python": "peers"}, main_r)
+    else:
+        specs[f"plain/{TORCH}/raw/local, 0 workers"] = ({**w0, "loader": "plain"}, main_r)
     if not args.raw_only:
         specs[f"shardify/{TORCH}/decode/local, batch 32"] = (
             {**local, "loader": "shardify", "task": "decode", "batch_size": 32, "epochs": 1, "max_batches": 3,
              "source": "local, batch 32"}, main_r)
-    big = {**base, "url": data["big_shards"], "tars": tar_urls(data["big_shards"]), "source": "local x4"}
-    specs[f"shardify/{TORCH}/raw/local x4"] = ({**big, "loader": "shardify", "task": "raw"}, peer_r)
+    if "big_shards" in data:
+        big = {**base, "url": data["big_shards"], "tars": tar_urls(data["big_shards"]), "source": "local x4"}
+        specs[f"shardify/{TORCH}/raw/local x4"] = ({**big, "loader": "shardify", "task": "raw"}, peer_r)
     specs["page cache/-/raw/local"] = ({**local, "loader": "pagecache", "task": "raw",
                                         "counts": shard_counts(data["shards"])}, main_r)
     if "halves" in data:
         specs.update(mix_specs(data, args))
-    return specs
+    return with_forms(specs)
+
+
+def with_forms(specs: dict[str, tuple[dict[str, Any], int]]) -> dict[str, tuple[dict[str, Any], int]]:
+    """Every shardify RAW row also consumed per sample (loader_child.FORMS); the peers' own form is
+    per sample already."""
+    return {name: ({**spec, "forms": list(FORMS)} if spec["loader"] == "shardify" and spec["task"] == "raw"
+                   else spec, repeats) for name, (spec, repeats) in specs.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--num-images", type=int, default=10_000)
+    parser.add_argument("--quality", type=int, default=DEFAULT_QUALITY,
+                        help="JPEG quality of the synthetic images (88: ~100 KB each; 78: ~74 KB)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--decode-epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
@@ -390,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--work", default="out/bench", help="where data is generated and cached")
     parser.add_argument("--no-s3", action="store_true", help="skip the runs against a local SeaweedFS")
+    parser.add_argument("--no-x4", action="store_true", help="no 4x dataset (its copies take minutes to make)")
     parser.add_argument("--raw-only", action="store_true", help="only the RAW rows (no DECODE, no batch-32 row)")
     parser.add_argument("--no-peers-venv", action="store_true",
                         help="no Streaming/LitData/ImageFolder rows (they need benchmarks/.peers-venv, built once)")
@@ -408,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if args.mix:
         return run_mix(work, args)
-    data = prepare(work, args.num_images)
+    data = prepare(work, args.num_images, args.quality, x4=not args.no_x4)
     data["halves"] = prepare_halves(work, data["folder"])
     if not args.no_peers_venv:
         from benchmarks.peers_env import prepare_peer_formats
@@ -439,33 +289,27 @@ def run_s3(work: Path, data: dict[str, Any], base: dict[str, Any], repeats: int,
         url = f"s3://{bucket}/shards"
         env = {"AWS_ENDPOINT_URL": server.endpoint_url, "AWS_ACCESS_KEY_ID": server.key,
                "AWS_SECRET_ACCESS_KEY": server.secret}
-        _shardify(Path(data["folder"]), url, env)
+        shardify(Path(data["folder"]), url, env)
         os.environ.update(env)  # for tar_urls here; children get env explicitly
         spec = {**base, "url": url, "tars": tar_urls(url), "task": "raw", "source": "s3"}
-        res |= interleaved({f"{kind}/{TORCH}/raw/s3": ({**spec, "loader": kind}, repeats)
-                            for kind in ("shardify", "webdataset")}, env)
+        res |= interleaved(with_forms({f"{kind}/{TORCH}/raw/s3": ({**spec, "loader": kind}, repeats)
+                                       for kind in ("shardify", "webdataset")}), env)
         with DelayProxy(server.endpoint_url, delay_s=0.05) as proxy:
             slow = {**env, "AWS_ENDPOINT_URL": proxy.url}
-            res |= interleaved({
+            res |= interleaved(with_forms({
                 f"shardify/{TORCH}/raw/s3+50ms": ({**spec, "loader": "shardify", "source": "s3+50ms"}, repeats),
                 f"webdataset/{TORCH}/raw/s3+50ms": ({**spec, "loader": "webdataset", "source": "s3+50ms"},
                                                     peer_repeats),
-            }, slow)
+            }), slow)
     return res
-
 
 
 def run_mix(work: Path, args: argparse.Namespace) -> int:
     """The mixing rows alone (no peers, no x4 data): results_mix.md."""
-    folder = work / f"images-{args.num_images}"
-    if not (folder / ".done").exists():
-        subprocess.run([sys.executable, "-m", "tools.make_synthetic", str(folder), "--num-images",
-                        str(args.num_images), "--num-classes", str(min(1000, args.num_images)), "--seed", "0"],
-                       check=True)
-        (folder / ".done").touch()
+    folder = make_images(work, args.num_images)
     shards = work / f"shards-{args.num_images}"
     if not (shards / "manifest.json").exists():
-        _shardify(folder, str(shards))
+        shardify(folder, str(shards))
     data = {"shards": str(shards), "halves": prepare_halves(work, str(folder))}
     load_start = os.getloadavg()
     res = interleaved(mix_specs(data, args))

@@ -94,7 +94,7 @@ def main() -> int:
     parser.add_argument("--work", default="out/bench", help="where data is generated and cached")
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results_mix.md"))
     args = parser.parse_args()
-    from benchmarks.bench_loader import _shardify, prepare_halves
+    from benchmarks.bench_loader import prepare_halves, shardify
     from dataio import make_loader
 
     work = Path(args.work)
@@ -107,7 +107,7 @@ def main() -> int:
                        check=True)
         (folder / ".done").touch()
     if not (shards / "manifest.json").exists():
-        _shardify(folder, str(shards))
+        shardify(folder, str(shards))
     halves = prepare_halves(work, str(folder))
     common = {"batch_size": args.batch_size, "num_workers": args.num_workers, "seed": 0, "rank": 0, "world_size": 1,
                   "decode": None, "tail": "pad"}

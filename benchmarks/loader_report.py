@@ -10,7 +10,9 @@ from typing import Any
 
 from tools.machine import machine_markdown
 
-PEERS = ("webdataset", "imagefolder", "streaming", "litdata")
+PEERS = ("webdataset", "imagefolder", "streaming", "litdata", "plain")  # plain: ImageFolder's shape, no venv
+FOLDER_PEERS = ("imagefolder", "plain")
+PER_SAMPLE = ("views", "to_list", "to_list, before")  # loader_child.FORMS after "packed"
 
 
 def _split(name: str) -> tuple[str, str, str, str]:
@@ -75,7 +77,7 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str]]:
         share = raw["samples_per_s"] / cache["samples_per_s"]
         add("(stretch) RAW, 2 workers, >= 1/3 of the page-cache read rate",
             f"{raw['samples_per_s']:.0f} vs {cache['samples_per_s']:.0f}: {share:.2f}", share >= 1 / 3)
-    folder0 = _best(_rows(res, "raw", "local, 0 workers", ("imagefolder",)), "samples_per_s")
+    folder0 = _best(_rows(res, "raw", "local, 0 workers", FOLDER_PEERS), "samples_per_s")
     for mode in ("", ", reuse_buffers"):
         w0 = _shardify(res, "raw", f"local, 0 workers{mode}")
         if w0 and folder0:
@@ -118,12 +120,62 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str]]:
     return out
 
 
+def per_sample_targets(res: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(target, measured, verdict) for issue 25's: shardify's RAW rows consumed per sample."""
+    out: list[tuple[str, str, str]] = []
+
+    def add(target: str, measured: str, ok: bool | None) -> None:
+        out.append((target, measured, "n/a" if ok is None else ("yes" if ok else "NO")))
+
+    for name, r in res.items():
+        loader, _, task, variant = _split(name)
+        if loader == "shardify" and task == "raw" and "samples_per_s views" in r:
+            share = r["samples_per_s views"] / r["samples_per_s"]
+            add(f"views within 15% of the packed rate ({variant}, {_split(name)[1]})",
+                f"{r['samples_per_s views']:.0f} vs {r['samples_per_s']:.0f}: {share:.2f}", share >= 0.85)
+            gain = r["samples_per_s to_list"] / r["samples_per_s to_list, before"]
+            add(f"to_list >= 1.5x the copy before ({variant}, {_split(name)[1]})",
+                f"{r['samples_per_s to_list']:.0f} vs {r['samples_per_s to_list, before']:.0f}: {gain:.2f}x",
+                gain >= 1.5)
+    folder0 = _best(_rows(res, "raw", "local, 0 workers", FOLDER_PEERS), "samples_per_s")
+    w0 = _shardify(res, "raw", "local, 0 workers")
+    if w0 and folder0 and "samples_per_s views" in w0:
+        for form in ("views", "to_list"):
+            ours = w0[f"samples_per_s {form}"]
+            add(f"RAW, 0 workers, per sample ({form}) >= {folder0[0]}'s rate",
+                f"{ours:.0f} vs {folder0[1]:.0f}: {ours / folder0[1]:.2f}x", ours >= folder0[1] if form == "views" else None)
+    best = _best(_rows(res, "raw", "local", PEERS), "samples_per_s")
+    ours2 = _shardify(res, "raw", "local")
+    if ours2 and best and "samples_per_s views" in ours2:
+        for form in ("views", "to_list"):
+            ratio = ours2[f"samples_per_s {form}"] / best[1]
+            add(f"RAW, 2 workers, per sample ({form}) >= 3x the best peer",
+                f"{ours2[f'samples_per_s {form}']:.0f} vs {best[0]} {best[1]:.0f}: {ratio:.2f}x",
+                ratio >= 3 if form == "views" else None)
+    return out
+
+
+def _form(r: dict[str, Any], form: str) -> str:
+    return f"{r[f'samples_per_s {form}']:.0f}" if f"samples_per_s {form}" in r else "-"
+
+
+def _data_set(args: argparse.Namespace) -> str:
+    quality = getattr(args, "quality", 88)
+    return "" if quality == 88 else f", {args.num_images:,} JPEGs at quality {quality} (smaller samples)"
+
+
+def _flags(args: argparse.Namespace) -> str:
+    names = ("quality", "no_peers_venv", "no_x4")
+    return "".join(f" --{n.replace('_', '-')}" + ("" if getattr(args, n) is True else f" {getattr(args, n)}")
+                   for n in names if getattr(args, n, None) not in (None, False, 88))
+
+
 def write_results(path: Path, res: dict[str, Any], args: argparse.Namespace, load_start: tuple[float, ...]) -> None:
     lines = [
-        "# Loader benchmark: shardify against the best peer",
+        "# Loader benchmark: shardify against the best peer" + _data_set(args),
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `python -m benchmarks.bench_loader "
-        f"--num-images {args.num_images} --epochs {args.epochs} --decode-epochs {args.decode_epochs} "
+        f"--num-images {args.num_images}{_flags(args)} --epochs {args.epochs} --decode-epochs {args.decode_epochs} "
         f"--repeats {args.repeats}{' --raw-only' if getattr(args, 'raw_only', False) else ''}"
         f"{' --no-s3' if getattr(args, 'no_s3', False) else ''}`; {args.num_workers} workers unless the row says otherwise, batch "
         f"{args.batch_size}, persistent workers; medians of {args.repeats} runs for the RAW rows and the "
@@ -134,23 +186,34 @@ def write_results(path: Path, res: dict[str, Any], args: argparse.Namespace, loa
         f" Load average at the start: {', '.join(f'{x:.1f}' for x in load_start)} on {os.cpu_count()} cores "
         "shared with other engineers' work (tests, benchmarks) while this ran.",
         "",
-        "| loader | torch | task | source | epoch 1 samples/s | later epochs samples/s | MB/s | samples per CPU-s "
+        "| loader | torch | task | source | epoch 1 samples/s | later epochs samples/s | views samples/s "
+        "| to_list samples/s | to_list before samples/s | MB/s | samples per CPU-s "
         "| first batch (s) | peak PSS (MiB) | load | runs (samples/s) |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, r in res.items():
         loader, torch_version, task, variant = _split(name)
         lines.append(f"| {loader} | {torch_version} | {task} | {variant} | {r['first_epoch_samples_per_s']:.0f} | "
-                     f"{r['samples_per_s']:.0f} | {r['mb_per_s']:.1f} | {r['samples_per_cpu_s']:.0f} | "
+                     f"{r['samples_per_s']:.0f} | {' | '.join(_form(r, f) for f in PER_SAMPLE)} | {r['mb_per_s']:.1f} | {r['samples_per_cpu_s']:.0f} | "
                      f"{r['ttfb_s']:.2f} | {r['peak_pss_mib']:.0f} | {r['load']:.1f} | "
                      f"{', '.join(map(str, r['runs']))} |")
     lines += ["", "## Targets (issue 11), each against the best peer of this run", "",
               "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {ok} |" for t, m, ok in targets(res)]
+    lines += ["", "## Targets (issue 25): the per-sample form, each against the best peer of this run", "",
+              FORMS_NOTE, "", "| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {t} | {m} | {ok} |" for t, m, ok in per_sample_targets(res)]
     lines += ["", NOTES.strip()]
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
+
+FORMS_NOTE = ("Forms: \"later epochs\" is shardify's packed form (PackedBytes as delivered); \"views\" walks "
+              "every sample's zero-copy memoryview (`for v in batch['jpg']`), \"to_list\" copies each into "
+              "`bytes` (`batch['jpg'].to_list()`), \"to_list before\" is the copy before this change (the "
+              "whole buffer into one `bytes`, then a slice per sample). The peers' batches are per-sample "
+              "bytes already: their one rate is their per-sample form. Each form runs its own epochs in the "
+              "same process, in turn (benchmarks/loader_child.py); peak PSS covers every form.")
 
 NOTES = """
 ## How the peers are set up
@@ -172,6 +235,9 @@ NOTES = """
   ImageFolder: `torchvision.datasets.ImageFolder` (raw bytes loader for RAW) + `DataLoader(shuffle=True)`.
   DECODE for those three: PIL, torchvision `RandomResizedCrop(224)`, `RandomHorizontalFlip`,
   `PILToTensor` (uint8 CHW, as shardify delivers). RAW batches of the peers are lists of bytes.
+- plain (the rows of runs with `--no-peers-venv`, when the peers' venv is not built): ImageFolder's
+  shape in the project's venv, without torchvision: a `Dataset` of one file per sample (opened and
+  read in `__getitem__`) + `DataLoader(shuffle=True)`, batches of per-sample bytes.
 - shardify: `make_loader(url, batch_size=256, num_workers=2, tail="pad")` with its defaults;
   padding repeats are not counted. RAW (decode=None) on tar shards runs its num_workers as reader
   threads in the main process by default (worker_mode="auto"; the "processes" row forces DataLoader

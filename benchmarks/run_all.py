@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.headline import HEADLINES, RATIO_NOTE, date_of, headline_row, machine_of, title_of
+from benchmarks.headline import HEADER, HEADLINES, RATIO_NOTE, date_of, headline_row, machine_of, title_of
 
 HERE = Path(__file__).resolve().parent
 ORDER = ("plan", "decode", "write", "loader", "first", "s3", "mix", "scale", "tokens")
@@ -28,7 +28,7 @@ def gather() -> None:
     intro = (HERE / "README.intro.md").read_text().strip() if (HERE / "README.intro.md").exists() else "# Benchmarks"
     rows = [h for name, read in HEADLINES.items() if (HERE / f"results_{name}.md").exists()
             for h in read(HERE / f"results_{name}.md")]
-    table = ["| task | best peer | peer | shardify | ratio | machine | date |", "|---|---|---:|---:|---:|---|---|"]
+    table = list(HEADER)
     table += [headline_row(h) for h in rows]
     links = [f"- [{title_of(f.read_text())}]({f.name}): {machine_of(f.read_text())}, {date_of(f)}"
              for f in _detail_files()]

@@ -22,24 +22,77 @@ A batch is a dict:
                                      sources given to make_loader (see plan/mix.py)
 
 Raw bytes travel as one uint8 tensor plus offsets (PackedBytes), so torch moves them through
-shared memory instead of pickling N byte strings across the worker pipe.
+shared memory instead of pickling N byte strings across the worker pipe. Iterating a PackedBytes
+(or `views()`) gives each item as a memoryview into that tensor, without a copy; `to_list()` copies
+each item into `bytes` once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
 
 
+class ViewGuard:
+    """The per-sample memoryviews handed out of one batch on reused buffers (reuse_buffers=True).
+
+    The loader releases them when the caller asks for the next batch, the moment the batch's slab
+    may be written again: using a view after that raises ValueError instead of reading another
+    batch's bytes, and `views()` on that batch raises too. What was made from a view without a copy
+    is not guarded: `np.frombuffer(v)` keeps its own view (the slab stays mapped; its bytes change),
+    `torch.frombuffer(v)` keeps none (slice `data` for a tensor). Copy what you keep.
+    """
+
+    __slots__ = ("_views", "_released")
+
+    def __init__(self) -> None:
+        self._views: list[memoryview] = []
+        self._released = False
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return ViewGuard, ()  # views do not travel; a copied batch starts unguarded views afresh
+
+    def track(self, views: list[memoryview]) -> None:
+        if self._released:
+            raise ValueError("this batch's bytes were in reused buffers (reuse_buffers=True) and the loader has "
+                             "moved to the next batch, which may have overwritten them: take views (or "
+                             "bytes(v) copies) before asking for the next batch, or leave reuse_buffers off")
+        self._views.extend(views)
+
+    def attach(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """`batch` with each PackedBytes value guarded by this guard (the dict is updated in place)."""
+        for name, value in batch.items():
+            if isinstance(value, PackedBytes):
+                batch[name] = replace(value, guard=self)
+        return batch
+
+    def release(self) -> int:
+        """Release every view handed out; returns how many could not be (a C extension holds one)."""
+        self._released, views, self._views = True, self._views, []
+        exported = 0
+        for view in views:
+            try:
+                view.release()
+            except BufferError:  # an object made from the view still holds it
+                exported += 1
+        return exported
+
+
 @dataclass(frozen=True, slots=True)
 class PackedBytes:
-    """N byte strings packed into one uint8 tensor; item i is data[offsets[i]:offsets[i+1]]."""
+    """N byte strings packed into one uint8 tensor; item i is data[offsets[i]:offsets[i+1]].
+
+    Iterating yields memoryviews (see `views`); `p[i]` and `to_list()` give `bytes` copies.
+    """
 
     data: torch.Tensor  # uint8 [total_bytes]
     offsets: torch.Tensor  # int64 [N + 1], offsets[0] == 0
+    # Set by the loader on batches in reused buffers: releases the views when the buffer is reused.
+    guard: ViewGuard | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def pack(cls, items: Sequence[bytes]) -> PackedBytes:
@@ -54,10 +107,25 @@ class PackedBytes:
     def __getitem__(self, i: int) -> bytes:
         return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])].numpy().tobytes()
 
-    def to_list(self) -> list[bytes]:
-        buf = self.data.numpy().tobytes()
+    def __iter__(self) -> Iterator[memoryview]:
+        return iter(self.views())
+
+    def views(self) -> list[memoryview]:
+        """Every item as a memoryview into `data`, no copy (PIL via io.BytesIO(v), simplejpeg, DALI's
+        external_source and bytes(v) take them). Valid as long as the batch; with reuse_buffers=True
+        until the caller asks for the next batch, when they are released (using one raises ValueError)."""
         offs = self.offsets.tolist()
-        return [buf[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
+        whole = memoryview(self.data.numpy())
+        views = [whole[start:end] for start, end in zip(offs, offs[1:])]
+        if self.guard is not None:
+            self.guard.track(views)
+        return views
+
+    def to_list(self) -> list[bytes]:
+        """Every item copied into its own `bytes` (one copy each), for code that needs bytes."""
+        offs = self.offsets.tolist()
+        whole = memoryview(self.data.numpy())
+        return [bytes(whole[start:end]) for start, end in zip(offs, offs[1:])]
 
     @property
     def num_bytes(self) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from dataio.batch import ViewGuard
 from dataio.decode.cpu import DecodeConfig
 from dataio.errors import StateError, UnverifiedDataWarning
 from dataio.format.manifest import Manifest
@@ -106,6 +107,7 @@ class ShardLoader:
         self._slab_keeper = (SlabKeeper(max_storages=4 * max(1, self.num_workers) * (config.prefetch_factor + 2))
                              if config.reuse_buffers and not self.uses_threads else None)
         self._dali: Any = None
+        self._views: ViewGuard | None = None  # the per-sample views of the last reused-buffer batch
         in_main = first_batch_in_main(config, uses_threads=self.uses_threads, num_workers=self.num_workers)
         self._first = (FirstBatch(self._worker_job(), num_threads=min(self.num_workers, os.cpu_count() or 1))
                        if in_main else None)
@@ -193,6 +195,8 @@ class ShardLoader:
 
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._views is not None:  # a new iteration rewrites every slab: the last batch's views go
+            self._views.release()
         start = self._next_start()
         self._record_history(new_pass=self._finished)
         self._state, self._delivered, self._finished = start, 0, False
@@ -240,9 +244,14 @@ class ShardLoader:
                 self._delivered += 1  # counted as it leaves: the state is what the caller got
                 if self._slab_keeper is not None:
                     self._slab_keeper.keep(batch)
+                guard = ViewGuard() if self.config.reuse_buffers and isinstance(batch, dict) else None
+                if guard is not None:  # per-sample views live as long as the slab (batch.py)
+                    self._views, batch = guard, guard.attach(batch)
                 yield batch
                 self._shard_check.start()  # after the first batch, never on its path
                 # The caller asks for the next batch: the one it held may be overwritten (slabs.py).
+                if guard is not None:
+                    guard.release()
                 self._sampler.released_below = self._delivered
             self._shard_check.finish()
             self._finished = self._delivered == steps

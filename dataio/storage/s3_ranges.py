@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 from typing import Any
 
 from dataio.storage.options import StorageOptions
+from dataio.storage.redact import split_userinfo
 from dataio.storage.retry import ShortReadError
 
 _CLIENTS: dict[tuple[int, StorageOptions], Any] = {}
@@ -33,6 +35,15 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def keyed(url: str, options: StorageOptions) -> tuple[str, StorageOptions]:
+    """An s3:// URL without credentials and the options with them: s3://KEY:SECRET@bucket/... means
+    those credentials (flags still win)."""
+    url, user, password = split_userinfo(url)
+    if user and password and options.key is None:
+        options = replace(options, key=user, secret=password)
+    return url, options
 
 
 def client_for(options: StorageOptions) -> Any:

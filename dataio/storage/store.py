@@ -24,7 +24,7 @@ from dataio.storage.hedge import Hedger, shared_hedger
 from dataio.storage.options import StorageOptions
 from dataio.storage import azure, cloud_options, gcs, s3_ranges
 from dataio.storage.paths import check_relative
-from dataio.storage.redact import redact, split_userinfo, url_secrets
+from dataio.storage.redact import redact, url_secrets
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
     FIRST_REQUEST_DEADLINE_S,
     FIRST_REQUEST_UNREACHABLE_ATTEMPTS,
@@ -63,6 +63,7 @@ class Store(ConditionalWrites):
         self._fs_pid = 0
         self._root = ""
         self._range_options: StorageOptions | None = None  # S3: ranged reads through s3_ranges
+        self._resolved_pid = 0  # the process the root and _range_options were worked out in (_resolve)
         self._hedger: Hedger | None = None
         self._hedger_pid = 0
 
@@ -95,12 +96,9 @@ class Store(ConditionalWrites):
             from fsspec.core import url_to_fs
 
             self._fs_pid = os.getpid()
-            url, options = self.raw_url, self.options
-            if self.protocol in ("s3", "s3a"):
-                # s3://KEY:SECRET@bucket/... means those credentials (flags still win).
-                url, user, password = split_userinfo(url)
-                if user and password and options.key is None:
-                    options = replace(options, key=user, secret=password)
+
+            url, options = s3_ranges.keyed(self.raw_url, self.options) if self.protocol in ("s3", "s3a") else (
+                self.raw_url, self.options)
             try:
                 if self.protocol in cloud_options.GCS_PROTOCOLS:  # the JSON API only: see gcs.py
                     self._fs, self._root = gcs.open_fs(url, options.fsspec_kwargs(self.protocol))
@@ -117,16 +115,26 @@ class Store(ConditionalWrites):
             if self.protocol in ("s3", "s3a") and s3_ranges.available():
                 self._range_options = options
             cloud_options.one_try(self._fs, self.protocol)  # gcsfs, Azure's SDK: our retries only
+            self._resolved_pid = os.getpid()
             if hasattr(self._fs, "retries") and self.protocol in ("s3", "s3a"):
                 # s3fs retries 5 times on its own (under botocore's tries, under ours): one layer of
                 # backoff, ours, spends the budget; a layer below would multiply it or cap it.
                 self._fs.retries = 1
         return self._fs
 
+    def _resolve(self) -> None:
+        """The root and how reads go: S3 read through botocore builds no s3fs filesystem (as slow as a request)."""
+        if self._resolved_pid != os.getpid() and self.protocol in ("s3", "s3a") and s3_ranges.available():
+            url, self._range_options = s3_ranges.keyed(self.raw_url, self.options)
+            self._root, self._resolved_pid = url.split("://", 1)[1].rstrip("/"), os.getpid()  # as url_to_fs's
+        elif self._resolved_pid != os.getpid():
+            self.fs  # noqa: B018 - resolves the root
+
     @property
     def root(self) -> str:
         """The filesystem path of the prefix itself (a local folder, or bucket/key on a store)."""
-        return self.fs and self._root  # fs resolves the root
+        self._resolve()
+        return self._root
 
     def path(self, rel: str) -> str:
         """The filesystem path of `rel` below the prefix (checked to stay inside it)."""
@@ -196,7 +204,7 @@ class Store(ConditionalWrites):
     def sizes_on_read(self) -> bool:
         """True when every ranged read states the object's whole size (S3 through botocore), so
         read(..., object_size=) checks a shard's size at no cost; else the size takes a HEAD (`size`)."""
-        self.fs  # noqa: B018 - decides how ranged reads go
+        self._resolve()  # decides how ranged reads go
         return self._range_options is not None
 
     @property

@@ -19,12 +19,12 @@ Run 2026-01-02 03:04 UTC: `python -m benchmarks.bench_loader`.
 
 Machine: AMD EPYC, 2 cores, 24 GiB RAM, Linux; Python 3.11.
 
-| loader | torch | task | source | epoch 1 samples/s | later epochs samples/s | runs (samples/s) |
-|---|---|---|---|---:|---:|---|
-| shardify | 2.13.0 | raw | local | 900 | 1000 | 1000, 990 |
-| webdataset | 2.14.1 | raw | local | 80 | 100 | 100, 99 |
-| imagefolder | 2.14.1 | raw | local | 150 | 250 | 250, 240 |
-| page cache | - | raw | local | 5000 | 5000 | 5000 |
+| loader | torch | task | source | epoch 1 samples/s | later epochs samples/s | views samples/s | to_list samples/s | runs (samples/s) |
+|---|---|---|---|---:|---:|---:|---:|---|
+| shardify | 2.13.0 | raw | local | 900 | 1000 | 950 | 500 | 1000, 990 |
+| webdataset | 2.14.1 | raw | local | 80 | 100 | - | - | 100, 99 |
+| imagefolder | 2.14.1 | raw | local | 150 | 250 | - | - | 250, 240 |
+| page cache | - | raw | local | 5000 | 5000 | - | - | 5000 |
 
 ## The run before
 
@@ -64,12 +64,13 @@ def test_gather_writes_one_headline_table_from_the_newest_runs(bench_dir):
     page = (bench_dir / "README.md").read_text()
     assert page.startswith("# Benchmarks\n\nHow to run them.")
     rows = [ln for ln in page.splitlines() if ln.startswith("| [")]
-    # the newest run (the first table), the best peer (imagefolder, not the page cache), ours / peer
+    # the newest run (the first table), the best peer (imagefolder, not the page cache), ours / peer;
+    # beside it the per-sample forms' rates over the same peer's (views, then bytes copies)
     assert rows[0] == ("| [Read raw bytes, local tar, 2 workers](results_loader.md) | imagefolder | 250 samples/s "
-                       "| 1,000 samples/s | **4.00x** | AMD EPYC, 2 cores | 2026-01-02 |")
+                       "| 1,000 samples/s | **4.00x** | **3.80x**, 2.00x | AMD EPYC, 2 cores | 2026-01-02 |")
     # time: lower is better, the peer's seconds over ours; shardify's own variants are not peers
     assert rows[1] == ("| [Time to first batch, decoded, batch 32](results_first.md) | litdata | 0.30 s | 0.10 s "
-                       "| **3.00x** | Intel Xeon Processor, 2 cores | 2026-01-05 |")
+                       "| **3.00x** | - | Intel Xeon Processor, 2 cores | 2026-01-05 |")
     assert len(rows) == 2
     # every results file is linked for the detail (also those without a peer), none pasted in
     for name, title in (("results_loader.md", "Loader benchmark"), ("results_first.md", "Time to first batch"),

@@ -27,6 +27,17 @@ def test_ranged_reads_from_many_threads_are_exact(s3_server) -> None:
     assert s3_ranges.client_for(store._range_options) is s3_ranges.client_for(store._range_options)
 
 
+def test_reads_open_no_s3fs_filesystem(s3_server) -> None:
+    """The read path (a loader's start-up: manifest, indexes, windows) goes through botocore alone:
+    building an s3fs filesystem (and importing s3fs) took as long as the first request on a loaded machine."""
+    bucket = s3_server.new_bucket()
+    Store(f"s3://{bucket}/ds", s3_server.options()).write_bytes("blob", b"0123456789")
+    store = Store(f"s3://{bucket}/ds/", s3_server.options())
+    assert store.read("blob") == b"0123456789" and store.read("blob", 2, 5) == b"234"
+    assert store.sizes_on_read and store._fs is None
+    assert store.size("blob") == 10 and store._fs is not None  # what needs the filesystem still opens it
+
+
 def test_errors_are_judged_as_s3fs_ones(s3_server) -> None:
     fast = RetryPolicy(max_attempts=2, base_delay_s=0.0, max_delay_s=0.0)
     store = Store(f"s3://{s3_server.new_bucket()}/ds", s3_server.options(), fast)
