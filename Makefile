@@ -5,9 +5,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint docs bench faults s3-server clean
+.PHONY: setup region demo test test-fast lint docs bench faults s3-server clean
 
-setup: $(STAMP)
+setup: $(STAMP) region
+
+# The JPEG region decoder (dataio/decode/_region.c, a C extension over libjpeg-turbo) is optional:
+# its headers are installed with apt-get where missing and possible, and a failed build only means
+# the decoders use simplejpeg (they say so once per process).
+region: $(STAMP)
+	test -f /usr/include/jpeglib.h || (command -v apt-get >/dev/null && (apt-get install -y -q libjpeg62-turbo-dev \
+		|| sudo -n apt-get install -y -q libjpeg62-turbo-dev)) || echo "libjpeg-turbo headers missing: JPEG region decode not built"
+	$(PY) setup.py -q build_ext --inplace || echo "JPEG region decode not built: crops decode whole (simplejpeg)"
+	rm -rf build
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,4 +55,4 @@ s3-server: $(STAMP)
 	$(PY) -m tools.s3_server
 
 clean:
-	rm -rf $(VENV) .pytest_cache build site *.egg-info
+	rm -rf $(VENV) .pytest_cache build site *.egg-info dataio/decode/_region.*.so
