@@ -1,0 +1,83 @@
+"""The markdown of bench_region's run, put at the top of benchmarks/results_decode.md (newest first)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+from pathlib import Path
+from typing import Any
+
+from tools.machine import machine_markdown
+
+FULL = "decode only: simplejpeg, full size"
+TODAY, OURS, PEER = "RRC: today (simplejpeg scaled decode + crop)", "RRC: region decode", "RRC: webdataset-style"
+
+MARK = "<!-- runs above: bench_region.py; below: bench_decode.py -->"
+
+
+def _single_table(rows: dict[str, Any]) -> list[str]:
+    today = rows[TODAY]["median"]
+    lines = ["| path | images per CPU-s | vs today | passes |", "|---|---:|---:|---|"]
+    for name, row in rows.items():
+        ratio = f"{row['median'] / today:.2f}x" if name != FULL else ""
+        lines.append(f"| {name} | {row['median']:,.0f} | {ratio} | {', '.join(map(str, row['runs']))} |")
+    return lines
+
+
+def _targets(single: dict[str, Any], loader: dict[str, Any] | None) -> list[str]:
+    limit = 2 * single["~500x375 baseline"][FULL]["median"]
+    if loader is None:
+        return [f"This machine's full-decode limit (simplejpeg full-size decode per core x 2): {limit:,.0f} images/s."]
+    ours, today = loader["shardify, region decode"]["median"], loader["shardify, today (region off)"]["median"]
+    peer = loader["webdataset"]["median"]
+    rows = [("firm: DECODE >= 1.3x today's code (same run)", f"{ours:,.0f} vs {today:,.0f}: {ours / today:.2f}x",
+             ours >= 1.3 * today),
+            ("firm: DECODE above the full-decode limit (full decode per core x 2)", f"{ours:,.0f} vs {limit:,.0f}: "
+             f"{ours / limit:.2f}x", ours > limit),
+            ("stretch: DECODE >= 2x the best peer run here (webdataset)", f"{ours:,.0f} vs {peer:,.0f}: "
+             f"{ours / peer:.2f}x", ours >= 2 * peer)]
+    return ["| target | measured | met |", "|---|---|---|",
+            *[f"| {t} | {m} | {'yes' if ok else 'no'} |" for t, m, ok in rows]]
+
+
+def render(single: dict[str, Any], loader: dict[str, Any] | None, args: argparse.Namespace,
+           load_start: tuple[float, float, float]) -> str:
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    loads = f"{', '.join(f'{x:.1f}' for x in load_start)} at the start, {', '.join(f'{x:.1f}' for x in os.getloadavg())} at the end"
+    out = [f"# Region decode (bench_region.py), {when}", "",
+           f"{machine_markdown()} Load average {loads}: **2 cores shared with other engineers' tests and "
+           "benchmarks while this ran**, so read the ratios (all rows run interleaved in one run); a re-run on a "
+           "quiet machine is due.", "",
+           f"`python -m benchmarks.bench_region --num-images {args.num_images} --repeats {args.repeats} "
+           f"--loader-repeats {args.loader_repeats}`. RRC = RandomResizedCrop(224, scale (0.08, 1), ratio (3/4, 4/3)) "
+           "+ flip; images per CPU-second of the process (torch and DALI on one thread), median of the "
+           "interleaved passes listed.", ""]
+    for label in ("~500x375 baseline", "~500x375 progressive"):
+        out += [f"### One core, {label} JPEGs", "", *_single_table(single[label]), ""]
+    count, mean, worst = single["scale parity"]
+    out += ["### Pixels", "",
+            "At DCT scale 1 the region-decoded window equals the full decode's window bit for bit (tests/dataio/"
+            "test_decode_region.py, every chroma layout, greyscale, progressive; the decoded region is widened by one "
+            "column each side so fancy upsampling's edge columns fall outside the window). It also equals today's "
+            f"scaled decode at 1/2, 1/4, 1/8. Against a full-size decode + crop + the same antialiased resize, the {count} "
+            f"crops of 20 ~1600x1200 JPEGs that decode at a reduced scale differ by {mean:.2f} grey levels on average "
+            f"(mean absolute difference; worst crop {worst:.2f}): the DCT scaling's own effect, as before.", ""]
+    if loader is not None:
+        out += ["### Loader, DECODE, 2 workers, batch 256, 10k ImageNet-like JPEGs (tools.make_synthetic)", "",
+                "| loader | samples/s (median) | runs | load during runs |", "|---|---:|---|---|",
+                *[f"| {n} | {r['median']:,.0f} | {', '.join(map(str, r['runs']))} | {', '.join(map(str, r['load']))} |"
+                  for n, r in loader.items()], "",
+                "Each run is a fresh process (benchmarks.bench_loader.run_child, 2 epochs, the second timed); "
+                "\"today\" is the same code with the extension switched off in that process. The peers that need "
+                "benchmarks/.peers-venv (ImageFolder, Streaming, LitData: PIL + torchvision, like webdataset's "
+                "DECODE) were not run here.", ""]
+    out += ["### Targets (issue 23)", "", *_targets(single, loader), ""]
+    return "\n".join(out)
+
+
+def prepend_report(path: Path, single: dict[str, Any], loader: dict[str, Any] | None, args: argparse.Namespace,
+                   load_start: tuple[float, float, float]) -> None:
+    """Write this run's section above the previous ones (newest first)."""
+    old = path.read_text() if path.exists() else ""
+    path.write_text(render(single, loader, args, load_start) + "\n" + (old if MARK in old else f"{MARK}\n\n{old}"))
