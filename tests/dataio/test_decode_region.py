@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 import simplejpeg
 
 from dataio import CorruptSampleError, ImageTooLargeError
@@ -125,3 +126,16 @@ def test_auto_uses_region_where_it_loads(monkeypatch):
     assert len(calls) == 2
 
 
+
+
+@needs_region
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU for nvJPEG")
+def test_nvjpeg_gpu_decode_agrees_with_region_decode():
+    """torchvision's nvJPEG (what gpu_check measures) decodes the pixels our CPU path crops."""
+    decode_jpeg = pytest.importorskip("torchvision.io").decode_jpeg
+    data = _noisy_jpeg("420")
+    height, width = simplejpeg.decode_jpeg_header(data)[:2]
+    gpu = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), device="cuda").cpu()
+    ours = region.decode_window(data, denom=1, window=(10, 20, 150, 180), scaled_hw=(height, width))
+    assert gpu.shape == (3, height, width)
+    assert np.abs(gpu[:, 20:180, 10:150].permute(1, 2, 0).numpy().astype(np.int16) - ours).mean() <= 2.0
