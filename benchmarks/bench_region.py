@@ -185,8 +185,10 @@ def loader_rows(args: argparse.Namespace) -> dict[str, Any]:
             out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
             result = json.loads(out.strip().splitlines()[-1]) | {"load": (load + os.getloadavg()[0]) / 2}
             runs[name].append(result)
-            print(f"  {name:<30} {result['samples_per_s']:7.0f} samples/s  load {result['load']:.1f}", flush=True)
+            print(f"  {name:<30} {result['samples_per_s']:7.0f} samples/s  {result['samples_per_cpu_s']:6.0f}/CPU-s  "
+                  f"load {result['load']:.1f}", flush=True)
     return {name: {"median": statistics.median(r["samples_per_s"] for r in rs),
+                   "per_cpu_s": statistics.median(r["samples_per_cpu_s"] for r in rs),
                    "runs": [round(r["samples_per_s"]) for r in rs], "load": [round(r["load"], 1) for r in rs]}
             for name, rs in runs.items()}
 

@@ -3,7 +3,6 @@
  * rows above, stop after the window's last row), optionally at a DCT scale 1/denom.
  *
  *   decode(data, denom, x0, y0, x1, y1) -> bytearray of (y1 - y0) * (x1 - x0) * 3 RGB bytes
- *   header(data) -> (width, height, jpeg_color_space, progressive)
  *
  * The window [x0, x1) x [y0, y1) is in pixels of the image scaled by 1/denom (libjpeg rounds the
  * scaled size up). Any libjpeg warning (corrupt or truncated data) is an error, like simplejpeg's
@@ -94,6 +93,7 @@ static int run_region(struct jpeg_decompress_struct *cinfo, strict_error_mgr *er
 }
 
 static PyObject *region_decode(PyObject *self, PyObject *args) {
+    (void)self;
     Py_buffer buf;
     region_job job = {0};
     if (!PyArg_ParseTuple(args, "y*iiiii|ii", &buf, &job.denom, &job.x0, &job.y0, &job.x1, &job.y1,
@@ -135,36 +135,9 @@ static PyObject *region_decode(PyObject *self, PyObject *args) {
     return out;
 }
 
-static PyObject *region_header(PyObject *self, PyObject *args) {
-    Py_buffer buf;
-    if (!PyArg_ParseTuple(args, "y*", &buf)) {
-        return NULL;
-    }
-    struct jpeg_decompress_struct cinfo;
-    strict_error_mgr err;
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
-    jpeg_create_decompress(&cinfo);
-    PyObject *result = NULL;
-    if (setjmp(err.jump)) {
-        PyErr_SetString(PyExc_ValueError, err.message);
-    } else {
-        jpeg_mem_src(&cinfo, (const unsigned char *)buf.buf, (unsigned long)buf.len);
-        jpeg_read_header(&cinfo, TRUE);
-        result = Py_BuildValue("(iiiO)", (int)cinfo.image_width, (int)cinfo.image_height,
-                               (int)cinfo.jpeg_color_space, cinfo.progressive_mode ? Py_True : Py_False);
-    }
-    jpeg_destroy_decompress(&cinfo);
-    PyBuffer_Release(&buf);
-    return result;
-}
-
 static PyMethodDef methods[] = {
     {"decode", region_decode, METH_VARARGS,
      "decode(data, denom, x0, y0, x1, y1[, scaled_w, scaled_h]) -> bytearray: the window's RGB rows"},
-    {"header", region_header, METH_VARARGS,
-     "header(data) -> (width, height, jpeg_color_space, progressive)"},
     {NULL, NULL, 0, NULL},
 };
 
