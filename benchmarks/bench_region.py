@@ -33,7 +33,7 @@ import torch
 from PIL import Image
 
 from benchmarks.bench_decode import make_jpegs, webdataset_style
-from benchmarks.region_report import FULL, OURS, PEER, TODAY, prepend_report
+from benchmarks.region_report import FULL, LOADER_SET, OURS, PEER, TODAY, prepend_report
 from dataio.decode import region
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.rand import sample_seed
@@ -136,7 +136,11 @@ def single_core(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-region-") as tmp:
         base = [p.read_bytes() for p in make_jpegs(Path(tmp) / "base", args.num_images)]
         large = [p.read_bytes() for p in make_jpegs(Path(tmp) / "large", 20, width=1600, height=1200)]
-    for label, blobs in (("~500x375 baseline", base), ("~500x375 progressive", progressive(base[:100]))):
+    sets = [("~500x375 baseline", base), ("~500x375 progressive", progressive(base[:100]))]
+    loader_images = sorted(Path(args.work, f"images-{args.num_loader_images}").rglob("*.jpg"))[:args.num_images]
+    if loader_images:  # the loader row's own images: the full-decode limit is taken from these
+        sets.append((LOADER_SET, [p.read_bytes() for p in loader_images]))
+    for label, blobs in sets:
         runs = rates(candidates(), blobs, args.repeats)
         out[label] = {name: {"median": statistics.median(v), "runs": [round(x) for x in v]} for name, v in runs.items()}
         for name, row in out[label].items():
