@@ -92,8 +92,11 @@ def gpu_tests(sizes: Sizes, timeout_s: float) -> dict[str, Any]:
     out = _run(cmd, timeout_s)
     last = (out["stdout"].strip().splitlines() or ["(no output)"])[-1]
     skips = [line for line in out["stdout"].splitlines() if line.startswith("SKIPPED")]
-    return {"command": " ".join(["pytest", *cmd[3:]]), "summary": last, "skips": skips[:6],
-            "returncode": out["returncode"]}
+    res = {"command": " ".join(["pytest", *cmd[3:]]), "summary": last, "skips": skips[:6],
+           "returncode": out["returncode"]}
+    if out["returncode"] not in (0, 5):  # 5: nothing collected
+        res["error"] = f"pytest exit {out['returncode']}: {last} {out['stderr'][-800:]}"
+    return res
 
 
 def make_dataset(work: Path, sizes: Sizes) -> str:
