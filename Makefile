@@ -4,10 +4,26 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+REGION_STAMP := $(VENV)/.region-built
+# Debian's package for libjpeg-turbo's headers (libjpeg-dev elsewhere, e.g. Ubuntu's libjpeg-turbo8-dev)
+APT := (apt-get update -qq && (apt-get install -y -qq libjpeg62-turbo-dev || apt-get install -y -qq libjpeg-dev)) >/dev/null 2>&1
 
-.PHONY: setup demo demo-text test test-fast lint docs bench faults s3-server clean
+.PHONY: setup region demo demo-text test test-fast lint docs bench faults s3-server clean
 
-setup: $(STAMP)
+setup: $(STAMP) region
+
+# The JPEG region decoder (dataio/decode/_region.c, a C extension over libjpeg-turbo) is optional:
+# its headers are installed with apt-get where missing and possible, and a failed build only means
+# the decoders use simplejpeg (they say so once per process).
+region: $(REGION_STAMP)
+
+$(REGION_STAMP): $(STAMP) setup.py dataio/decode/_region.c
+	test -f /usr/include/jpeglib.h || $(APT) || sudo -n sh -c '$(APT)' \
+		|| echo "libjpeg-turbo headers missing (apt-get install libjpeg62-turbo-dev): JPEG region decode not built"
+	$(PY) -c "import setuptools" 2>/dev/null || $(PY) -m pip install -q setuptools
+	$(PY) setup.py -q build_ext --inplace || echo "JPEG region decode not built: crops decode whole (simplejpeg)"
+	rm -rf build
+	touch $(REGION_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,16 +36,16 @@ $(STAMP): pyproject.toml
 		|| echo "note: npm could not install Azurite: the Azure storage tests will be skipped"
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) region
 	$(PY) -m tools.demo
 
-demo-text: $(STAMP)
+demo-text: $(STAMP) region
 	$(PY) -m tools.demo --text
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-test: $(STAMP) lint
+test: $(STAMP) region lint
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
@@ -39,10 +55,10 @@ docs: $(STAMP)
 
 # The tier to run while working (under 2 minutes): no test marked slow, so no SeaweedFS, torchrun,
 # Ray or other program started (tests/conftest.py marks and checks that).
-test-fast: $(STAMP)
+test-fast: $(STAMP) region
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) region
 	$(PY) -m benchmarks.run_all
 
 # The fault-injection suite against a local SeaweedFS; writes benchmarks/results_faults.md.
@@ -53,4 +69,4 @@ s3-server: $(STAMP)
 	$(PY) -m tools.s3_server
 
 clean:
-	rm -rf $(VENV) .pytest_cache build site *.egg-info
+	rm -rf $(VENV) .pytest_cache build site *.egg-info dataio/decode/_region.*.so

@@ -23,6 +23,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
+from benchmarks.region_report import MARK
 from tools.machine import machine_markdown
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.decode.transforms import jpeg_scale_denom, random_resized_crop
@@ -182,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             for name, value in results.items():
                 print(f"{label:>11} {name:<58} {value:8.0f} images/s", flush=True)
             sections[label] = (results, blobs)
-    Path(args.results).write_text(_report(sections, args.repeats))
+    results = Path(args.results)
+    old = results.read_text() if results.exists() else ""
+    above = old[: old.index(MARK) + len(MARK)] + "\n\n" if MARK in old else ""  # bench_region's runs stay on top
+    results.write_text(above + _report(sections, args.repeats))
     return 0
 
 

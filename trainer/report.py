@@ -69,8 +69,12 @@ def combine(per_rank: Sequence[dict[str, Any]], *, num_workers: int = 0, decode:
     return out
 
 
-def verdict(rep: dict[str, Any], *, num_workers: int, decode: str) -> str:
-    """One line: input- or compute-bound, from the measured shares, and what to try first."""
+def verdict(rep: dict[str, Any], *, num_workers: int, decode: str, has_gpu: bool | None = None,
+            dali_cpu_speedup: float | None = None) -> str:
+    """One line: input- or compute-bound, from the measured shares, and what to try first.
+
+    --decode dali is advised only with a GPU (`has_gpu`; None: ask torch), or where DALI's CPU
+    decode was measured faster than --decode cpu on this machine (`dali_cpu_speedup` > 1)."""
     wait, share = rep["wait_share"], rep["stage_share"]
     parts = []
     if wait > INPUT_BOUND_SHARE:
@@ -78,7 +82,7 @@ def verdict(rep: dict[str, Any], *, num_workers: int, decode: str) -> str:
             tip = ("reads dominate loading: raise prefetch / read-ahead and --num-workers"
                    f" (now {num_workers}), or move the data closer")
         elif decode == "cpu":
-            tip = f"decode dominates loading: try --decode dali, or more --num-workers (now {num_workers})"
+            tip = _decode_tip(rep, num_workers=num_workers, has_gpu=has_gpu, dali_cpu_speedup=dali_cpu_speedup)
         else:
             tip = (f"decode is DALI already (it runs inside next(), so it is never hidden): try more "
                    f"--num-workers (now {num_workers}) for reads, or more prefetch")
@@ -99,6 +103,25 @@ def verdict(rep: dict[str, Any], *, num_workers: int, decode: str) -> str:
         parts.append(f"straggler: rank {rep['straggler']} is {rep['slowest_rank_vs_median']:.2f}x "
                      "the median rank's own time (others wait for it in all-reduce)")
     return " | ".join(parts)
+
+
+def _decode_tip(rep: dict[str, Any], *, num_workers: int, has_gpu: bool | None,
+                dali_cpu_speedup: float | None) -> str:
+    """What to try when CPU decode dominates loading, naming what was measured."""
+    measured = f"decode is {1 - rep['read_share_of_load']:.0%} of the measured loading work"
+    if has_gpu is None:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    if has_gpu:
+        return f"{measured}: try --decode dali (GPU decode), or more --num-workers (now {num_workers})"
+    if dali_cpu_speedup is not None and dali_cpu_speedup > 1:
+        return (f"{measured}: try --decode dali (its CPU decode measured {dali_cpu_speedup:.2f}x --decode cpu on "
+                f"this machine), or more --num-workers (now {num_workers})")
+    why = ("DALI's CPU decode was not measured faster than --decode cpu here" if dali_cpu_speedup is None else
+           f"DALI's CPU decode measured {dali_cpu_speedup:.2f}x --decode cpu here")
+    return (f"{measured}: more --num-workers (now {num_workers}) or more CPU cores; --decode dali is not advised "
+            f"without a GPU ({why})")
 
 
 def source_rows(per_rank: Sequence[dict[str, Any]], *, names: Sequence[str], requested: Sequence[float],

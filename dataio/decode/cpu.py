@@ -3,7 +3,8 @@
 Train mode is RandomResizedCrop + horizontal flip, eval mode is resize-shorter-side + centre crop.
 The crop is chosen in original pixel coordinates from the header alone, so the pixel limit is
 checked before any pixel is decoded and JPEGs are decoded with DCT scaling (1/2, 1/4, 1/8) when
-the crop still spans at least `size` pixels at that scale. Randomness comes from a per-sample seed
+the crop still spans at least `size` pixels at that scale; where the region decode extension is
+built (dataio/decode/region.py), only the crop's iMCU-aligned region is decoded. Randomness comes from a per-sample seed
 (see dataio.rand.sample_seed), so any worker reproduces a sample's augmentation.
 """
 
@@ -26,6 +27,7 @@ from dataio.decode.images import (
     jpeg_header,
     pil_pixel_limit,
 )
+from dataio.decode import region
 from dataio.decode.transforms import CropBox, center_crop, jpeg_scale_denom, random_resized_crop
 from dataio.errors import CorruptSampleError, ImageTooLargeError
 from dataio.rand import SampleRandom
@@ -35,7 +37,7 @@ try:
 except ImportError:  # optional: PIL decodes everything when it is missing
     simplejpeg = None
 
-DECODERS = ("auto", "simplejpeg", "pil")
+DECODERS = ("auto", "region", "simplejpeg", "pil")
 _SIMPLEJPEG_COLORSPACES = ("YCbCr", "Gray", "RGB")  # CMYK / YCCK go through PIL, which inverts Adobe CMYK
 
 
@@ -53,7 +55,9 @@ class DecodeConfig:
     normalize: bool = False  # False: uint8 CHW; True: float32 CHW, (x/255 - mean)/std
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
-    decoder: str = "auto"  # "auto" (simplejpeg for JPEG when installed) | "simplejpeg" | "pil"
+    # "auto": JPEG crops by region decode where the extension is built, else simplejpeg, else PIL;
+    # "region" (refused when not built) | "simplejpeg" (whole-image decode) | "pil"
+    decoder: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
@@ -73,6 +77,9 @@ class DecodeConfig:
         if self.decoder == "simplejpeg" and simplejpeg is None:
             raise ValueError("decoder='simplejpeg' but simplejpeg is not installed: pip install simplejpeg, "
                              "or use decoder='pil'")
+        if self.decoder == "region" and not region.available():
+            raise ValueError(f"decoder='region' but the region decode extension is not available "
+                             f"({region.why_unavailable()}): {region.HOW_TO_BUILD}; or use decoder='auto'")
 
 
 class CpuDecoder:
@@ -100,6 +107,9 @@ class CpuDecoder:
         self.transform = transform
         self.num_threads = num_threads
         self._use_simplejpeg = simplejpeg is not None and config.decoder != "pil"
+        self._use_region = region.available() and config.decoder in ("auto", "region")
+        if config.decoder == "auto":
+            region.warn_unavailable_once()
         std = np.asarray(config.std, dtype=np.float32).reshape(3, 1, 1)
         self._norm_scale = 1.0 / (255.0 * std)  # x/255/std == x * scale
         self._norm_shift = np.asarray(config.mean, dtype=np.float32).reshape(3, 1, 1) / std
@@ -154,9 +164,9 @@ class CpuDecoder:
 
     def _decode_into(self, data: bytes, seed: int, key: str, url: str, out: np.ndarray) -> None:
         found = None
-        if self._use_simplejpeg and bytes(memoryview(data)[:2]) == JPEG_MAGIC:  # any bytes-like input
-            found = self._via_simplejpeg(data, seed, key, url)
-        # None: not a JPEG, a JPEG simplejpeg cannot or will not decode, or decoder="pil".
+        if (self._use_region or self._use_simplejpeg) and bytes(memoryview(data)[:2]) == JPEG_MAGIC:
+            found = self._via_libjpeg(data, seed, key, url)  # any bytes-like input
+        # None: not a JPEG, a JPEG libjpeg cannot or will not decode, or decoder="pil".
         crop, flip = found if found is not None else self._via_pil(data, seed, key, url)
         chw = _resize(crop, self.config.size)
         self._finish(chw[:, :, ::-1] if flip else chw, out, key)
@@ -170,8 +180,10 @@ class CpuDecoder:
         box = random_resized_crop(height, width, rng, scale=cfg.scale, ratio=cfg.ratio)
         return box, cfg.flip and rng.uniform() < 0.5
 
-    def _via_simplejpeg(self, data: bytes, seed: int, key: str, url: str) -> tuple[np.ndarray, bool] | None:
-        """(HWC crop, flip), or None to let PIL try (unusual colour space, recoverable damage)."""
+    def _via_libjpeg(self, data: bytes, seed: int, key: str, url: str) -> tuple[np.ndarray, bool] | None:
+        """(HWC crop, flip), or None to let PIL try (unusual colour space, recoverable damage).
+
+        Region decode first (only the crop's iMCU-aligned region), else simplejpeg's whole image."""
         header = jpeg_header(data)
         if header is None:
             return None
@@ -181,6 +193,12 @@ class CpuDecoder:
             return None
         box, flip = self._plan(height, width, seed)
         denom = jpeg_scale_denom(height, width, box, self.config.size)
+        if self._use_region:
+            scaled_hw = (-(-height // denom), -(-width // denom))  # libjpeg rounds the scaled size up
+            window = _scaled_box(box, height, width, *scaled_hw)
+            crop = region.decode_window(data, denom=denom, window=window, scaled_hw=scaled_hw)
+            if crop is not None or not self._use_simplejpeg:
+                return None if crop is None else (crop, flip)
         try:
             # min sizes equal to the 1/denom size make simplejpeg pick exactly that power-of-2 scale.
             pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-height // denom),

@@ -1,0 +1,153 @@
+/* Region decode of a JPEG through libjpeg-turbo's libjpeg API: only the iMCU-aligned region that
+ * covers a crop window is decoded (jpeg_crop_scanline for the columns, jpeg_skip_scanlines for the
+ * rows above, stop after the window's last row), optionally at a DCT scale 1/denom.
+ *
+ *   decode(data, denom, x0, y0, x1, y1) -> bytearray of (y1 - y0) * (x1 - x0) * 3 RGB bytes
+ *
+ * The window [x0, x1) x [y0, y1) is in pixels of the image scaled by 1/denom (libjpeg rounds the
+ * scaled size up). Any libjpeg warning (corrupt or truncated data) is an error, like simplejpeg's
+ * strict mode, so the caller can fall back to its usual decoder and its usual error. The GIL is
+ * released while libjpeg works; the input buffer is held through Py_buffer.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jpeglib.h>
+
+#if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 1005000
+#error "libjpeg-turbo >= 1.5 is needed (jpeg_crop_scanline, jpeg_skip_scanlines)"
+#endif
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    char message[JMSG_LENGTH_MAX];
+} strict_error_mgr;
+
+static void on_error(j_common_ptr cinfo) {
+    strict_error_mgr *err = (strict_error_mgr *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->jump, 1);
+}
+
+static void on_message(j_common_ptr cinfo, int level) {
+    if (level < 0) { /* a warning: corrupt data that libjpeg would paper over */
+        on_error(cinfo);
+    }
+}
+
+typedef struct {
+    int denom, x0, y0, x1, y1;
+    unsigned char *out;
+    JSAMPLE *row;
+    int expect_w, expect_h; /* scaled size the caller computed; 0 = do not check */
+} region_job;
+
+/* Decode job->window into job->out; returns 0, or -1 with err->message set. GIL released. */
+static int run_region(struct jpeg_decompress_struct *cinfo, strict_error_mgr *err, region_job *job,
+                      const unsigned char *data, size_t size) {
+    if (setjmp(err->jump)) {
+        return -1;
+    }
+    jpeg_mem_src(cinfo, data, (unsigned long)size);
+    jpeg_read_header(cinfo, TRUE);
+    cinfo->out_color_space = JCS_RGB; /* from YCbCr, RGB or grayscale; CMYK/YCCK raise here */
+    cinfo->scale_num = 1;
+    cinfo->scale_denom = (unsigned int)job->denom;
+    jpeg_start_decompress(cinfo);
+    if ((int)cinfo->output_width < job->x1 || (int)cinfo->output_height < job->y1 ||
+        (job->expect_w && ((int)cinfo->output_width != job->expect_w ||
+                           (int)cinfo->output_height != job->expect_h))) {
+        snprintf(err->message, sizeof err->message, "window %d,%d-%d,%d does not fit the %ux%u image at 1/%d",
+                 job->x0, job->y0, job->x1, job->y1, cinfo->output_width, cinfo->output_height, job->denom);
+        return -1;
+    }
+    /* One column more on each side: libjpeg's fancy upsampling replicates the region's first and
+     * last column instead of reading its neighbour, so those two columns may differ from a full
+     * decode; with the margin they fall outside the window (at the image's own edges they agree). */
+    int left = job->x0 > 0 ? job->x0 - 1 : 0;
+    int right = job->x1 < (int)cinfo->output_width ? job->x1 + 1 : job->x1;
+    JDIMENSION xoff = (JDIMENSION)left, width = (JDIMENSION)(right - left);
+    jpeg_crop_scanline(cinfo, &xoff, &width); /* widens to iMCU columns: xoff <= left, end >= right */
+    job->row = (JSAMPLE *)malloc((size_t)width * 3);
+    if (job->row == NULL) {
+        snprintf(err->message, sizeof err->message, "out of memory");
+        return -1;
+    }
+    if (job->y0 > 0) {
+        jpeg_skip_scanlines(cinfo, (JDIMENSION)job->y0);
+    }
+    size_t out_row = (size_t)(job->x1 - job->x0) * 3, skip = (size_t)(job->x0 - (int)xoff) * 3;
+    for (int y = job->y0; y < job->y1; y++) {
+        JSAMPROW rows[1] = {job->row};
+        if (jpeg_read_scanlines(cinfo, rows, 1) != 1) {
+            snprintf(err->message, sizeof err->message, "no scanline %d", y);
+            return -1;
+        }
+        memcpy(job->out + (size_t)(y - job->y0) * out_row, job->row + skip, out_row);
+    }
+    return 0;
+}
+
+static PyObject *region_decode(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer buf;
+    region_job job = {0};
+    if (!PyArg_ParseTuple(args, "y*iiiii|ii", &buf, &job.denom, &job.x0, &job.y0, &job.x1, &job.y1,
+                          &job.expect_w, &job.expect_h)) {
+        return NULL;
+    }
+    if (!(job.denom == 1 || job.denom == 2 || job.denom == 4 || job.denom == 8) || job.x0 < 0 ||
+        job.y0 < 0 || job.x1 <= job.x0 || job.y1 <= job.y0) {
+        PyBuffer_Release(&buf);
+        PyErr_Format(PyExc_ValueError, "bad window %d,%d-%d,%d or denom %d", job.x0, job.y0, job.x1,
+                     job.y1, job.denom);
+        return NULL;
+    }
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(job.x1 - job.x0) * (job.y1 - job.y0) * 3);
+    if (out == NULL) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    job.out = (unsigned char *)PyByteArray_AS_STRING(out);
+    struct jpeg_decompress_struct cinfo;
+    strict_error_mgr err;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_message;
+    err.message[0] = '\0';
+    jpeg_create_decompress(&cinfo);
+    status = run_region(&cinfo, &err, &job, (const unsigned char *)buf.buf, (size_t)buf.len);
+    jpeg_destroy_decompress(&cinfo); /* also aborts a decode stopped after the window's last row */
+    free(job.row);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    if (status != 0) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_ValueError, err.message);
+        return NULL;
+    }
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", region_decode, METH_VARARGS,
+     "decode(data, denom, x0, y0, x1, y1[, scaled_w, scaled_h]) -> bytearray: the window's RGB rows"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_region",
+                                    "JPEG region decode over libjpeg-turbo", -1, methods};
+
+PyMODINIT_FUNC PyInit__region(void) {
+    PyObject *mod = PyModule_Create(&module);
+    if (mod != NULL) {
+        PyModule_AddIntConstant(mod, "LIBJPEG_TURBO_VERSION", LIBJPEG_TURBO_VERSION_NUMBER);
+    }
+    return mod;
+}
