@@ -11,12 +11,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 RATIO_NOTE = ("Ratio: how many times better shardify did than the best peer of the same run, on the same "
-              "machine (samples/s or images/s divided; for time to first batch, the peer's seconds over "
-              "shardify's). Each figure is the median of repeats in the results file the task links to; "
-              "the machine was shared, so compare within a row, not across rows.",
+              "machine (rates divided: samples/s, images per CPU-second, tokens/s, MB/s; for time to first "
+              "batch, the peer's seconds over shardify's). Each figure is the median of repeats in the results "
+              "file the task links to; the machine was shared, so compare within a row, not across rows.",
+              "Best peer: the fastest peer that run measured, named as it ran (where a peer was not run, the "
+              "row says so). The GCS and Azure rows ran on local emulators, not the clouds. np.memmap "
+              "get_batch draws random windows, not every token once per epoch: its row is a bound, not a peer "
+              "with the same guarantee.",
               "Per sample: the same ratio with shardify's raw batches consumed one sample at a time, as the "
               "peers deliver them: walking zero-copy views (`for v in batch['jpg']`), and copying each into "
-              "`bytes` (`to_list()`); the ratio column is shardify's packed form (PackedBytes as delivered).")
+              "`bytes` (`to_list()`); the ratio column is shardify's packed form (PackedBytes as delivered).",
+              "Load: the machine's load average as the results file states it for that run (at its start where "
+              "it gives several); **loaded** marks a run whose load exceeded the machine's cores, i.e. other "
+              "work shared the CPUs and single figures move with it (the ratio, from one interleaved run, "
+              "moves less); \"-\": the file states none.")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -31,14 +39,15 @@ class Headline:
     machine: str
     date: str
     per_sample: tuple[float, float] | None = None  # shardify's rate walking views, copying to bytes
+    load: str = "-"  # the run's load average as its results file states it, "**loaded**" marked
 
     @property
     def ratio(self) -> float:
         return self.peer_value / self.ours if self.unit == "s" else self.ours / self.peer_value
 
 
-HEADER = ("| task | best peer | peer | shardify | ratio | per sample: views, bytes | machine | date |",
-          "|---|---|---:|---:|---:|---:|---|---|")
+HEADER = ("| task | best peer | peer | shardify | ratio | per sample: views, bytes | machine | load | date |",
+          "|---|---|---:|---:|---:|---:|---|---|---|")
 
 
 def headline_row(h: Headline) -> str:
@@ -46,11 +55,13 @@ def headline_row(h: Headline) -> str:
     per_sample = "-" if h.per_sample is None else (
         f"**{h.per_sample[0] / h.peer_value:.2f}x**, {h.per_sample[1] / h.peer_value:.2f}x")
     return (f"| [{h.task}]({h.file}) | {h.peer} | {_value(h.peer_value, h.unit)} | {_value(h.ours, h.unit)} "
-            f"| **{h.ratio:.2f}x** | {per_sample} | {h.machine} | {h.date} |")
+            f"| **{h.ratio:.2f}x** | {per_sample} | {h.machine} | {h.load} | {h.date} |")
 
 
 def _value(x: float, unit: str) -> str:
-    return f"{x:.2f} s" if unit == "s" else f"{x:,.0f} {unit}"
+    if unit == "s":
+        return f"{x:.2f} s"
+    return f"{x:,.1f} {unit}" if x < 100 and unit.startswith("M ") else f"{x:,.0f} {unit}"
 
 
 # --- reading a results file -----------------------------------------------------------------------
@@ -113,10 +124,34 @@ def machine_of(text: str) -> str:
     return ", ".join(brief.split(", ")[:2]).rstrip(".;")
 
 
+LOAD = re.compile(r"\b[Ll]oad average(?: at the (?:start|end)| when the benchmark started)?:? "
+                  r"(\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?)")
+
+
+def load_of(text: str) -> str:
+    """The newest run's load average as the file states it ("11.4", "8-16"; the first figure: the 1-minute
+    load, at the start where several are given), marked **loaded** above the machine's cores; "-" if none."""
+    m = LOAD.search(text)
+    if m is None:
+        return "-"
+    cores = re.search(r"\b(\d+) (?:cores|vCPUs)\b|\bnproc (\d+)", text)
+    num_cores = int(next(g for g in cores.groups() if g)) if cores else 2
+    figure = m.group(1)
+    return f"{figure} **loaded**" if number(figure) > num_cores else figure
+
+
+def newest_section(text: str) -> str:
+    """The file's first run: its text up to the second top-level (`# `) heading, for files that stack
+    whole runs, each under its own title, newest first."""
+    starts = [m.start() for m in re.finditer(r"^# ", text, re.M)]
+    return text[:starts[1]] if len(starts) > 1 else text
+
+
 def date_of(path: Path) -> str:
-    """The newest run's date: the first date in the file (each file starts with its newest run), else
-    the date git last committed the file."""
-    m = re.search(r"\b(20\d\d-\d\d-\d\d)\b", path.read_text())
+    """The newest run's date: its "Run DATE" line, else the first date in the file (each file starts with its
+    newest run), else the date git last committed the file."""
+    text = path.read_text()
+    m = re.search(r"^Run (20\d\d-\d\d-\d\d)\b", text, re.M) or re.search(r"\b(20\d\d-\d\d-\d\d)\b", text)
     if m:
         return m.group(1)
     got = subprocess.run(["git", "log", "-1", "--format=%cs", "--", path.name], cwd=path.parent,
@@ -136,22 +171,35 @@ def _best(rows: Table, pick: Callable[[dict[str, str]], bool], column: str, *, l
     return min(chosen, key=lambda c: c[1]) if lower else max(chosen, key=lambda c: c[1])
 
 
-def _loader(text: str, file: str) -> list[Headline]:
+def _loader(text: str, file: str, samples: str = "") -> list[Headline]:
     _, rows = first_table(text, "loader", "task", "source", "later epochs samples/s")
     out = []
-    for source, task in (("local", "Read raw bytes, local tar, 2 workers"),
-                         ("local, 0 workers", "Read raw bytes, local tar, no workers")):
+    for source, task in (("local", f"Read raw bytes, local tar, 2 workers{samples}"),
+                         ("local, 0 workers", f"Read raw bytes, local tar, no workers{samples}")):
         ours = [r for r in rows if r["loader"] == "shardify" and r["source"] == source and r["task"] == "raw"]
         peers = [r for r in rows if r["source"] == source and r["task"] == "raw"
                  and r["loader"] not in ("shardify", "page cache")]
         if ours and peers:
             peer, value = _best(peers, lambda r: True, "later epochs samples/s")
-            h = _h(text, file, task, peer, value, number(ours[0]["later epochs samples/s"]), "samples/s")
+            h = _h(text, file, task, _peer(peer), value, number(ours[0]["later epochs samples/s"]), "samples/s")
             forms = [ours[0].get(f"{form} samples/s", "-") for form in ("views", "to_list")]
             if "-" not in forms:
                 h = replace(h, per_sample=(number(forms[0]), number(forms[1])))
             out.append(h)
     return out
+
+
+def _loader_2k(text: str, file: str) -> list[Headline]:
+    return _loader(text, file, samples=", smaller samples (2k set)")
+
+
+def _s3_start(text: str, file: str) -> list[Headline]:
+    """Time to the first RAW batch from S3 (SeaweedFS on the same machine), shardify against webdataset."""
+    _, rows = first_table(text, "shards", "workers", "shardify (s)", "webdataset (s)")
+    workers = {"0": "no workers", "2": "2 workers"}
+    return [_h(text, file, f"Time to first batch from S3, raw bytes, {r['shards']} shards, "
+               f"{workers.get(r['workers'], r['workers'] + ' workers')}", "webdataset", number(r["webdataset (s)"]),
+               number(r["shardify (s)"]), "s") for r in rows]
 
 
 def _first(text: str, file: str) -> list[Headline]:
@@ -161,7 +209,7 @@ def _first(text: str, file: str) -> list[Headline]:
         ours = [r for r in rows if r["loader"] == "shardify" and r["batch"] == batch]
         peer, value = _best(rows, lambda r, b=batch: r["batch"] == b and not r["loader"].startswith("shardify"),
                             "first batch (s), median", lower=True)
-        out.append(_h(text, file, f"Time to first batch, decoded, batch {batch}", peer, value,
+        out.append(_h(text, file, f"Time to first batch, decoded, batch {batch}", _peer(peer), value,
                       number(ours[0]["first batch (s), median"]), "s"))
     return out
 
@@ -190,16 +238,77 @@ def _write(text: str, file: str) -> list[Headline]:
 
 
 def _decode(text: str, file: str) -> list[Headline]:
+    """The newest run of results_decode.md: bench_region's (region decode) or bench_decode's."""
+    section = newest_section(text)
+    if any(rows and "images per CPU-s" in rows[0] for _, rows in tables(section)):
+        return _region(section, file)
     out = []
-    for heading, rows in tables(text):
+    for heading, rows in tables(section):
         if not rows or "images/s" not in rows[0]:
             continue
         ours = [number(r["images/s"]) for r in rows if "decode+RRC" in r["path"] and ": ours" in r["path"]]
         peer, value = _best(rows, lambda r: "webdataset-style" in r["path"], "images/s")
         size = heading.split(" ")[0]
-        out.append(_h(text, file, f"Decode + random crop + flip, one core, {size} JPEGs", "webdataset-style (PIL)",
+        out.append(_h(section, file, f"Decode + random crop + flip, one core, {size} JPEGs", "webdataset-style (PIL)",
                       value, max(ours), "images/s"))
     return out
+
+
+def _region(section: str, file: str) -> list[Headline]:
+    """bench_region's run: region decode against the best other RRC path per one-core table (PIL, webdataset-style,
+    DALI; not today's code, which it replaces), and the loader's DECODE row against the best peer loader."""
+    out = []
+    for heading, rows in tables(section):
+        if rows and "images per CPU-s" in rows[0] and heading.startswith("One core"):
+            ours = [r for r in rows if r["path"] == "RRC: region decode"]
+            peer, value = _best(rows, lambda r: r["path"].startswith("RRC:") and "today" not in r["path"]
+                                and "region decode" not in r["path"], "images per CPU-s")
+            task = f"Decode + random crop + flip, one core, {heading[len('One core, '):]}"
+            out.append(_h(section, file, task, peer.removeprefix("RRC: "), value,
+                          number(ours[0]["images per CPU-s"]), "images per CPU-s"))
+    _, rows = first_table(section, "loader", "samples/s (median)")
+    ours = [r for r in rows if r["loader"] == "shardify, region decode"]
+    peer, value = _best(rows, lambda r: not r["loader"].startswith("shardify"), "samples/s (median)")
+    out.append(_h(section, file, "Read + decode + random crop + flip, local tar, 2 workers (region decode)",
+                  _peer(peer), value, number(ours[0]["samples/s (median)"]), "samples/s"))
+    return out
+
+
+def _tokens(text: str, file: str) -> list[Headline]:
+    """Input-id batches per seq_len: with 2 workers and with none against the best exactly-once peer of the
+    same setting, and with 2 workers against np.memmap get_batch (random windows: not exactly once)."""
+    _, rows = first_table(text, "seq_len", "workers", "loader", "tokens/s, median")
+    out = []
+    for seq_len in dict.fromkeys(r["seq_len"] for r in rows):
+        def ours(workers: str, s: str = seq_len) -> float:
+            got = [r for r in rows if r["seq_len"] == s and r["workers"] == workers
+                   and r["loader"] == "shardify, input_ids only"]
+            return number(got[0]["tokens/s, median"])
+        for workers, label in (("2", "2 workers"), ("0", "no workers")):
+            peer, value = _best(rows, lambda r, w=workers, s=seq_len: r["seq_len"] == s and r["workers"] == w
+                                and not r["loader"].startswith(("shardify", "np.memmap")), "tokens/s, median")
+            out.append(_h(text, file, f"Token batches (input ids), seq_len {seq_len}, {label}", peer, value,
+                          ours(workers), "M tokens/s"))
+        peer, value = _best(rows, lambda r, s=seq_len: r["seq_len"] == s and r["loader"].startswith("np.memmap"),
+                            "tokens/s, median")
+        out.append(_h(text, file, f"Token batches (input ids), seq_len {seq_len}, 2 workers, vs not exactly once",
+                      peer, value, ours("2"), "M tokens/s"))
+    return out
+
+
+def _clouds(text: str, file: str) -> list[Headline]:
+    """RAW over the same tar shards on each local emulator (fake-gcs-server, Azurite) against webdataset."""
+    _, rows = first_table(text, "store", "loader", "MB/s")
+    names = {"gcs": "GCS (fake-gcs-server emulator)", "azure": "Azure Blob (Azurite emulator)"}
+    out = []
+    for store in dict.fromkeys(r["store"] for r in rows):
+        ours = [r for r in rows if r["store"] == store and r["loader"] == "shardify RAW"]
+        peer, value = _best(rows, lambda r, s=store: r["store"] == s and r["loader"] == "webdataset", "MB/s")
+        out.append(_h(text, file, f"Read raw bytes from {names.get(store, store)}, 2 workers", peer, value,
+                      number(ours[0]["MB/s"]), "MB/s"))
+    # The file states this run's load only beside the earlier run's ("at load average 11-15 (this one: 5-10)").
+    this = re.search(r"\(this one: (\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?)\)", text)
+    return [replace(h, load=load_of(f"Load average {this.group(1)} on 2 cores")) for h in out] if this else out
 
 
 def _dali(text: str, file: str) -> list[Headline]:
@@ -209,9 +318,19 @@ def _dali(text: str, file: str) -> list[Headline]:
                number(row["DALI (CPU) img/s"]), number(row["CpuDecoder img/s"]), "images/s")]
 
 
+# The loader benchmark's peer names, as the headline shows them ("plain" stands in when ImageFolder's
+# venv was not built: say what it is, so the row cannot be read as ImageFolder's).
+PEER_NAMES = {"plain": "plain file-per-sample DataLoader (ImageFolder not run)", "imagefolder": "ImageFolder",
+              "litdata": "LitData", "streaming": "MosaicML Streaming"}
+
+
+def _peer(name: str) -> str:
+    return PEER_NAMES.get(name, name)
+
+
 def _h(text: str, file: str, task: str, peer: str, value: float, ours: float, unit: str) -> Headline:
     return Headline(task=task, file=file, peer=peer, peer_value=value, ours=ours, unit=unit,
-                    machine=machine_of(text), date="")
+                    machine=machine_of(text), load=load_of(text), date="")
 
 
 # results file name (results_NAME.md) -> its headlines; files without a peer are linked below the table.
@@ -225,6 +344,7 @@ def _register(name: str, read: Callable[[str, str], list[Headline]]) -> None:
     HEADLINES[name] = headlines
 
 
-for _name, _read in (("loader", _loader), ("first", _first), ("s3", _s3), ("write", _write),
-                     ("decode", _decode), ("dali", _dali)):
+for _name, _read in (("loader", _loader), ("loader_2k", _loader_2k), ("first", _first), ("s3", _s3),
+                     ("s3_start", _s3_start), ("clouds", _clouds), ("write", _write), ("decode", _decode),
+                     ("dali", _dali), ("tokens", _tokens)):
     _register(_name, _read)

@@ -1,6 +1,7 @@
 """Run every benchmark in turn, then gather their result files into benchmarks/README.md.
 
     python -m benchmarks.run_all [--only loader,first,s3,write,decode,plan,dali,tokens] [--quick]
+    python -m benchmarks.run_all --gather-only     # regenerate benchmarks/README.md, run nothing
 """
 
 from __future__ import annotations
@@ -47,7 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(ORDER))
     parser.add_argument("--quick", action="store_true", help="smaller data, one repeat")
+    parser.add_argument("--gather-only", action="store_true",
+                        help="run no benchmark: only regenerate benchmarks/README.md from the results files")
     args = parser.parse_args(argv)
+    if args.gather_only:
+        gather()
+        return 0
     failed = []
     for name in args.only.split(","):
         module = COMMANDS.get(name, [f"benchmarks.bench_{name}"])
