@@ -124,7 +124,7 @@ def machine_of(text: str) -> str:
     return ", ".join(brief.split(", ")[:2]).rstrip(".;")
 
 
-LOAD = re.compile(r"\b[Ll]oad average(?: at the (?:start|end)| when the benchmark started)?:? "
+LOAD = re.compile(r"\b[Ll]oad average(?: at the (?:start|end)(?: of the run)?| when the benchmark started)?:? "
                   r"(\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?)")
 
 
@@ -151,7 +151,8 @@ def date_of(path: Path) -> str:
     """The newest run's date: its "Run DATE" line, else the first date in the file (each file starts with its
     newest run), else the date git last committed the file."""
     text = path.read_text()
-    m = re.search(r"^Run (20\d\d-\d\d-\d\d)\b", text, re.M) or re.search(r"\b(20\d\d-\d\d-\d\d)\b", text)
+    m = (re.search(r"^Run (20\d\d-\d\d-\d\d)\b", newest_section(text), re.M)
+         or re.search(r"\b(20\d\d-\d\d-\d\d)\b", text))
     if m:
         return m.group(1)
     got = subprocess.run(["git", "log", "-1", "--format=%cs", "--", path.name], cwd=path.parent,

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import run_all
-from benchmarks.headline import HEADLINES
+from benchmarks.headline import HEADLINES, load_of
+from tests.benchmarks import results_samples as samples
 
 BENCH = Path(run_all.__file__).resolve().parent
 
@@ -18,6 +19,7 @@ LOADER = """# Loader benchmark (issue 11)
 Run 2026-01-02 03:04 UTC: `python -m benchmarks.bench_loader`.
 
 Machine: AMD EPYC, 2 cores, 24 GiB RAM, Linux; Python 3.11.
+ Load average at the start: 0.7, 1.0, 1.0 on 2 cores.
 
 | loader | torch | task | source | epoch 1 samples/s | later epochs samples/s | views samples/s | to_list samples/s | runs (samples/s) |
 |---|---|---|---|---:|---:|---:|---:|---|
@@ -66,11 +68,11 @@ def test_gather_writes_one_headline_table_from_the_newest_runs(bench_dir):
     rows = [ln for ln in page.splitlines() if ln.startswith("| [")]
     # the newest run (the first table), the best peer (imagefolder, not the page cache), ours / peer;
     # beside it the per-sample forms' rates over the same peer's (views, then bytes copies)
-    assert rows[0] == ("| [Read raw bytes, local tar, 2 workers](results_loader.md) | imagefolder | 250 samples/s "
-                       "| 1,000 samples/s | **4.00x** | **3.80x**, 2.00x | AMD EPYC, 2 cores | 2026-01-02 |")
+    assert rows[0] == ("| [Read raw bytes, local tar, 2 workers](results_loader.md) | ImageFolder | 250 samples/s "
+                       "| 1,000 samples/s | **4.00x** | **3.80x**, 2.00x | AMD EPYC, 2 cores | 0.7 | 2026-01-02 |")
     # time: lower is better, the peer's seconds over ours; shardify's own variants are not peers
-    assert rows[1] == ("| [Time to first batch, decoded, batch 32](results_first.md) | litdata | 0.30 s | 0.10 s "
-                       "| **3.00x** | - | Intel Xeon Processor, 2 cores | 2026-01-05 |")
+    assert rows[1] == ("| [Time to first batch, decoded, batch 32](results_first.md) | LitData | 0.30 s | 0.10 s "
+                       "| **3.00x** | - | Intel Xeon Processor, 2 cores | - | 2026-01-05 |")
     assert len(rows) == 2
     # every results file is linked for the detail (also those without a peer), none pasted in
     for name, title in (("results_loader.md", "Loader benchmark"), ("results_first.md", "Time to first batch"),
@@ -91,3 +93,84 @@ def test_gather_reads_every_results_file_of_this_checkout(bench_dir):
         if (BENCH / f"results_{name}.md").exists():
             assert f"](results_{name}.md) | " in page, f"no headline row from results_{name}.md"
     assert "issue" not in page.lower()
+
+
+# Every results file of the checkout with a peer has a reader here; those without one are only linked.
+READERS = {"loader", "loader_2k", "first", "s3", "s3_start", "clouds", "write", "decode", "dali", "tokens"}
+NO_PEER = {"plan", "mix", "scale", "verify", "faults", "gpu"}
+
+
+def test_every_results_file_has_a_headline_reader_or_has_no_peer():
+    assert set(HEADLINES) == READERS
+    names = {f.name.removeprefix("results_").removesuffix(".md") for f in BENCH.glob("results_*.md")}
+    assert names - NO_PEER <= READERS, f"results files without a headline reader: {sorted(names - NO_PEER - READERS)}"
+
+
+def _rows(bench_dir: Path, files: dict[str, str]) -> list[str]:
+    for name, text in files.items():
+        (bench_dir / f"results_{name}.md").write_text(text)
+    run_all.gather()
+    return [ln for ln in (bench_dir / "README.md").read_text().splitlines() if ln.startswith("| [")]
+
+
+def test_token_rows_against_the_best_exactly_once_peer_and_get_batch(bench_dir):
+    rows = _rows(bench_dir, {"tokens": samples.TOKENS})
+    tail = "| - | AMD EPYC, 2 cores | 9.5 **loaded** | 2026-02-03 |"
+    # 2 workers: the best exactly-once peer of that setting (Megatron here, not LitData's 0-worker rate)
+    assert rows[0] == ("| [Token batches (input ids), seq_len 2048, 2 workers](results_tokens.md) | Megatron-Core "
+                       "GPTDataset (+ position ids) | 20.0 M tokens/s | 200 M tokens/s | **10.00x** " + tail)
+    assert rows[1] == ("| [Token batches (input ids), seq_len 2048, no workers](results_tokens.md) | LitData "
+                       "StreamingDataset + TokensLoader | 150 M tokens/s | 300 M tokens/s | **2.00x** " + tail)
+    # np.memmap get_batch is not exactly once: its own row, named as such, against the 2-worker rate
+    assert rows[2] == ("| [Token batches (input ids), seq_len 2048, 2 workers, vs not exactly once](results_tokens.md) "
+                       "| np.memmap get_batch (nanoGPT; random windows, not exactly once) | 400 M tokens/s "
+                       "| 200 M tokens/s | **0.50x** " + tail)
+    assert len(rows) == 3
+
+
+def test_cloud_rows_per_emulator_with_this_runs_load(bench_dir):
+    rows = _rows(bench_dir, {"clouds": samples.CLOUDS})
+    assert rows == [
+        "| [Read raw bytes from GCS (fake-gcs-server emulator), 2 workers](results_clouds.md) | webdataset | 20 MB/s "
+        "| 800 MB/s | **40.00x** | - | AMD EPYC, 2 cores | 1-1.5 | 2026-02-04 |",
+        "| [Read raw bytes from Azure Blob (Azurite emulator), 2 workers](results_clouds.md) | webdataset | 400 MB/s "
+        "| 300 MB/s | **0.75x** | - | AMD EPYC, 2 cores | 1-1.5 | 2026-02-04 |"]
+
+
+def test_decode_rows_come_from_the_newest_region_run_only(bench_dir):
+    rows = _rows(bench_dir, {"decode": samples.DECODE})
+    tail = "| - | AMD EPYC, 2 cores | 0.5 | 2026-02-06 |"
+    # region decode against the best other RRC path (PIL here), not today's code or the centre crop
+    assert rows[0] == ("| [Decode + random crop + flip, one core, ~500x375 baseline JPEGs](results_decode.md) | PIL "
+                       "(draft + crop) | 600 images per CPU-s | 1,200 images per CPU-s | **2.00x** " + tail)
+    assert rows[1].startswith("| [Decode + random crop + flip, one core, ~500x375 progressive JPEGs]")
+    assert "**1.20x**" in rows[1]
+    # the loader's DECODE row: shardify's today-path is not a peer; the peer named as measured
+    assert rows[2] == ("| [Read + decode + random crop + flip, local tar, 2 workers (region decode)](results_decode.md) "
+                       "| plain file-per-sample DataLoader (ImageFolder not run) | 450 samples/s | 900 samples/s "
+                       "| **2.00x** " + tail)
+    assert len(rows) == 3  # nothing from the older region run or from bench_decode's run below
+
+
+def test_decode_rows_from_bench_decode_when_its_run_is_newest(bench_dir):
+    rows = _rows(bench_dir, {"decode": samples.BENCH_DECODE + "\n" + samples.REGION})
+    assert rows == ["| [Decode + random crop + flip, one core, ~500x375 JPEGs](results_decode.md) | webdataset-style "
+                    "(PIL) | 231 images/s | 462 images/s | **2.00x** | - | Intel Xeon Processor, 2 cores | 5.3 "
+                    "**loaded** | 2026-01-22 |"]
+
+
+def test_s3_first_batch_rows(bench_dir):
+    rows = _rows(bench_dir, {"s3_start": samples.S3_START})
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| [Time to first batch from S3, raw bytes, 64 MB shards, no workers](results_s3_start.md)",
+        "| [Time to first batch from S3, raw bytes, 64 MB shards, 2 workers](results_s3_start.md)"]
+    assert "| 3.00 s | 2.00 s | **1.50x** |" in rows[0] and "| 10.00 s | 1.00 s | **10.00x** |" in rows[1]
+    assert rows[0].endswith("| 8-16 **loaded** | 2026-02-07 |")
+
+
+def test_load_is_the_first_stated_figure_marked_above_the_cores():
+    assert load_of("Machine: AMD EPYC, 2 cores. Load average at the start: 11.4, 12.0, 10.3 on 2 cores") == \
+        "11.4 **loaded**"
+    assert load_of("Machine: x, nproc 2; load average 1.5, 9.0, 9.0 when the report was written") == "1.5"
+    assert load_of("Machine: x, 8 cores. Load average 3-6 while this ran") == "3-6"
+    assert load_of("Machine: x, 2 cores.") == "-"
