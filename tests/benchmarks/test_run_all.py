@@ -146,9 +146,9 @@ def test_decode_rows_come_from_the_newest_region_run_only(bench_dir):
     assert rows[1].startswith("| [Decode + random crop + flip, one core, ~500x375 progressive JPEGs]")
     assert "**1.20x**" in rows[1]
     # the loader's DECODE row: shardify's today-path is not a peer; the peer named as measured
-    assert rows[2] == ("| [Read + decode + random crop + flip, local tar, 2 workers (region decode)](results_decode.md) "
-                       "| plain file-per-sample DataLoader (ImageFolder not run) | 450 samples/s | 900 samples/s "
-                       "| **2.00x** " + tail)
+    assert rows[2] == ("| [Read + decode + random crop + flip, local tar, 2 workers (region decode)]"
+                       "(results_decode.md) | plain file-per-sample DataLoader (ImageFolder not run) "
+                       "| 450 samples/s | 900 samples/s | **2.00x** " + tail)
     assert len(rows) == 3  # nothing from the older region run or from bench_decode's run below
 
 
