@@ -1,6 +1,6 @@
 """The headline of benchmarks/README.md: from each results file's newest run (the first table of its
 kind in the file: every bench script writes the newest run at the top), shardify against the best
-peer of that run, as a ratio, with the machine and the date. Read only; no benchmark runs here."""
+peer of that run, as a ratio, with the machine, its load and the date. Read only; no benchmark runs here."""
 
 from __future__ import annotations
 
