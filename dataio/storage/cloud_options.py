@@ -17,7 +17,8 @@ AZURE_PROTOCOLS = ("az", "abfs", "abfss")
 
 # Config-file key -> StorageOptions field, per table.
 GCS_KEYS = {"endpoint_url": "gcs_endpoint_url", "token": "gcs_token", "project": "gcs_project",
-            "retry_budget_s": None}
+            "resumable_bytes": "gcs_resumable_bytes", "retry_budget_s": None}
+_NUMBERS = ("retry_budget_s", "resumable_bytes")  # checked by StorageOptions and _retry_policy
 AZURE_KEYS = {"account_name": "azure_account_name", "account_key": "azure_account_key",
               "connection_string": "azure_connection_string", "sas_token": "azure_sas_token",
               "retry_budget_s": None}
@@ -31,7 +32,7 @@ def table_fields(table: str, conf: Mapping[str, Any], config_path: str) -> dict[
         raise ValueError(f"unknown keys {sorted(unknown)} in [{table}] of {config_path!r}; "
                          f"allowed: {', '.join(keys)}")
     for key, value in conf.items():
-        if key != "retry_budget_s" and not isinstance(value, str):
+        if key not in _NUMBERS and not isinstance(value, str):
             raise ValueError(f"{key} in [{table}] of {config_path!r} must be a string")
     return {keys[k]: v for k, v in conf.items() if keys[k] is not None}
 
