@@ -134,14 +134,15 @@ def cancel(fs: Any, uri: str) -> int:
 
 
 def upload(fs: Any, path: str, spool: Any, size: int, retry: Retry, *, log: Callable[[str], str] | None = None,
-           forget: Callable[[str], None] | None = None, generation: str | None = None) -> None:
+           forget: Callable[[str], None] | None = None, generation: str | None = None,
+           chunk_bytes: int | None = None) -> None:
     """One resumable upload of the spool to `path`: the session opened, recorded through `log` before the
     first byte, filled, then forgotten; on failure cancelled (best effort) and forgotten."""
     uri = retry(lambda: start(fs, path, generation), "opening a resumable upload")
     handle = None
     try:
         handle = log(uri) if log is not None else None  # before the first byte: a kill leaves it recorded
-        send(fs, uri, spool, size, retry)
+        send(fs, uri, spool, size, retry, chunk_bytes)
     except BaseException:
         with contextlib.suppress(Exception):
             cancel(fs, uri)

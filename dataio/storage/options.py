@@ -59,7 +59,8 @@ class StorageOptions:
             raise ValueError("storage timeouts must be positive")
         if isinstance(self.gcs_resumable_bytes, bool) or not isinstance(self.gcs_resumable_bytes, int) \
                 or self.gcs_resumable_bytes < 1:
-            raise ValueError(f"gcs_resumable_bytes must be a whole number of bytes >= 1, got {self.gcs_resumable_bytes!r}")
+            raise ValueError(f"gcs_resumable_bytes must be a whole number of bytes >= 1, "
+                             f"got {self.gcs_resumable_bytes!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
 
