@@ -10,6 +10,8 @@ reader of the old manifest may open is ever overwritten. It keeps a journal unde
                                          options), state writing|published|failed, times
     versions/v00000g/shards-000000.json  batches of shards completely published (confirmed by
                                          the store), one manifest row each, in publish order
+    versions/v00000g/sessions/<id>.json  a GCS resumable upload still open (its session URI), written
+                                         before its first byte, removed when done; gc cancels the rest
 
 The new manifest replaces the old one atomically only once every shard it names is confirmed;
 then the head says "published" and the version it replaced is "retired" at that moment. A
