@@ -10,6 +10,8 @@ reader of the old manifest may open is ever overwritten. It keeps a journal unde
                                          options), state writing|published|failed, times
     versions/v00000g/shards-000000.json  batches of shards completely published (confirmed by
                                          the store), one manifest row each, in publish order
+    versions/v00000g/sessions/<id>.json  a GCS resumable upload still open (its session URI), written
+                                         before its first byte, removed when done; gc cancels the rest
 
 The new manifest replaces the old one atomically only once every shard it names is confirmed;
 then the head says "published" and the version it replaced is "retired" at that moment. A
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -361,3 +364,49 @@ class Journal:
     def fail(self, error: str) -> None:
         self.head = replace(self.head, state="failed", updated_s=self.clock(), error=error[:500])
         write_head(self.store, self.head)
+
+
+# --- Upload sessions: GCS resumable uploads a write opened (dataio/storage/gcs_resumable.py) ----------
+
+SESSIONS_VERSION = 1
+SESSIONS_DIR = "sessions"  # versions/v00000g/sessions/<random>.json: one record per open session
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JournalSessions:
+    """Records a version's open upload sessions beside its journal, one small object each, written before
+    the upload's first byte and removed when it completes; what is left, gc cancels. Picklable: sent to
+    worker processes with the Store. (Journals written before these records existed simply have none.)"""
+
+    version: str
+
+    def record(self, store: Store, rel: str, uri: str) -> str:
+        name = f"{journal_dir(self.version)}/{SESSIONS_DIR}/{uuid.uuid4().hex}.json"
+        body = {"shardify_session": SESSIONS_VERSION, "path": rel, "uri": uri, "started_s": time.time()}
+        store.write_bytes(name, json.dumps(body, separators=(",", ":")).encode())
+        return name
+
+    def forget(self, store: Store, handle: str) -> None:
+        store.remove(handle)
+
+
+def session_records(version: str, listing: Iterable[str]) -> list[str]:
+    """The session records of `version` in a listing."""
+    base = f"{journal_dir(version)}/{SESSIONS_DIR}/"
+    return sorted(rel for rel in listing if rel.startswith(base) and rel.endswith(".json"))
+
+
+def read_session(store: Store, rel: str) -> tuple[str, str]:
+    """(object path, session URI) of a session record; ManifestError naming it when it is not one."""
+    try:
+        doc = json.loads(store.read(rel))
+        if doc.get("shardify_session") != SESSIONS_VERSION:
+            raise ValueError(f"not a session record of version {SESSIONS_VERSION}")
+        return str(doc["path"]), str(doc["uri"])
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ManifestError(f"{store.url_of(rel)}: malformed upload session record ({exc})") from None
+
+
+def is_live_write(head: JournalHead, now_s: float, grace_s: float) -> bool:
+    """A write that may still be running: its head says writing and moved within the grace."""
+    return head.state == "writing" and now_s - head.updated_s < grace_s

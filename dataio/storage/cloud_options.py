@@ -17,7 +17,8 @@ AZURE_PROTOCOLS = ("az", "abfs", "abfss")
 
 # Config-file key -> StorageOptions field, per table.
 GCS_KEYS = {"endpoint_url": "gcs_endpoint_url", "token": "gcs_token", "project": "gcs_project",
-            "retry_budget_s": None}
+            "resumable_bytes": "gcs_resumable_bytes", "retry_budget_s": None}
+_NUMBERS = ("retry_budget_s", "resumable_bytes")  # checked below and by options._retry_policy
 AZURE_KEYS = {"account_name": "azure_account_name", "account_key": "azure_account_key",
               "connection_string": "azure_connection_string", "sas_token": "azure_sas_token",
               "retry_budget_s": None}
@@ -31,8 +32,11 @@ def table_fields(table: str, conf: Mapping[str, Any], config_path: str) -> dict[
         raise ValueError(f"unknown keys {sorted(unknown)} in [{table}] of {config_path!r}; "
                          f"allowed: {', '.join(keys)}")
     for key, value in conf.items():
-        if key != "retry_budget_s" and not isinstance(value, str):
+        if key not in _NUMBERS and not isinstance(value, str):
             raise ValueError(f"{key} in [{table}] of {config_path!r} must be a string")
+        if key == "resumable_bytes" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"resumable_bytes in [{table}] of {config_path!r} must be a whole number of bytes "
+                             f">= 1 (objects at least this large go up as resumable uploads), got {value!r}")
     return {keys[k]: v for k, v in conf.items() if keys[k] is not None}
 
 

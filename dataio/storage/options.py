@@ -31,6 +31,9 @@ class StorageOptions:
     gcs_endpoint_url: str | None = None
     gcs_token: str | None = field(default=None, repr=False)
     gcs_project: str | None = None
+    # gs:// objects of at least this many bytes go up as resumable uploads of shardify's own, whose
+    # sessions a write records and `shardify gc` cancels (dataio/storage/gcs_resumable.py).
+    gcs_resumable_bytes: int = 50 << 20
     # Azure Blob (az://, abfs://): an account with its key or a SAS token, or a connection string.
     azure_account_name: str | None = None
     azure_account_key: str | None = field(default=None, repr=False)
@@ -54,6 +57,10 @@ class StorageOptions:
             raise ValueError("give both an access key and a secret key, or neither")
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
             raise ValueError("storage timeouts must be positive")
+        if isinstance(self.gcs_resumable_bytes, bool) or not isinstance(self.gcs_resumable_bytes, int) \
+                or self.gcs_resumable_bytes < 1:
+            raise ValueError(f"gcs_resumable_bytes must be a whole number of bytes >= 1, "
+                             f"got {self.gcs_resumable_bytes!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
 

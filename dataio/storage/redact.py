@@ -9,9 +9,11 @@ _USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
 # "KEY:SECRET@bucket" without its scheme, as botocore quotes a bucket name back in its errors.
 _BARE_USERINFO = re.compile(r"(?<![\w.+%~/-])[\w.+%~-]+:[^\s/@\"']+@(?=[\w.-])")
 _URL_USERINFO = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://(?P<user>[^/@\s:]*)(?::(?P<password>[^/@\s]*))?@")
+# upload_id: a GCS resumable session URI's, which lets its holder write the object.
 _SECRET_QUERY = re.compile(
     r"(?i)(?P<name>x-amz-credential|x-amz-signature|x-amz-security-token|awsaccesskeyid|"
-    r"signature|sig|token|access_token|secret|password|accountkey|sharedaccesssignature|client_secret)"
+    r"signature|sig|token|access_token|secret|password|accountkey|sharedaccesssignature|client_secret|"
+    r"upload_id)"
     r"=[^&;\s\"']+"
 )
 

@@ -22,7 +22,7 @@ from dataio.storage.exclusive import ConditionalWrites  # create_exclusive, repl
 from dataio.storage.forked import keep_in_forked_children
 from dataio.storage.hedge import Hedger, shared_hedger
 from dataio.storage.options import StorageOptions
-from dataio.storage import azure, cloud_options, gcs, s3_ranges
+from dataio.storage import azure, cloud_options, gcs, gcs_resumable, s3_ranges
 from dataio.storage.paths import check_relative
 from dataio.storage.redact import redact, url_secrets
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
@@ -66,12 +66,21 @@ class Store(ConditionalWrites):
         self._resolved_pid = 0  # the process the root and _range_options were worked out in (_resolve)
         self._hedger: Hedger | None = None
         self._hedger_pid = 0
+        # Where GCS resumable upload sessions are recorded (a writer's journal), or None: unrecorded.
+        self.session_log: gcs_resumable.SessionLog | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"raw_url": self.raw_url, "options": self.options, "retry": self.retry}
+        return {"raw_url": self.raw_url, "options": self.options, "retry": self.retry, "session_log": self.session_log}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["raw_url"], state["options"], state["retry"])  # type: ignore[misc]
+        self.session_log = state.get("session_log")
+
+    def recording_sessions(self, log: gcs_resumable.SessionLog) -> Store:
+        """This store, recording every GCS resumable upload session it opens in `log` before the first byte."""
+        out = Store(self.raw_url, self.options, self.retry)
+        out.session_log = log
+        return out
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
@@ -376,7 +385,10 @@ class Store(ConditionalWrites):
 
         def once() -> None:  # all the bytes again, then the HEAD; the parts share the upload's budget
             spool.seek(0)
-            if size < _SINGLE_PUT_BYTES or self.protocol not in ("s3", "s3a"):
+            if self.protocol in cloud_options.GCS_PROTOCOLS and size >= self.options.gcs_resumable_bytes:
+                self._upload_resumable(rel, spool, size, lambda fn, step: self._retry(fn, f"{what}, {step}", ends_at))
+                etag = md5
+            elif size < _SINGLE_PUT_BYTES or self.protocol not in ("s3", "s3a"):
                 self.fs.pipe_file(path, spool.read())
                 etag = md5
             else:
@@ -385,6 +397,17 @@ class Store(ConditionalWrites):
             confirm(self.fs, path, self.url_of(rel), size, etag, self._stat)
 
         self._retry(once, what, ends_at)
+
+    def _upload_resumable(self, rel: str, spool: Any, size: int, retry: gcs_resumable.Retry) -> None:
+        """GCS: one resumable upload of our own, its session recorded in `session_log` (if any) first."""
+        log, plain = self.session_log, Store(self.raw_url, self.options, self.retry)  # records are not recorded
+        gcs_resumable.upload(self.fs, self.path(rel), spool, size, retry,
+                             log=None if log is None else lambda uri: log.record(plain, rel, uri),
+                             forget=None if log is None else lambda handle: log.forget(plain, handle))
+
+    def cancel_session(self, uri: str) -> int:
+        """Cancel a GCS resumable upload session (DELETE): 499 cancelled, 404/410 finished or expired."""
+        return self._retry(lambda: gcs_resumable.cancel(self.fs, uri), f"cancelling an upload session to {self.url}")
 
 
 def _mtime_s(info: Mapping[str, Any]) -> float:

@@ -20,10 +20,13 @@ from dataio.format.versions import (
     StoredObject,
     VersionFacts,
     generation_of,
+    is_live_write,
     journal_versions,
     named_paths,
     plan_gc,
     read_journal,
+    read_session,
+    session_records,
 )
 from dataio.storage.store import Store
 
@@ -35,6 +38,7 @@ class GcReport:
     plan: GcPlan
     removed: tuple[str, ...]
     aborted_uploads: tuple[str, ...]
+    cancelled_sessions: tuple[str, ...] = ()  # objects whose recorded GCS upload session was cancelled
     lease_note: str = ""  # said when this gc took over an expired lease
 
 
@@ -79,9 +83,31 @@ def collect(store: Store, *, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = F
                    now_s=now_s, grace_s=grace_s)
     if dry_run:
         return GcReport(plan=plan, removed=(), aborted_uploads=())
+    cancelled = cancel_sessions(store, names, versions, now_s=now_s, grace_s=grace_s)
     removed = []
     for rel in plan.delete:
         store.remove(rel)
         removed.append(rel)
     aborted = store.abort_uploads(grace_s)
-    return GcReport(plan=plan, removed=tuple(removed), aborted_uploads=tuple(aborted))
+    return GcReport(plan=plan, removed=tuple(removed), aborted_uploads=tuple(aborted), cancelled_sessions=cancelled)
+
+
+def cancel_sessions(store: Store, names: list[str], versions: dict[str, VersionFacts], *, now_s: float,
+                    grace_s: float) -> tuple[str, ...]:
+    """Cancel the GCS resumable upload sessions that versions no longer being written recorded, and drop
+    their records; the objects they were uploading. A session already finished or expired counts too
+    (its DELETE answers 404/410): what matters is that none is left open. Unrecorded sessions (gcsfs's,
+    or a write with no journal) cannot be listed: GCS expires them a week after they opened."""
+    cancelled = []
+    for version, facts in versions.items():
+        if facts.head is not None and is_live_write(facts.head, now_s, grace_s):
+            continue
+        for rec in session_records(version, names):
+            try:
+                rel, uri = read_session(store, rec)
+            except ManifestError:
+                continue  # an unreadable record names no session; it goes with its version's files
+            store.cancel_session(uri)
+            store.remove(rec)
+            cancelled.append(rel)
+    return tuple(cancelled)

@@ -26,6 +26,7 @@ from dataio.format.versions import (
     LEASE_NAME,
     Journal,
     JournalHead,
+    JournalSessions,
     is_own,
     journal_versions,
     next_generation,
@@ -272,6 +273,8 @@ def _write_leased(source: Source, dest: Store, config: WriteConfig, progress: Pr
     elif not append:
         generation = prepare_destination(dest, config.overwrite)
     tasks = [t for t in tasks_of(generation) if t.index not in done]
+    # GCS resumable uploads record their sessions beside this version's journal, for gc to cancel
+    job = replace(job, dest=dest.recording_sessions(JournalSessions(version=version_name(generation))))
     sink = _Journaled(progress, dest, lease, head or _head(source, config, generation),
                       flush_every_s=config.journal_every_s, num_batches=num_batches,
                       sync=dest.is_local and config.engine == "local")

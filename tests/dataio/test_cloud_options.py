@@ -28,7 +28,10 @@ def test_gcs_and_azure_tables_then_variables(tmp_path) -> None:
     assert options.fsspec_kwargs("az")["connection_string"] == CONN
     assert options.fsspec_kwargs("abfs")["account_name"] == "other"
     assert options.retry.deadline_s == 9
+    assert options.gcs_resumable_bytes == 50 << 20
     assert StorageOptions.resolve(config_path=conf, gcs_endpoint_url="http://flag:1").gcs_endpoint_url == "http://flag:1"
+    conf = _toml(tmp_path, "[gcs]\nresumable_bytes = 1024\n")
+    assert StorageOptions.resolve(config_path=conf).gcs_resumable_bytes == 1024
 
 
 @pytest.mark.parametrize("text, message", [
@@ -36,6 +39,8 @@ def test_gcs_and_azure_tables_then_variables(tmp_path) -> None:
     ('[azure]\naccount_key = 3\n', r"account_key in \[azure\] .* must be a string"),
     ('[gcp]\ntoken = "x"\n', r"unknown tables \['gcp'\]"),
     ('[gcs]\nretry_budget_s = "soon"\n', r"retry_budget_s in \[gcs\] of .* seconds above 0"),
+    ('[gcs]\nresumable_bytes = 0\n', r"resumable_bytes in \[gcs\] of .* whole number of bytes >= 1"),
+    ('[gcs]\nresumable_bytes = "1MiB"\n', r"resumable_bytes in \[gcs\] of .* whole number of bytes >= 1"),
 ])
 def test_bad_tables_are_refused_naming_the_file(tmp_path, text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -297,3 +297,24 @@ def test_gc_reads_journal_rows_only_of_the_first_version(image_folder: Path, tmp
     assert report.removed == ()
     v2 = sorted((ds / "shards" / "v000002").glob("*.tar"))
     assert v2 and all(p.exists() for p in v2)
+
+
+def test_gc_cancels_recorded_sessions_only_of_versions_no_longer_written(tmp_path: Path, monkeypatch) -> None:
+    from dataclasses import replace
+
+    from dataio.format.versions import JournalHead, JournalSessions, VersionFacts
+    from sharding.write.collect import cancel_sessions
+
+    store, now = Store(str(tmp_path)), 10_000.0
+    cancelled: list[str] = []
+    monkeypatch.setattr(Store, "cancel_session", lambda self, uri: cancelled.append(uri) or 499)
+    for version in ("v000001", "v000002", "v000003"):
+        JournalSessions(version=version).record(store, f"shards/{version}/shard-000000.tar", f"https://u/{version}")
+    head = JournalHead(version="v000001", fingerprint="f")
+    versions = {"v000001": VersionFacts(head=replace(head, state="writing", updated_s=now - 5)),  # live
+                "v000002": VersionFacts(head=replace(head, version="v000002", state="writing", updated_s=now - 99)),
+                "v000003": VersionFacts(head=replace(head, version="v000003", state="failed", updated_s=now))}
+    done = cancel_sessions(store, store.list(), versions, now_s=now, grace_s=60)
+    assert sorted(done) == ["shards/v000002/shard-000000.tar", "shards/v000003/shard-000000.tar"]
+    assert sorted(cancelled) == ["https://u/v000002", "https://u/v000003"]
+    assert [rel.split("/")[1] for rel in store.list() if "/sessions/" in rel] == ["v000001"]  # the live one's kept
