@@ -69,14 +69,19 @@ def test_two_ranks_train_on_token_shards_and_validate_every_token_once(tmp_path)
         "--model", "gpt", "--data", str(tmp_path / "train"), "--val-data", str(tmp_path / "val"),
         "--seq-len", "16", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--batch-size", "4",
         "--optimizer", "adamw", "--lr", "0.003", "--epochs", "2", "--num-workers", "1", "--log-every", "2",
-        "--peak-flops", "1e12", "--out", str(out), "--resume", "none", "--dist-timeout-s", "60"]))
+        "--peak-flops", "1e12", "--out", str(out), "--resume", "none", "--dist-timeout-s", "60",
+        "--price-per-hour", "2"]))
     assert "tokens/s per rank" in result.stdout and "MFU" in result.stdout
+    # a token run's reports count tokens: the live rows, the summary's global line, the cost per million tokens
+    assert "tokens/s=" in result.stdout and "sequences/s of 16 tokens" in result.stdout
+    assert "per million tokens" in result.stdout and "samples/s" not in result.stdout
     rep = summary(out)
     # concat packing, tail padded and masked: every token of the held-out set is a label once but the first
     assert rep["validation"]["samples"] == sum(map(sum, VAL)) - 1
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     tokens = [r for r in records if r["kind"] == "tokens"]
     assert tokens and tokens[0]["mfu"] > 0 and tokens[0]["flops_per_token"] > 0
+    assert rep["cost"]["dollars_per_1m_tokens"] > 0 and rep["tokens_per_s"] == rep["samples_per_s"] * 16
 
 
 @pytest.mark.slow
