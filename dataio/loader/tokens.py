@@ -25,6 +25,7 @@ import numpy as np
 from dataio.errors import StateError
 from dataio.format.manifest import Manifest
 from dataio.loader.config import LoaderConfig, Source, check_int
+from dataio.loader.history import HISTORY_KEY, HistoryKeeper
 from dataio.loader.protocol import DatasetFacts
 from dataio.loader.startup import agree_on_dataset
 from dataio.loader.state import check_state, make_state
@@ -106,6 +107,7 @@ class TokenLoader:
         self._active_steps: int | None = None
         self._token = 0
         self._threads: _Workers | None = None
+        self.history = HistoryKeeper()  # every pass of the run, for `shardify which` and spikes (loader/history.py)
 
     # --- TrainLoader (protocol.py) ------------------------------------------------------------
     @property
@@ -140,9 +142,12 @@ class TokenLoader:
         """Select the epoch the next iteration delivers; a resumed epoch keeps its position."""
         check_int("epoch", epoch, minimum=0)
         if epoch != self._state.epoch or self._finished:
+            self._record_history(new_pass=True)
             self._state, self._delivered, self._finished = PlanState(epoch=epoch), 0, False
 
     def _position(self) -> PlanState:
+        if self._delivered == 0:
+            return self._state
         t = self.topology
         return self._state.advanced(world_size=t.world_size, num_workers=t.num_workers, batches=self._delivered)
 
@@ -169,6 +174,7 @@ class TokenLoader:
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
         start = self._next_start()
+        self._record_history(new_pass=self._finished)
         self._state, self._delivered, self._finished = start, 0, False
         steps = self._steps_from(start)
         self._token += 1
@@ -211,7 +217,19 @@ class TokenLoader:
         state = make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
                            mixture=self.mixture, epoch_complete=self._finished and self._active_steps is None)
         state["tokens"] = json.dumps({"seq_len": self.seq_len, "packing": self.packing})
+        state[HISTORY_KEY] = self.history.snapshot(position=self._state, delivered=self._delivered,
+                                                   topology=self.topology, fingerprint=self.fingerprint,
+                                                   plan=self.plan_config)
         return state
+
+    def _record_history(self, *, new_pass: bool) -> None:
+        """Fold the batches delivered since `_state` into the run's history before the position moves."""
+        self.history.advance(position=self._state, delivered=self._delivered, topology=self.topology,
+                             fingerprint=self.fingerprint, plan=self.plan_config, new_pass=new_pass)
+
+    def load_history(self, state_dict: dict[str, Any]) -> None:
+        """Take only the run's history from a saved state (an epoch-end checkpoint, not resumed)."""
+        self.history.load(state_dict, self._state, fingerprint=self.fingerprint, plan=self.plan_config)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
@@ -228,6 +246,7 @@ class TokenLoader:
             self._steps_from(state)  # replays the saved progress: refuses positions past the epoch
         except (ValueError, IndexError) as exc:
             raise StateError(f"loader state does not fit this dataset: {exc}") from None
+        self.history.load(state_dict, state, fingerprint=self.fingerprint, plan=self.plan_config)
         self._state, self._delivered, self._finished = state, 0, False
 
     def close(self) -> None:
