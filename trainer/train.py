@@ -315,6 +315,8 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
         if "input_ids" in batch:  # --- token batches: next-token loss (trainer/gpt.py) ---
             loss_share, num_sequences = gpt.micro_step(run, batch, micro == cfg.grad_accum - 1)
             loss_total, samples = loss_total + loss_share, samples + num_sequences
+            if cfg.record_keys:
+                keys.extend(gpt.row_keys(batch))
             continue
         data.check_labels(batch, run.identity["num_classes"], run.loader)
         with timer.phase("h2d"):

@@ -107,6 +107,8 @@ def test_which_prints_token_ranges_and_refuses_export(datasets, tmp_path):
     rows = [json.loads(x) for x in run_which(Args(), None)]
     assert len(rows) == B and all(r["ranges"] and r["num_tokens"] == SEQ_LEN + 1 for r in rows)
     assert {"shard", "document", "start", "end", "source"} <= set(rows[0]["ranges"][0])
+    keys = [s.key for s in samples_of_step(json.loads(doc), 2)]  # what spikes.jsonl names
+    assert len(keys) == B and all(k.startswith("shards/shard-") and "#" in k and "[" in k for k in keys)
     Args.export, Args.json = str(tmp_path / "x"), False
     with pytest.raises(ValueError, match="token ranges"):
         run_which(Args(), None)
