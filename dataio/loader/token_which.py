@@ -20,6 +20,7 @@ from dataio.errors import ManifestError, StateError
 from dataio.format.manifest import Manifest
 from dataio.format.provenance import read_sources
 from dataio.plan.mix import Mixture
+from dataio.plan.schedule import Piece
 from dataio.plan.token_mix import TokenMixWindow, plan_token_mix_worker, token_mixture
 from dataio.plan.tokens import TokenPlanConfig, TokenWorkerPlan, plan_token_worker
 from dataio.plan.types import PlanState, Progress, WorkerSlot
@@ -102,14 +103,17 @@ def _mixture(state: dict[str, Any], shards: list[TokenShards], doc_lengths: tupl
                              f"read {fingerprint}: the dataset was rewritten or appended since; its tokens cannot "
                              "be named")
         return None
-    sources = json.loads(described)["sources"]
+    described = json.loads(described)
+    sources = described["sources"]
+    pieces = (described.get("schedule") or {}).get("pieces")
     for s, d in zip(shards, sources, strict=True):
         if s.manifest.fingerprint != d.get("fingerprint"):
             raise StateError(f"{s.store.url}: fingerprint {s.manifest.fingerprint}, the run read "
                              f"{d.get('fingerprint')}: the source was rewritten since; its tokens cannot be named")
     return token_mixture(doc_lengths, config, names=[s.store.url for s in shards],
                          weights=[float(d["weight"]) for d in sources],
-                         fingerprints=[s.manifest.fingerprint for s in shards])
+                         fingerprints=[s.manifest.fingerprint for s in shards],
+                         schedule=[Piece(tuple(p["weights"]), p["samples"]) for p in pieces] if pieces else None)
 
 
 def _plan(doc_lengths: tuple, mixture: Mixture | None, config: TokenPlanConfig, epoch: int, place: StepPlace, *,

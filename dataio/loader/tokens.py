@@ -52,9 +52,6 @@ class TokenLoader:
         if config.worker_mode == "processes":
             raise ValueError("token batches are built in this process (copies out of memory maps and ranged "
                              "reads); worker_mode='processes' is for decoded images: leave it 'auto'")
-        if config.mix_schedule is not None:
-            raise ValueError("a weight Schedule is for mixtures of sample datasets; token mixtures take fixed "
-                             "weights (token shares)")
         if any(s.repeat is not None for s in sources):
             raise ValueError("token mixtures take weights (token shares), not repeat=; give each Source a weight")
         if in_process and topology.num_workers != 1:
@@ -96,7 +93,8 @@ class TokenLoader:
         # One dataset is a mixture of one (Mixture.single): its state and facts; its plan is plan/tokens.py's.
         self.mixture = token_mixture(doc_lengths, plan, names=[st.url for st, _ in opened],
                                      weights=[1.0 if s.weight is None else s.weight for s in sources],
-                                     fingerprints=[m.fingerprint for _, m in opened])
+                                     fingerprints=[m.fingerprint for _, m in opened],
+                                     schedule=config.mix_schedule)  # pieces last a number of sequences
         self.job = TokenJob(sources=shards, config=plan, doc_lengths=doc_lengths,
                             mixture=None if self.mixture.single else self.mixture,
                             with_docs=config.fields is None or "doc_ids" in config.fields,

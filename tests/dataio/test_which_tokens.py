@@ -12,6 +12,7 @@ import pytest
 from dataio import make_loader
 from dataio.format.manifest import read_manifest
 from dataio.loader.which import run_which, samples_of_step, sidecar_doc
+from dataio.plan.schedule import Piece, Schedule
 from dataio.plan.types import Segment
 from dataio.readers.tokens import TokenShards
 from dataio.storage.store import Store
@@ -65,9 +66,11 @@ def _tokens(seq, readers) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("packing,mixed", [("concat", False), ("aligned", False), ("concat", True)])
+@pytest.mark.parametrize("packing,mixed", [("concat", None), ("aligned", None), ("concat", "weights"),
+                                          ("concat", "schedule")])
 def test_which_names_every_sequence_of_a_resumed_token_run(datasets, packing, mixed):
-    url, weights = (list(datasets), [3.0, 1.0]) if mixed else (datasets[0], None)
+    weights = {None: None, "weights": [3.0, 1.0], "schedule": Schedule((Piece((0.8, 0.2), 20), Piece((0.2, 0.8))))}
+    url, weights = (list(datasets), weights[mixed]) if mixed else (datasets[0], None)
     recorded: dict[int, dict[int, list[dict]]] = {}
     first = _loaders(url, 2, 0, packing=packing, weights=weights)
     _train(first, 3, 1, recorded, epoch=0)
