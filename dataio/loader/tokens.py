@@ -7,8 +7,9 @@ every token is in exactly one sequence but a tail under one global batch. Batch 
 from plan worker j % num_workers, as the plan assigns it, so the order, the state and a resume at any
 world size and number of workers are those of the plan. worker_mode "auto" (and num_workers=0) builds
 the batches in the caller's thread, advancing each plan worker's stream in turn while its reads run
-ahead in prefetch threads (object storage); "threads" gives each plan worker a builder thread. The
-state counts batches as they leave `__iter__`.
+ahead in prefetch threads (object storage); "threads" gives each plan worker a builder thread;
+"processes" runs each in a DataLoader worker process (token_procs.py). The state counts batches as they
+leave `__iter__`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataio.loader.startup import agree_on_dataset
 from dataio.loader.state import check_state, make_state
 from dataio.loader.token_batches import TokenJob, worker_batches
 from dataio.loader.token_open import open_token_sources, token_facts
+from dataio.loader.token_procs import TokenProcesses
 from dataio.plan.token_mix import token_mix_num_steps, token_mixture
 from dataio.plan.tokens import SequenceOrder, TokenPlanConfig, token_num_steps
 from dataio.plan.types import PlanConfig, PlanState, Topology
@@ -49,9 +51,6 @@ class TokenLoader:
 
     def __init__(self, sources: list[Source], config: LoaderConfig, *, topology: Topology, in_process: bool = False,
                  kv_store: Any = None) -> None:
-        if config.worker_mode == "processes":
-            raise ValueError("token batches are built in this process (copies out of memory maps and ranged "
-                             "reads); worker_mode='processes' is for decoded images: leave it 'auto'")
         if any(s.repeat is not None for s in sources):
             raise ValueError("token mixtures take weights (token shares), not repeat=; give each Source a weight")
         if in_process and topology.num_workers != 1:
@@ -104,7 +103,7 @@ class TokenLoader:
         self._state, self._delivered, self._finished = PlanState(epoch=0), 0, False
         self._active_steps: int | None = None
         self._token = 0
-        self._threads: _Workers | None = None
+        self._threads: _Workers | TokenProcesses | None = None
         self.history = HistoryKeeper()  # every pass of the run, for `shardify which` and spikes (loader/history.py)
 
     # --- TrainLoader (protocol.py) ------------------------------------------------------------
@@ -182,6 +181,10 @@ class TokenLoader:
             batches: Iterator[dict[str, Any]] = worker_batches(self.job, self.topology.slot(0), start)
         elif self.config.worker_mode == "threads":
             self._threads = _Workers(self.job, self.topology, start, depth=self.config.prefetch_factor)
+            batches = self._threads.batches(steps)
+        elif self.config.worker_mode == "processes":  # DataLoader workers, one per plan worker (token_procs.py)
+            self._threads = TokenProcesses(self.job, self.topology, start, prefetch_factor=self.config.prefetch_factor,
+                                           context=self.config.multiprocessing_context)
             batches = self._threads.batches(steps)
         else:  # "auto": the workers' streams interleaved in this thread, their reads run ahead in prefetch threads
             batches = _interleaved(self.job, self.topology, start, steps)
