@@ -111,3 +111,27 @@ def test_a_token_mixture_follows_its_weight_schedule(tmp_path) -> None:
     shares = [[s["observed"] for s in r["sources"]] for r in rows if r["kind"] == "train"]
     # 2 ranks x 2 sequences a step: the first 24 sequences (6 steps) all from a, then all from b
     assert shares[0] == [1.0, 0.0] and shares[-1] == [0.0, 1.0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_the_scaling_study_of_a_gpt_reports_tokens_and_cost_per_million_tokens(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from tests.trainer.harness import REPO, env_for
+
+    write_token_dataset(Store(str(tmp_path / "train")), DOCS * 8)
+    out = tmp_path / "scaling"
+    cmd = [sys.executable, "-m", "trainer.scaling", "--nproc", "1", "--steps", "4", "--out", str(out),
+           "--link-gbps", "10", "--link-latency-us", "50", "--price-per-hour", "2", "--input-batches", "5", "--",
+           "--model", "gpt", "--data", str(tmp_path / "train"), "--seq-len", "8", "--n-layer", "1", "--n-embd", "16",
+           "--n-head", "2", "--batch-size", "2", "--dist-timeout-s", "60"]
+    done = subprocess.run(cmd, cwd=REPO, env=env_for(), capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "tokens/s" in done.stdout and "$/1M tok" in done.stdout and "model check, tokens/s" in done.stdout
+    variant = json.loads((out / "scaling.json").read_text())["variants"][0]
+    assert variant["tokens_per_sample"] == 8
+    row = variant["measured"][0]
+    assert row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * 8)
+    assert row["cost"]["dollars_per_1m_tokens"] == pytest.approx(1e6 * 2 / 3600 / row["tokens_per_s"])
