@@ -41,8 +41,8 @@ def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: in
     if cfg.model == "gpt":  # token batches of packed sequences (trainer/gpt.py); tokens are mixed by token share
         schedule = Schedule.parse(cfg.mix_schedule) if cfg.mix_schedule and train else None  # pieces in sequences
         return make_loader(sources[0].url if len(sources) == 1 else [Source(s.url, weight=s.weight) for s in sources],
-                           weights=schedule, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed, rank=rank,
-                           world_size=world_size, tail=tail, shuffle=train, storage=storage_options(cfg),
+                           weights=schedule, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed,
+                           rank=rank, world_size=world_size, tail=tail, shuffle=train, storage=storage_options(cfg),
                            pin_memory=pin_memory, seq_len=cfg.seq_len, packing=cfg.packing,
                            tokenizer=cfg.tokenizer or None)
 

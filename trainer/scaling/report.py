@@ -256,8 +256,9 @@ def predicted_table(v: dict[str, Any], link: dict[str, Any]) -> Table:
     label = f" ({str(v['variant']).split(':')[-1]})" if v["variant"] is not None else ""
     table = Table(title=f"prediction{label}: ring all-reduce, link {link['gbps']:.2f} Gbit/s, "
                         f"{link['latency_us']:.0f} us/hop ({link['source']})")
-    for name in ("ranks", "tokens/s" if v.get("tokens_per_sample") else "samples/s", "measured", "error", "efficiency", "all-reduce ms", "exposed ms",
-                 "limited by", "$/epoch"):
+    rate = "tokens/s" if v.get("tokens_per_sample") else "samples/s"
+    for name in ("ranks", rate, "measured", "error", "efficiency", "all-reduce ms", "exposed ms", "limited by",
+                 "$/epoch"):
         table.add_column(name, justify="right")
     checks = {c["world_size"]: c for c in v["model_check"]}
     for r in v["predicted"]:
