@@ -36,16 +36,17 @@ def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: in
     from dataio import Source
     from dataio.loader.make import make_loader
 
+    from dataio.plan.schedule import Schedule
+
     if cfg.model == "gpt":  # token batches of packed sequences (trainer/gpt.py); tokens are mixed by token share
+        schedule = Schedule.parse(cfg.mix_schedule) if cfg.mix_schedule and train else None  # pieces in sequences
         return make_loader(sources[0].url if len(sources) == 1 else [Source(s.url, weight=s.weight) for s in sources],
-                           batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed, rank=rank,
-                           world_size=world_size, tail=tail, shuffle=train, storage=storage_options(cfg),
+                           weights=schedule, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed,
+                           rank=rank, world_size=world_size, tail=tail, shuffle=train, storage=storage_options(cfg),
                            pin_memory=pin_memory, seq_len=cfg.seq_len, packing=cfg.packing,
                            tokenizer=cfg.tokenizer or None)
 
     tabular = bool(cfg.feature_names)  # rows of numeric columns: no image decode, only the columns needed
-    from dataio.plan.schedule import Schedule
-
     weights = Schedule.parse(cfg.mix_schedule) if cfg.mix_schedule and train else None
     loader = make_loader([Source(s.url, weight=s.weight) for s in sources], weights=weights, batch_size=cfg.batch_size,
                        num_workers=cfg.num_workers, seed=cfg.seed, rank=rank, world_size=world_size,

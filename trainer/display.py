@@ -31,8 +31,10 @@ def short(url: str) -> str:
 class LiveTable:
     """Interval rows, redrawn in place on a terminal; printed one per line when piped."""
 
-    def __init__(self, console: Console, *, live: bool, keep_rows: int = 15) -> None:
+    def __init__(self, console: Console, *, live: bool, keep_rows: int = 15, tokens: bool = False) -> None:
         self.console, self.keep_rows = console, keep_rows
+        # A token run's rate column is tokens/s (its samples are sequences of seq_len tokens).
+        self.columns = tuple("tokens/s" if c == "samples/s" else c for c in _COLUMNS) if tokens else _COLUMNS
         self.rows: list[tuple[str, ...]] = []
         self._live = Live(self._table(), console=console, auto_refresh=False) if live and console.is_terminal else None
         if self._live is not None:
@@ -40,15 +42,15 @@ class LiveTable:
 
     def _table(self) -> Table:
         table = Table(title="training (all ranks gathered per interval)")
-        mixed = any(len(row) > len(_COLUMNS) for row in self.rows)
-        for name in _COLUMNS + ((_MIX,) if mixed else ()):
+        mixed = any(len(row) > len(self.columns) for row in self.rows)
+        for name in self.columns + ((_MIX,) if mixed else ()):
             table.add_column(name, justify="right")
         for row in self.rows[-self.keep_rows:]:
             table.add_row(*row)
         return table
 
     def add(self, rep: dict[str, Any], *, step: int, epoch: int, loss: float, lr: float) -> None:
-        row = (str(step), str(epoch), f"{loss:.4f}", f"{lr:.2e}", f"{rep['samples_per_s']:.1f}",
+        row = (str(step), str(epoch), f"{loss:.4f}", f"{lr:.2e}", rate_cell(rep),
                f"{rep['wait_share']:.1%}", f"{rep['hidden_load_share']:.0%}",
                STAGE_LABELS[rep["slowest_stage"]],
                f"r{rep['slowest_rank']} {rep['slowest_rank_vs_median']:.2f}x")
@@ -58,7 +60,7 @@ class LiveTable:
         if self._live is not None:
             self._live.update(self._table(), refresh=True)
         else:
-            self.console.print("  ".join(f"{c}={v}" for c, v in zip(_COLUMNS + (_MIX,), row, strict=False)))
+            self.console.print("  ".join(f"{c}={v}" for c, v in zip(self.columns + (_MIX,), row, strict=False)))
 
     def note(self, text: str) -> None:
         self.console.print(text)
@@ -69,11 +71,17 @@ class LiveTable:
             self._live = None
 
 
+def rate_cell(row: dict[str, Any]) -> str:
+    """The rate of a report or rank row: tokens/s for a token run, else samples/s."""
+    return f"{row['tokens_per_s']:,.0f}" if "tokens_per_s" in row else f"{row['samples_per_s']:.1f}"
+
+
 def summary_table(rep: dict[str, Any], *, title: str) -> Table:
-    """Per rank: samples/s, time per step in each stage, data-wait share, hidden loading."""
+    """Per rank: samples/s (tokens/s for a token run), time per step in each stage, data-wait share,
+    hidden loading."""
     table = Table(title=title)
     table.add_column("rank", justify="right", no_wrap=True)
-    table.add_column("samples/s", justify="right")
+    table.add_column("tokens/s" if "tokens_per_s" in rep else "samples/s", justify="right")
     for p in PHASES:
         table.add_column(f"{STAGE_LABELS[p]} ms/step", justify="right")
     table.add_column("step ms", justify="right")
@@ -84,7 +92,7 @@ def summary_table(rep: dict[str, Any], *, title: str) -> Table:
         n = max(1, r["steps"])
         cells = [f"{1000 * r[f'{p}_s'] / n:.1f}" for p in PHASES]
         mark = " (slowest)" if r["rank"] == rep["slowest_rank"] and rep["world_size"] > 1 else ""
-        table.add_row(f"{rank_label(r, rep)}{mark}", f"{r['samples_per_s']:.1f}", *cells,
+        table.add_row(f"{rank_label(r, rep)}{mark}", rate_cell(r), *cells,
                       f"{1000 * r['step_s'] / n:.1f}", f"{1000 * r['comm_overlapped_s'] / n:.1f}",
                       f"{r['wait_share']:.1%}", f"{r['hidden_load_share']:.0%}")
     table.caption = ("* comm overlapped ran during forward+backward and is already inside it: "
@@ -123,7 +131,9 @@ def print_summary(console: Console, rep: dict[str, Any], *, outputs: dict[str, s
                   val: dict[str, float] | None) -> None:
     """The final summary: table, global line, verdict, validation, where the files are."""
     console.print(summary_table(rep, title=f"overlap summary: {rep['steps']} steps x {rep['world_size']} ranks"))
-    console.print(f"global: {rep['samples_per_s']:.1f} samples/s | data wait {rep['wait_share']:.1%} of step time"
+    rate = (f"{rep['tokens_per_s']:,.0f} tokens/s ({rep['samples_per_s']:.1f} sequences/s of "
+            f"{rep['tokens_per_sample']} tokens)" if "tokens_per_s" in rep else f"{rep['samples_per_s']:.1f} samples/s")
+    console.print(f"global: {rate} | data wait {rep['wait_share']:.1%} of step time"
                   f" | loading hidden {rep['hidden_load_share']:.0%} | slowest stage "
                   f"{STAGE_LABELS[rep['slowest_stage']]} | slowest rank {rep['slowest_rank']} "
                   f"({rep['slowest_rank_vs_median']:.2f}x median)")

@@ -14,6 +14,7 @@ import contextlib
 import math
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -167,6 +168,20 @@ def evaluate(model: nn.Module, loader: Any, rt: runtime.Runtime, *, epoch: int, 
         model.train(was_training)
     loss_sum, correct, count = runtime.all_sum(rt, [loss_sum, correct, count])
     return {"loss": loss_sum / max(count, 1.0), "accuracy": correct / max(count, 1.0), "samples": int(count)}
+
+
+def row_keys(batch: dict[str, Any]) -> list[str]:
+    """--record-keys for token batches: per real row, its documents (global numbers in their dataset, the
+    batch's doc_ids) in order, 'd12+d13'; what `shardify which` names by document and token range."""
+    if "doc_ids" not in batch:
+        return []
+    keep, docs = batch["mask"].tolist(), batch["doc_ids"].numpy()
+    out = []
+    for row, real in zip(docs, keep):
+        if real:
+            runs = row[np.r_[True, row[1:] != row[:-1]]]  # (k,) each run of one document, in order
+            out.append("+".join(f"d{d}" for d in runs[runs >= 0].tolist()))
+    return out
 
 
 def peak_flops(cfg: Any, device: torch.device) -> float:

@@ -69,7 +69,10 @@ class Recorder:
         # Piped output (CI logs, tests) gets wide tables instead of rich's 80-column default, and lines
         # of text are never wrapped (soft_wrap): a log line stays one line, whatever its length.
         self.console = (Console() if sys.stdout.isatty() else Console(width=150, soft_wrap=True)) if rt.is_main else None
-        self.table = LiveTable(self.console, live=cfg.live) if self.console is not None else None
+        # A token run (--model gpt) reports tokens: a sample is a sequence of seq_len tokens of input.
+        self.tokens_per_sample = cfg.seq_len if cfg.model == "gpt" else None
+        self.table = (LiveTable(self.console, live=cfg.live, tokens=self.tokens_per_sample is not None)
+                      if self.console is not None else None)
         if rt.is_main:
             self.event({"kind": "start", "time": time.time(), "world_size": rt.world_size,
                         "device": str(rt.device), "config": config_dict(cfg)})
@@ -165,7 +168,8 @@ class Recorder:
         if not self.rt.is_main:
             return
         self._name_spikes([g.pop("spikes") for g in gathered])
-        rep = combine(gathered, num_workers=self.cfg.num_workers, decode=self.cfg.decode)
+        rep = combine(gathered, num_workers=self.cfg.num_workers, decode=self.cfg.decode,
+                      tokens_per_sample=self.tokens_per_sample)
         if self.source_names:
             rep["sources"] = source_rows(gathered, names=self.source_names, requested=self.requested,
                                          samples_per_s=rep["samples_per_s"])
@@ -220,7 +224,8 @@ class Recorder:
             self.note(f"nothing left to train (--epochs {self.cfg.epochs}, --max-steps {self.cfg.max_steps}); "
                       "earlier outputs in --out are kept")
             return None
-        rep = combine(totals, num_workers=self.cfg.num_workers, decode=self.cfg.decode)
+        rep = combine(totals, num_workers=self.cfg.num_workers, decode=self.cfg.decode,
+                      tokens_per_sample=self.tokens_per_sample)
         if self.source_names:
             rep["sources"] = source_rows(totals, names=self.source_names, requested=self.requested,
                                          samples_per_s=rep["samples_per_s"])
@@ -230,12 +235,13 @@ class Recorder:
         self._saving(outputs["trace (ui.perfetto.dev)"], lambda path: write_trace(path, traces))
         self._saving(outputs["chart"], lambda path: write_chart(path, traces))
         rep["job"] = {**self.job, "wire_bytes": self.wire_bytes(), "world_size": self.rt.world_size,
-                      "num_nodes": len({t["node"] for t in totals})}
+                      "num_nodes": len({t["node"] for t in totals}), "tokens_per_sample": self.tokens_per_sample}
         if self.cfg.price_per_hour and rep["samples_per_s"] > 0:
             rep["cost"] = cost.cost_of(price_per_hour=self.cfg.price_per_hour, world_size=self.rt.world_size,
                                        samples_per_s=rep["samples_per_s"],
                                        epoch_samples=int(self.job.get("epoch_samples", 0)),
-                                       wasted_share=cost.wasted_share(rep["stage_share"]))
+                                       wasted_share=cost.wasted_share(rep["stage_share"]),
+                                       tokens_per_sample=self.tokens_per_sample)
         if self.checkpoints is not None:
             rep["checkpoints"] = self.checkpoints
         if self.spike_rows:

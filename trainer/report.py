@@ -31,8 +31,10 @@ def summarize(records: Sequence[StepRecord], *, rank: int) -> dict[str, Any]:
     return out
 
 
-def combine(per_rank: Sequence[dict[str, Any]], *, num_workers: int = 0, decode: str = "cpu") -> dict[str, Any]:
-    """The gathered report of one interval: global numbers, per-rank rows, straggler, verdict."""
+def combine(per_rank: Sequence[dict[str, Any]], *, num_workers: int = 0, decode: str = "cpu",
+            tokens_per_sample: int | None = None) -> dict[str, Any]:
+    """The gathered report of one interval: global numbers, per-rank rows, straggler, verdict. A token
+    run (tokens_per_sample: its seq_len; a sample is a sequence) also says tokens and tokens/s."""
     rows = [dict(r) for r in sorted(per_rank, key=lambda r: r["rank"])]
     for r in rows:
         step_s = r["step_s"] or 1e-12
@@ -64,6 +66,10 @@ def combine(per_rank: Sequence[dict[str, Any]], *, num_workers: int = 0, decode:
         "read_share_of_load": sum(r["read_s"] for r in rows) / load_work if load_work > 0 else 0.0,
         "ranks": rows,
     }
+    if tokens_per_sample:
+        out["tokens_per_sample"] = tokens_per_sample
+        for r in (out, *rows):
+            r["tokens"], r["tokens_per_s"] = r["samples"] * tokens_per_sample, r["samples_per_s"] * tokens_per_sample
     out["straggler"] = slow["rank"] if len(rows) > 1 and out["slowest_rank_vs_median"] >= STRAGGLER_RATIO else None
     out["verdict"] = verdict(out, num_workers=num_workers, decode=decode)
     return out
@@ -141,5 +147,7 @@ def metrics_line(rep: dict[str, Any], *, step: int, epoch: int, loss: float, lr:
             "slowest_stage", "slowest_rank", "slowest_rank_vs_median", "straggler", "hidden_load_share",
             "load_work_s", "verdict", "ranks")
     extra = {"sources": rep["sources"]} if rep.get("sources") else {}
+    if "tokens_per_s" in rep:
+        extra.update(tokens_per_s=rep["tokens_per_s"], tokens=rep["tokens"])
     return {"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr, **{k: rep[k] for k in keys},
             **extra}

@@ -25,6 +25,8 @@ class TensorBoardSink:
     def interval(self, rep: dict[str, Any], *, step: int, loss: float, lr: float) -> None:
         w = self.writer
         w.add_scalar("train/samples_per_s", rep["samples_per_s"], step)
+        if "tokens_per_s" in rep:  # a token run
+            w.add_scalar("train/tokens_per_s", rep["tokens_per_s"], step)
         w.add_scalar("train/data_wait_share", rep["wait_share"], step)
         w.add_scalar("train/exposed_comm_share", rep["stage_share"]["comm_exposed"], step)
         w.add_scalar("train/loss", loss, step)

@@ -254,7 +254,9 @@ def save(run: Run, *, epoch_done: bool) -> None:
 
 def loader_sidecar(run: Run, loader_state: dict[str, Any]) -> bytes:
     """The loader-state sidecar (dataio/loader/which.py) of the run's position: state, step, sources."""
-    urls = [st.url for st in run.loader.opened.stores]  # redacted; credentials come from the storage options
+    opened = run.loader.opened  # a TokenLoader's: its (store, manifest) pairs
+    stores = opened.stores if hasattr(opened, "stores") else [st for st, _ in opened]
+    urls = [st.url for st in stores]  # redacted; credentials come from the storage options
     weights = [s.weight for s in run.cfg.sources] if len(urls) == len(run.cfg.sources) else [None] * len(urls)
     return sidecar_doc(step=run.step, epoch=run.epoch, grad_accum=run.cfg.grad_accum,
                        sources=list(zip(urls, weights)), loader_state=loader_state)
@@ -313,6 +315,8 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
         if "input_ids" in batch:  # --- token batches: next-token loss (trainer/gpt.py) ---
             loss_share, num_sequences = gpt.micro_step(run, batch, micro == cfg.grad_accum - 1)
             loss_total, samples = loss_total + loss_share, samples + num_sequences
+            if cfg.record_keys:
+                keys.extend(gpt.row_keys(batch))
             continue
         data.check_labels(batch, run.identity["num_classes"], run.loader)
         with timer.phase("h2d"):

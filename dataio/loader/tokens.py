@@ -7,8 +7,9 @@ every token is in exactly one sequence but a tail under one global batch. Batch 
 from plan worker j % num_workers, as the plan assigns it, so the order, the state and a resume at any
 world size and number of workers are those of the plan. worker_mode "auto" (and num_workers=0) builds
 the batches in the caller's thread, advancing each plan worker's stream in turn while its reads run
-ahead in prefetch threads (object storage); "threads" gives each plan worker a builder thread. The
-state counts batches as they leave `__iter__`.
+ahead in prefetch threads (object storage); "threads" gives each plan worker a builder thread;
+"processes" runs each in a DataLoader worker process (token_procs.py). The state counts batches as they
+leave `__iter__`.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ import numpy as np
 from dataio.errors import StateError
 from dataio.format.manifest import Manifest
 from dataio.loader.config import LoaderConfig, Source, check_int
+from dataio.loader.history import HISTORY_KEY, HistoryKeeper
 from dataio.loader.protocol import DatasetFacts
 from dataio.loader.startup import agree_on_dataset
 from dataio.loader.state import check_state, make_state
 from dataio.loader.token_batches import TokenJob, worker_batches
 from dataio.loader.token_open import open_token_sources, token_facts
+from dataio.loader.token_procs import TokenProcesses
 from dataio.plan.token_mix import token_mix_num_steps, token_mixture
 from dataio.plan.tokens import SequenceOrder, TokenPlanConfig, token_num_steps
 from dataio.plan.types import PlanConfig, PlanState, Topology
@@ -48,12 +51,6 @@ class TokenLoader:
 
     def __init__(self, sources: list[Source], config: LoaderConfig, *, topology: Topology, in_process: bool = False,
                  kv_store: Any = None) -> None:
-        if config.worker_mode == "processes":
-            raise ValueError("token batches are built in this process (copies out of memory maps and ranged "
-                             "reads); worker_mode='processes' is for decoded images: leave it 'auto'")
-        if config.mix_schedule is not None:
-            raise ValueError("a weight Schedule is for mixtures of sample datasets; token mixtures take fixed "
-                             "weights (token shares)")
         if any(s.repeat is not None for s in sources):
             raise ValueError("token mixtures take weights (token shares), not repeat=; give each Source a weight")
         if in_process and topology.num_workers != 1:
@@ -95,7 +92,8 @@ class TokenLoader:
         # One dataset is a mixture of one (Mixture.single): its state and facts; its plan is plan/tokens.py's.
         self.mixture = token_mixture(doc_lengths, plan, names=[st.url for st, _ in opened],
                                      weights=[1.0 if s.weight is None else s.weight for s in sources],
-                                     fingerprints=[m.fingerprint for _, m in opened])
+                                     fingerprints=[m.fingerprint for _, m in opened],
+                                     schedule=config.mix_schedule)  # pieces last a number of sequences
         self.job = TokenJob(sources=shards, config=plan, doc_lengths=doc_lengths,
                             mixture=None if self.mixture.single else self.mixture,
                             with_docs=config.fields is None or "doc_ids" in config.fields,
@@ -105,7 +103,8 @@ class TokenLoader:
         self._state, self._delivered, self._finished = PlanState(epoch=0), 0, False
         self._active_steps: int | None = None
         self._token = 0
-        self._threads: _Workers | None = None
+        self._threads: _Workers | TokenProcesses | None = None
+        self.history = HistoryKeeper()  # every pass of the run, for `shardify which` and spikes (loader/history.py)
 
     # --- TrainLoader (protocol.py) ------------------------------------------------------------
     @property
@@ -140,9 +139,12 @@ class TokenLoader:
         """Select the epoch the next iteration delivers; a resumed epoch keeps its position."""
         check_int("epoch", epoch, minimum=0)
         if epoch != self._state.epoch or self._finished:
+            self._record_history(new_pass=True)
             self._state, self._delivered, self._finished = PlanState(epoch=epoch), 0, False
 
     def _position(self) -> PlanState:
+        if self._delivered == 0:
+            return self._state
         t = self.topology
         return self._state.advanced(world_size=t.world_size, num_workers=t.num_workers, batches=self._delivered)
 
@@ -169,6 +171,7 @@ class TokenLoader:
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
         start = self._next_start()
+        self._record_history(new_pass=self._finished)
         self._state, self._delivered, self._finished = start, 0, False
         steps = self._steps_from(start)
         self._token += 1
@@ -178,6 +181,10 @@ class TokenLoader:
             batches: Iterator[dict[str, Any]] = worker_batches(self.job, self.topology.slot(0), start)
         elif self.config.worker_mode == "threads":
             self._threads = _Workers(self.job, self.topology, start, depth=self.config.prefetch_factor)
+            batches = self._threads.batches(steps)
+        elif self.config.worker_mode == "processes":  # DataLoader workers, one per plan worker (token_procs.py)
+            self._threads = TokenProcesses(self.job, self.topology, start, prefetch_factor=self.config.prefetch_factor,
+                                           context=self.config.multiprocessing_context)
             batches = self._threads.batches(steps)
         else:  # "auto": the workers' streams interleaved in this thread, their reads run ahead in prefetch threads
             batches = _interleaved(self.job, self.topology, start, steps)
@@ -211,7 +218,19 @@ class TokenLoader:
         state = make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
                            mixture=self.mixture, epoch_complete=self._finished and self._active_steps is None)
         state["tokens"] = json.dumps({"seq_len": self.seq_len, "packing": self.packing})
+        state[HISTORY_KEY] = self.history.snapshot(position=self._state, delivered=self._delivered,
+                                                   topology=self.topology, fingerprint=self.fingerprint,
+                                                   plan=self.plan_config)
         return state
+
+    def _record_history(self, *, new_pass: bool) -> None:
+        """Fold the batches delivered since `_state` into the run's history before the position moves."""
+        self.history.advance(position=self._state, delivered=self._delivered, topology=self.topology,
+                             fingerprint=self.fingerprint, plan=self.plan_config, new_pass=new_pass)
+
+    def load_history(self, state_dict: dict[str, Any]) -> None:
+        """Take only the run's history from a saved state (an epoch-end checkpoint, not resumed)."""
+        self.history.load(state_dict, self._state, fingerprint=self.fingerprint, plan=self.plan_config)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
@@ -228,6 +247,7 @@ class TokenLoader:
             self._steps_from(state)  # replays the saved progress: refuses positions past the epoch
         except (ValueError, IndexError) as exc:
             raise StateError(f"loader state does not fit this dataset: {exc}") from None
+        self.history.load(state_dict, state, fingerprint=self.fingerprint, plan=self.plan_config)
         self._state, self._delivered, self._finished = state, 0, False
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from dataio.errors import ManifestError, StateError
 from dataio.format.manifest import Manifest, read_manifest
 from dataio.format.provenance import read_sources
 from dataio.loader.history import HISTORY_KEY, loads_history, resolved_grad_accum
+from dataio.loader.token_which import StepSequence, is_token_run, sequences_of_step
 from dataio.plan.mix import MixSource, Mixture
 from dataio.plan.schedule import Piece, scheduled
 from dataio.plan.types import Segment
@@ -82,8 +83,9 @@ class StepSample:
 
 
 def samples_of_step(doc: dict[str, Any], step: int, *, ranks: Sequence[int] | None = None,
-                    storage: StorageOptions | None = None) -> list[StepSample]:
-    """Every requested rank's samples of optimizer step `step` per the sidecar `doc`."""
+                    storage: StorageOptions | None = None) -> list[StepSample] | list[StepSequence]:
+    """Every requested rank's samples of optimizer step `step` per the sidecar `doc` (a token run's:
+    its sequences, each named by document and token range, loader/token_which.py)."""
     if doc.get("shardify_loader_state") != SIDECAR_VERSION:
         raise StateError(f"loader-state sidecar version {doc.get('shardify_loader_state')!r} is not "
                          f"{SIDECAR_VERSION}: ask with the shardify that wrote it")
@@ -96,11 +98,13 @@ def samples_of_step(doc: dict[str, Any], step: int, *, ranks: Sequence[int] | No
     chosen = passes[place.pass_index]
     stores = [Store(s["url"], storage) for s in doc["sources"]]
     manifests = [read_manifest(st) for st in stores]
-    data = _plan_data(doc, stores, manifests, chosen.fingerprint)
     wanted = range(place.world_size) if ranks is None else ranks
     for r in wanted:
         if not 0 <= r < place.world_size:
             raise ValueError(f"rank {r} is outside the {place.world_size} ranks that ran step {step}")
+    if is_token_run(manifests):
+        return sequences_of_step(doc, chosen, place, stores=stores, manifests=manifests, ranks=wanted)
+    data = _plan_data(doc, stores, manifests, chosen.fingerprint)
     reader = _Samples(stores, manifests)
     out = []
     for r in wanted:
@@ -118,8 +122,8 @@ def _plan_data(doc: dict[str, Any], stores: list[Store], manifests: list[Manifes
     """What the plan replays: one dataset's shard sizes, or the mixture rebuilt from the state's description."""
     for store, m in zip(stores, manifests):
         if m.format not in ("tar", "parquet"):
-            raise ManifestError(f"{store.url}: a {m.format} dataset; which names image and table samples only "
-                                "(token datasets have no loader yet)")
+            raise ManifestError(f"{store.url}: a {m.format} dataset; which names image, table and token "
+                                "samples only")
     mixture = doc["loader"].get("mixture")
     if mixture is None:
         if manifests[0].fingerprint != fingerprint:
@@ -205,6 +209,23 @@ def _stem(s: StepSample) -> str:
     return s.key.replace("/", "_") if s.micro == 0 else f"m{s.micro}-{s.key.replace('/', '_')}"
 
 
+def sequence_lines(sequences: Sequence[StepSequence], *, as_json: bool) -> list[str]:
+    """A token run's step: one line (or JSON object) per sequence, naming each document range it holds."""
+    out = []
+    for s in sequences:
+        ranges = [{"dataset": r.dataset, "shard": r.shard, "document": r.document, "start": r.start,
+                   "end": r.end, "source": r.origin} for r in s.ranges]
+        if as_json:
+            out.append(json.dumps({"rank": s.rank, "micro": s.micro, "row": s.row, "num_tokens": s.num_tokens,
+                                   "pad": s.is_pad, "ranges": ranges}))
+            continue
+        out.append(f"  rank {s.rank} micro {s.micro} row {s.row}: {s.num_tokens} tokens"
+                   + ("  (padding)" if s.is_pad else ""))
+        out += [f"    {r.dataset} {r.shard} document {r.document} tokens {r.start}:{r.end}  {r.origin or '-'}"
+                for r in s.ranges]
+    return out
+
+
 def add_which_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `shardify which` and `python -m trainer.which` (one definition for both)."""
     parser.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT",
@@ -228,6 +249,11 @@ def run_which(args: argparse.Namespace, storage: StorageOptions | None = None) -
         raise StateError(f"{store.url_of(name)}: not valid JSON ({exc})") from None
     samples = samples_of_step(doc, args.step, ranks=args.rank, storage=storage)
     lines = [] if args.json else [f"step {args.step} (from {store.url_of(name)}):"]
+    if samples and isinstance(samples[0], StepSequence):
+        if args.export:
+            raise ValueError("--export writes stored sample files; a token run's sequences are token ranges of "
+                             "documents: print them (--json) and read the ranges with `shardify inspect --show`")
+        return lines + sequence_lines(samples, as_json=args.json)
     for s in samples:
         row = {"rank": s.rank, "micro": s.micro, "key": s.key, "dataset": s.dataset, "shard": s.shard,
                "position": s.position, "label": s.label, "source": s.origin, "pad": s.is_pad}

@@ -9,6 +9,12 @@ of an endless run of passes over its sequences: pass p = c // num_sequences_s is
 with its shards permuted by (its seed, p); a source that runs out starts a new pass (upsampling), one
 too big goes on where it stopped in the next epoch. Ranks, workers, windows, tails and resume are
 plan.py's (plan_positions), so the five properties hold in sequences of the mixture.
+
+A weight Schedule (schedule.py) is the image mixtures' segment design in sequences: pieces of weights
+over the run's sequence positions, each epoch cut into segments where pieces start, each segment a
+mixture epoch of its own planned under its plan epoch, its draws continuing at the segment's cursor
+base (so a source's sequences never repeat within a pass); the ScheduledMixture splits a saved
+progress over the segments, so resume lands mid-piece at any topology.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dataio.plan.mix import MixSource, Mixture, delivered_epoch
-from dataio.plan.plan import Window, plan_positions, steps_of_total
+from dataio.plan.plan import Window, plan_positions
+from dataio.plan.schedule import Piece, ScheduledMixture, _plan_epoch, scheduled  # one segment keying for both
 from dataio.plan.tokens import SequenceOrder, TokenPlanConfig, TokenWindow, TokenWorkerPlan
 from dataio.plan.types import PlanState, Segment, WorkerSlot
 from dataio.rand import key
@@ -52,30 +59,61 @@ def source_config(config: TokenPlanConfig, source: int) -> TokenPlanConfig:
 
 
 def token_mixture(doc_lengths: Sequence[Sequence[Sequence[int]]], config: TokenPlanConfig, *,
-                  names: Sequence[str], weights: Sequence[float], fingerprints: Sequence[str]) -> Mixture:
-    """The mixture of sources (each its shards' document lengths) counted in sequences, weights as shares."""
+                  names: Sequence[str], weights: Sequence[float], fingerprints: Sequence[str],
+                  schedule: Sequence[Piece] | None = None) -> Mixture:
+    """The mixture of sources (each its shards' document lengths) counted in sequences, weights as shares;
+    with `schedule`, weights that follow its pieces (each lasting a number of sequences) over the run."""
     sources = []
     for s, docs in enumerate(doc_lengths):
         n = SequenceOrder(docs, source_config(config, s), 0).num_sequences  # the same in every pass
         sources.append(MixSource(name=names[s], shard_sizes=[n], weight=float(weights[s]),
                                  fingerprint=fingerprints[s]))
+    if schedule is not None:
+        return scheduled(sources, schedule)
     return Mixture(sources=tuple(sources))
 
 
 def token_mix_num_steps(mixture: Mixture, *, config: TokenPlanConfig, world_size: int, state: PlanState) -> int:
-    """Batches every rank delivers from the state's position to the mixture epoch's end."""
-    total = delivered_epoch(mixture, config=config.plan, world_size=world_size, state=state).total
-    return steps_of_total(total, config=config.plan, world_size=world_size, state=state)
+    """Batches every rank delivers from the state's position to the mixture epoch's end (a schedule's: the
+    segments from the state's one on)."""
+    return int(mixture.steps_from(config=config.plan, world_size=world_size, state=state))
 
 
 def plan_token_mix_worker(doc_lengths: Sequence[Sequence[Sequence[int]]], mixture: Mixture, *,
                           config: TokenPlanConfig, slot: WorkerSlot, state: PlanState) -> TokenWorkerPlan:
     """One worker's windows of mixed sequences (TokenMixWindow), from the state's position on."""
+    orders: dict[tuple[int, int], SequenceOrder] = {}
+    if not isinstance(mixture, ScheduledMixture):
+        base = state.epoch * mixture.counts  # source s's k-th position of the epoch takes draw base[s] + k
+        return _plan_segment(doc_lengths, mixture, config=config, slot=slot, state=state, base=base, orders=orders)
+    # A schedule: the segments from the state's one to the epoch's end, concatenated; in a later segment the
+    # worker takes the role of the one that makes its batches (round robin goes on), as in ScheduledMixture.
     epoch = state.epoch
+    index, seg = mixture.split(state, config.plan)
+    windows: list[TokenWindow] = []
+    numbers, offset = [], 0
+    for j in range(index, len(mixture.segments(epoch))):
+        mix = mixture.segment(epoch, j)
+        sub = seg if j == index else PlanState(epoch=_plan_epoch(epoch, j))
+        worker = slot if j == index else replace(slot, worker_id=(slot.worker_id - offset) % slot.num_workers)
+        assert mix.cursor_base is not None
+        plan = _plan_segment(doc_lengths, mix, config=config, slot=worker, state=sub,
+                             base=np.asarray(mix.cursor_base, dtype=np.int64), orders=orders)
+        windows += plan.windows
+        numbers.append(plan.batch_numbers + offset)
+        offset += plan.num_steps
+    return TokenWorkerPlan(num_steps=offset, batch_numbers=np.concatenate(numbers) if numbers else
+                           np.zeros(0, dtype=np.int64), windows=tuple(windows), order=None)
+
+
+def _plan_segment(doc_lengths: Sequence[Sequence[Sequence[int]]], mixture: Mixture, *, config: TokenPlanConfig,
+                  slot: WorkerSlot, state: PlanState, base: np.ndarray,
+                  orders: dict[tuple[int, int], SequenceOrder]) -> TokenWorkerPlan:
+    """One unscheduled mixture epoch (or schedule segment) of the worker; source s's k-th position takes its
+    draw base[s] + k."""
     delivered = delivered_epoch(mixture, config=config.plan, world_size=slot.world_size, state=state)
     shard_base = np.concatenate([[0], np.cumsum([len(d) for d in doc_lengths])]).astype(np.int64)
     sizes = np.asarray([s.num_samples for s in mixture.sources], dtype=np.int64)
-    orders: dict[tuple[int, int], SequenceOrder] = {}
     windows: list[TokenWindow] = []
 
     def order_of(source: int, pass_: int) -> SequenceOrder:
@@ -87,7 +125,7 @@ def plan_token_mix_worker(doc_lengths: Sequence[Sequence[Sequence[int]]], mixtur
 
     def make_window(pos0: np.ndarray, is_pad: np.ndarray) -> Window:
         source, k = delivered.locate(pos0)
-        draw = epoch * mixture.counts[source] + k
+        draw = base[source] + k
         passes, idx = draw // sizes[source], draw % sizes[source]
         m = len(pos0)
         starts, counts, owned, group = (np.zeros(m, dtype=np.int64) for _ in range(4))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -65,6 +66,14 @@ class TokenShards:
         self._checked: dict[int, np.ndarray] = {}  # local shards: (num_blocks,) bool, blocks already hashed
         # Global document number of each shard's first document (manifest order).
         self.doc_base = np.concatenate([[0], np.cumsum(np.asarray(manifest.shard_num_samples, dtype=np.int64))])
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A lock and memory maps do not pickle; a worker process maps and checks its own (spawn start method).
+        return {"store": self.store, "manifest": self.manifest, "verify": self.verify, "cache": self.cache}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["store"], state["manifest"], verify_checksums=state["verify"],  # type: ignore[misc]
+                      cache=state["cache"])
 
     def url_of(self, shard: int) -> str:
         return self.store.url_of(self.manifest.shard_paths[shard])

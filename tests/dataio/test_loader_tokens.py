@@ -5,6 +5,8 @@ and the bad input it refuses (another tokenizer, seq_len above every document, a
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dataio import make_loader
+from dataio.loader.token_batches import worker_batches
+from dataio.plan.types import PlanState
 from dataio.errors import ManifestError, ShardFormatError, StateError
 from dataio.storage.store import Store
 from tests.dataio.resume_harness import check_resume, check_save_load_state, loader_advance, loader_deliver
@@ -129,9 +133,32 @@ def test_builder_threads_deliver_what_the_interleaved_streams_do(token_url) -> N
                 assert all(torch.equal(x[k], y[k]) for k in x) and x.keys() == y.keys()
 
 
-def test_worker_processes_are_refused_for_tokens(token_url) -> None:
-    with pytest.raises(ValueError, match="built in this process.*leave it .auto."):
-        make_loader(token_url, seq_len=SEQ_LEN, batch_size=BATCH, worker_mode="processes")
+def test_worker_processes_deliver_what_the_interleaved_streams_do(token_url) -> None:
+    """worker_mode="processes": DataLoader workers run the plan workers' streams; the same batches in the same
+    order, also after a resume at another world size; the job pickles (the spawn start method)."""
+    auto, procs = (loaders(token_url, 2, 2, worker_mode=mode, packing="aligned") for mode in ("auto", "processes"))
+    for a, p in zip(auto, procs):
+        got_a, got_p = list(a), list(p)
+        assert len(got_a) == len(got_p) > 0
+        for x, y in zip(got_a, got_p):
+            assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    first = loaders(token_url, 2, 2, worker_mode="processes")
+    it = iter(first[0])
+    next(it), next(it), next(it)
+    state = first[0].state_dict()
+    it.close()
+    resumed = [loaders(token_url, 3, 3, worker_mode=mode) for mode in ("auto", "processes")]
+    for a, p in zip(*resumed):
+        a.load_state_dict(state)
+        p.load_state_dict(state)
+        got_a, got_p = list(a), list(p)
+        assert len(got_a) == len(got_p) > 0
+        assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got_a, got_p))
+    job = pickle.loads(pickle.dumps(auto[0].job))
+    topology = auto[0].topology
+    mine = next(worker_batches(job, topology.slot(0), PlanState(epoch=0)))
+    theirs = next(worker_batches(auto[0].job, topology.slot(0), PlanState(epoch=0)))
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
 
 def test_a_tokenizer_of_another_hash_is_refused(token_url, tmp_path) -> None:
@@ -152,8 +179,8 @@ def test_seq_len_on_an_image_dataset_is_refused(tmp_path) -> None:
         make_loader(str(tmp_path / "img"), seq_len=8, batch_size=1, num_workers=0)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_corrupt_shard_names_the_shard_and_document(tmp_path, num_workers) -> None:
+@pytest.mark.parametrize("num_workers,mode", [(0, "auto"), (2, "auto"), (2, "processes")])
+def test_a_corrupt_shard_names_the_shard_and_document(tmp_path, num_workers, mode) -> None:
     root = tmp_path / "ds"
     write_token_dataset(Store(str(root)), DOCS, block_tokens=16)
     path = root / "shards" / "shard-000003.tokens"
@@ -161,7 +188,7 @@ def test_a_corrupt_shard_names_the_shard_and_document(tmp_path, num_workers) -> 
     data[2 * 20] ^= 0xFF  # token 20 of the shard: block 1, its 4th document (offsets 0 2 4 13 46)
     path.write_bytes(bytes(data))
     with pytest.raises(ShardFormatError, match=r"shard-000003\.tokens: token block 1 \(document 3 from token 16\)"):
-        for _ in make_loader(str(root), seq_len=SEQ_LEN, batch_size=BATCH, num_workers=num_workers):
+        for _ in make_loader(str(root), seq_len=SEQ_LEN, batch_size=BATCH, num_workers=num_workers, worker_mode=mode):
             pass
 
 
@@ -270,3 +297,12 @@ def test_any_documents_topology_and_stop_point(tmp_path_factory, docs, seq_len, 
     expected = total - (sum(len(d) for d in docs) if packing == "aligned" else 1)
     # every trained token once; what is missing is under one global batch of sequences of each level
     assert 0 <= expected - len(got) < (first[0] + second[0]) * batch * (seq_len + 1)
+
+
+@pytest.mark.slow  # new interpreters (the spawn start method)
+def test_worker_processes_work_with_the_spawn_start_method(token_url) -> None:
+    kw = dict(seq_len=SEQ_LEN, batch_size=BATCH, num_workers=2, shuffle_window=5)
+    auto = list(make_loader(token_url, **kw))
+    spawned = list(make_loader(token_url, worker_mode="processes", multiprocessing_context="spawn", **kw))
+    assert len(auto) == len(spawned) > 0
+    assert all(torch.equal(x[k], y[k]) for x, y in zip(auto, spawned) for k in x)

@@ -69,14 +69,19 @@ def test_two_ranks_train_on_token_shards_and_validate_every_token_once(tmp_path)
         "--model", "gpt", "--data", str(tmp_path / "train"), "--val-data", str(tmp_path / "val"),
         "--seq-len", "16", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--batch-size", "4",
         "--optimizer", "adamw", "--lr", "0.003", "--epochs", "2", "--num-workers", "1", "--log-every", "2",
-        "--peak-flops", "1e12", "--out", str(out), "--resume", "none", "--dist-timeout-s", "60"]))
+        "--peak-flops", "1e12", "--out", str(out), "--resume", "none", "--dist-timeout-s", "60",
+        "--price-per-hour", "2"]))
     assert "tokens/s per rank" in result.stdout and "MFU" in result.stdout
+    # a token run's reports count tokens: the live rows, the summary's global line, the cost per million tokens
+    assert "tokens/s=" in result.stdout and "sequences/s of 16 tokens" in result.stdout
+    assert "per million tokens" in result.stdout and "samples/s" not in result.stdout
     rep = summary(out)
     # concat packing, tail padded and masked: every token of the held-out set is a label once but the first
     assert rep["validation"]["samples"] == sum(map(sum, VAL)) - 1
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     tokens = [r for r in records if r["kind"] == "tokens"]
     assert tokens and tokens[0]["mfu"] > 0 and tokens[0]["flops_per_token"] > 0
+    assert rep["cost"]["dollars_per_1m_tokens"] > 0 and rep["tokens_per_s"] == rep["samples_per_s"] * 16
 
 
 @pytest.mark.slow
@@ -89,3 +94,44 @@ def test_a_tokenizer_of_another_hash_is_refused_before_training(tmp_path) -> Non
     assert result.returncode != 0
     output = result.stderr + result.stdout
     assert "tokenized by 'ids'" in output and "pass the dataset's tokenizer" in output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_token_mixture_follows_its_weight_schedule(tmp_path) -> None:
+    write_token_dataset(Store(str(tmp_path / "a")), DOCS * 4)
+    write_token_dataset(Store(str(tmp_path / "b")), DOCS * 4)  # the same vocabulary: one tokenizer
+    out = tmp_path / "out"
+    ok(run_trainer([
+        "--model", "gpt", "--data", str(tmp_path / "a"), "--data", str(tmp_path / "b"),
+        "--mix-schedule", "1,0@24; 0,1", "--seq-len", "8", "--n-layer", "1", "--n-embd", "16", "--n-head", "2",
+        "--batch-size", "2", "--num-workers", "1", "--log-every", "3", "--max-steps", "12", "--out", str(out),
+        "--resume", "none", "--dist-timeout-s", "60"]))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    shares = [[s["observed"] for s in r["sources"]] for r in rows if r["kind"] == "train"]
+    # 2 ranks x 2 sequences a step: the first 24 sequences (6 steps) all from a, then all from b
+    assert shares[0] == [1.0, 0.0] and shares[-1] == [0.0, 1.0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_the_scaling_study_of_a_gpt_reports_tokens_and_cost_per_million_tokens(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from tests.trainer.harness import REPO, env_for
+
+    write_token_dataset(Store(str(tmp_path / "train")), DOCS * 8)
+    out = tmp_path / "scaling"
+    cmd = [sys.executable, "-m", "trainer.scaling", "--nproc", "1", "--steps", "4", "--out", str(out),
+           "--link-gbps", "10", "--link-latency-us", "50", "--price-per-hour", "2", "--input-batches", "5", "--",
+           "--model", "gpt", "--data", str(tmp_path / "train"), "--seq-len", "8", "--n-layer", "1", "--n-embd", "16",
+           "--n-head", "2", "--batch-size", "2", "--dist-timeout-s", "60"]
+    done = subprocess.run(cmd, cwd=REPO, env=env_for(), capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "tokens/s" in done.stdout and "$/1M tok" in done.stdout and "model check, tokens/s" in done.stdout
+    variant = json.loads((out / "scaling.json").read_text())["variants"][0]
+    assert variant["tokens_per_sample"] == 8
+    row = variant["measured"][0]
+    assert row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * 8)
+    assert row["cost"]["dollars_per_1m_tokens"] == pytest.approx(1e6 * 2 / 3600 / row["tokens_per_s"])

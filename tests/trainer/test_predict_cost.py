@@ -179,3 +179,53 @@ def test_step_extra_is_kept_beyond_one_rank_and_must_leave_a_step():
     assert predict.at(m, link, 2)["step_s"] == pytest.approx(0.1 + 0.1 + 0.05)
     with pytest.raises(ValueError, match="step_extra_s"):
         _measured(step_extra_s=-0.1)
+
+
+def test_cost_per_token_known_answer():
+    # 1 rank at $3.60/h = $0.001/s; 10 sequences/s of 100 tokens = 1,000 tokens/s -> $1e-6 per token, $1 per 1M
+    c = cost.cost_of(price_per_hour=3.6, world_size=1, samples_per_s=10.0, epoch_samples=500, tokens_per_sample=100)
+    assert c["unit"] == "tokens" and c["tokens_per_s"] == pytest.approx(1000.0)
+    assert c["dollars_per_token"] == pytest.approx(1e-6)
+    assert c["dollars_per_1m_tokens"] == pytest.approx(1.0)
+    assert c["epoch_tokens"] == 50_000 and c["dollars_per_epoch"] == pytest.approx(0.05)
+    line = cost.describe(c)
+    assert "$1 per million tokens" in line and "1,000 tokens/s" in line and "per 1000 samples" not in line
+    assert "unit" not in cost.cost_of(price_per_hour=1.0, world_size=1, samples_per_s=1.0, epoch_samples=1)
+
+
+def test_token_reports_speak_of_tokens():
+    from rich.console import Console
+
+    from trainer.display import LiveTable, print_summary
+    from trainer.report import combine, metrics_line
+    from trainer.scaling.report import measured_table
+
+    zeros = dict.fromkeys(("wait_s", "h2d_s", "compute_s", "comm_exposed_s", "comm_overlapped_s", "opt_s",
+                           "read_s", "decode_s", "hidden_load_s"), 0.0)
+    ranks = [{"rank": r, "steps": 4, "step_s": 2.0, "samples": 40, **zeros, "compute_s": 2.0} for r in range(2)]
+    rep = combine(ranks, tokens_per_sample=128)
+    assert rep["tokens_per_s"] == pytest.approx(80 / 2.0 * 128) and rep["tokens"] == 80 * 128
+    assert rep["ranks"][0]["tokens_per_s"] == pytest.approx(20 * 128)
+    assert metrics_line(rep, step=4, epoch=0, loss=1.0, lr=0.1)["tokens_per_s"] == rep["tokens_per_s"]
+    assert "tokens_per_s" not in combine(ranks)
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))
+    LiveTable(console, live=False, tokens=True).add(rep, step=4, epoch=0, loss=1.0, lr=0.1)
+    rep["cost"] = cost.cost_of(price_per_hour=1.0, world_size=2, samples_per_s=rep["samples_per_s"],
+                               epoch_samples=80, tokens_per_sample=128)
+    print_summary(console, rep, outputs={}, val=None)
+    text = console.export_text()
+    assert "tokens/s=5,120" in text and "5,120 tokens/s (40.0 sequences/s of 128 tokens)" in text
+    assert "per million tokens" in text and "samples/s" not in text
+    variant = {"tokens_per_sample": 128, "variant": None, "measured": [{
+        "world_size": 1, "samples_per_s": 10.0, "efficiency": 1.0, "oversubscribed": False, "slowest_rank": 0,
+        "slowest_rank_vs_median": 1.0, "comm_overlapped_share": 0.0, "cost": c_of(10.0),
+        "stage_share": {"wait": 0.0, "compute": 1.0, "comm_exposed": 0.0, "opt": 0.0, "h2d": 0.0, "other": 0.0}}]}
+    console.print(measured_table({"config": {"sweep_flag": "", "threads": 1}, "cpu_count": 2,
+                                  "variants": [variant]}))
+    text = console.export_text()
+    assert "tokens/s" in text and "$/1M tok" in text and "1,280" in text
+
+
+def c_of(samples_per_s: float) -> dict:
+    return cost.cost_of(price_per_hour=3.6, world_size=1, samples_per_s=samples_per_s, epoch_samples=100,
+                        tokens_per_sample=128)

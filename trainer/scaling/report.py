@@ -131,8 +131,13 @@ def link_of(cfg: Any, sweep: dict[str, Any] | None) -> tuple[predict.Link, dict[
                   "sweep": sweep}
 
 
-def _priced(cfg: Any, rows: list[dict[str, Any]], epoch_samples: int) -> dict[str, Any] | None:
-    """Attach a cost to each row (measured or predicted) and choose; None without --price-per-hour."""
+def _priced(cfg: Any, rows: list[dict[str, Any]], epoch_samples: int, tokens_per_sample: int | None
+            ) -> dict[str, Any] | None:
+    """Attach a cost to each row (measured or predicted) and choose; None without --price-per-hour.
+    A token run's rows (tokens_per_sample: its seq_len) also get tokens/s and $ per million tokens."""
+    for row in rows:
+        if tokens_per_sample:
+            row["tokens_per_s"] = row["samples_per_s"] * tokens_per_sample
     if cfg.price_per_hour is None:
         return None
     options = []
@@ -140,7 +145,7 @@ def _priced(cfg: Any, rows: list[dict[str, Any]], epoch_samples: int) -> dict[st
         wasted = cost.wasted_share(row["stage_share"]) if "stage_share" in row else row["wasted_share"]
         row["cost"] = cost.cost_of(price_per_hour=cfg.price_per_hour, world_size=row["world_size"],
                                    samples_per_s=row["samples_per_s"], epoch_samples=epoch_samples,
-                                   wasted_share=wasted)
+                                   wasted_share=wasted, tokens_per_sample=tokens_per_sample)
         options.append(row["cost"])
     return cost.choose(options, epochs=cfg.epochs, deadline_hours=cfg.deadline_hours)
 
@@ -168,14 +173,15 @@ def _variant(cfg: Any, summaries: list[dict[str, Any]], *, link: predict.Link, c
         "kept_step_extra_ms": 1000 * m.step_extra_s}
     calibrated = {n_large} | ({1} if small["world_size"] == 1 else set())
     epoch_samples = int(summaries[0]["job"].get("dataset_samples") or summaries[0]["job"]["epoch_samples"])
-    choice = _priced(cfg, rows + [p for p in predicted if p["world_size"] not in measured_ns], epoch_samples)
-    _priced(cfg, [p for p in predicted if p["world_size"] in measured_ns], epoch_samples)  # shown, not chosen
+    tokens = summaries[0]["job"].get("tokens_per_sample")  # a token run (--model gpt): its seq_len
+    choice = _priced(cfg, rows + [p for p in predicted if p["world_size"] not in measured_ns], epoch_samples, tokens)
+    _priced(cfg, [p for p in predicted if p["world_size"] in measured_ns], epoch_samples, tokens)  # shown only
     curve = predict.predict(m, link, sorted(measured_ns | set(log2_ticks(sizes)) | set(sizes)))  # for the chart
     return {"variant": summaries[0]["run"]["variant"], "measured": rows, "predicted": predicted, "curve": curve,
             "inputs": {k: getattr(m, k) for k in m.__slots__}, "model_check_at_2": check, "calibration": calibration,
             "model_check": model_check(rows, predicted, calibrated),
             "walls": predict.walls(m, link, max_world_size=max(sizes), min_efficiency=cfg.min_efficiency),
-            "choice": choice, "epoch_samples": epoch_samples}
+            "choice": choice, "epoch_samples": epoch_samples, "tokens_per_sample": tokens}
 
 
 def build(cfg: Any, runs: Sequence[dict[str, Any]], *, sweep: dict[str, Any] | None,
@@ -207,6 +213,12 @@ def _money(x: float | None) -> str:
     return f"${x:,.2f}" if x >= 1 else f"${x:.2g}"
 
 
+def _rate(v: dict[str, Any], samples_per_s: float) -> str:
+    """A rate cell of variant v: tokens/s for a token run (samples are sequences), else samples/s."""
+    tokens = v.get("tokens_per_sample")
+    return f"{samples_per_s * tokens:,.0f}" if tokens else f"{samples_per_s:.1f}"
+
+
 def _ranks(n: int) -> str:
     return f"{n} rank" + ("" if n == 1 else "s")
 
@@ -216,23 +228,27 @@ def measured_table(result: dict[str, Any]) -> Table:
     table = Table(title="scaling: measured (real torchrun jobs, "
                         f"{result['config']['threads']} thread(s) per rank, {result['cpu_count']} cores)")
     table_shares = ("wait", "compute", "comm_exposed", "opt")
-    for name in ("ranks", *([swept] if swept else []), "samples/s", "effic.", "data wait", "compute",
-                 "exp. comm", "optim.", "other**", "overlap*", "slowest", "$/epoch", "$/1k", "wasted"):
+    tokens = any(v.get("tokens_per_sample") for v in result["variants"])  # a token run: tokens/s, $ per 1M tokens
+    for name in ("ranks", *([swept] if swept else []), "tokens/s" if tokens else "samples/s", "effic.", "data wait",
+                 "compute", "exp. comm", "optim.", "other**", "overlap*", "slowest", "$/epoch",
+                 "$/1M tok" if tokens else "$/1k", "wasted"):
         table.add_column(name, justify="right", no_wrap=name == "ranks")
     for v in result["variants"]:
         for r in v["measured"]:
             c = r.get("cost") or {}
             share = r["stage_share"]
             n = f"{r['world_size']}" + (" (>cores)" if r["oversubscribed"] else "")
-            table.add_row(n, *([str(v["variant"]).split(":")[-1]] if swept else []), f"{r['samples_per_s']:.1f}",
+            table.add_row(n, *([str(v["variant"]).split(":")[-1]] if swept else []), _rate(v, r["samples_per_s"]),
                           f"{r['efficiency']:.0%}", *(f"{share[p]:.0%}" for p in table_shares),
                           f"{share['h2d'] + share['other']:.0%}", f"{r['comm_overlapped_share']:.0%}",
                           f"r{r['slowest_rank']} {r['slowest_rank_vs_median']:.2f}x",
-                          _money(c.get("dollars_per_epoch")), _money(c.get("dollars_per_1k_samples")),
+                          _money(c.get("dollars_per_epoch")),
+                          _money(c.get("dollars_per_1m_tokens" if tokens else "dollars_per_1k_samples")),
                           "-" if not c else f"{c['wasted_share']:.0%}")
     table.caption = ("shares of step time, all ranks; * overlapped comm ran inside compute (not added); ** host->device "
-                     "copy and bookkeeping; wasted = data wait + exposed comm (paid, idle); $/1k = per 1000 samples; "
-                     "effic. = samples/s at N / (N x samples/s at the smallest N); (>cores): ranks x threads > cores")
+                     "copy and bookkeeping; wasted = data wait + exposed comm (paid, idle); "
+                     + ("$/1M tok = per million tokens; " if tokens else "$/1k = per 1000 samples; ")
+                     + "effic. = rate at N / (N x rate at the smallest N); (>cores): ranks x threads > cores")
     return table
 
 
@@ -240,14 +256,15 @@ def predicted_table(v: dict[str, Any], link: dict[str, Any]) -> Table:
     label = f" ({str(v['variant']).split(':')[-1]})" if v["variant"] is not None else ""
     table = Table(title=f"prediction{label}: ring all-reduce, link {link['gbps']:.2f} Gbit/s, "
                         f"{link['latency_us']:.0f} us/hop ({link['source']})")
-    for name in ("ranks", "samples/s", "measured", "error", "efficiency", "all-reduce ms", "exposed ms",
-                 "limited by", "$/epoch"):
+    rate = "tokens/s" if v.get("tokens_per_sample") else "samples/s"
+    for name in ("ranks", rate, "measured", "error", "efficiency", "all-reduce ms", "exposed ms", "limited by",
+                 "$/epoch"):
         table.add_column(name, justify="right")
     checks = {c["world_size"]: c for c in v["model_check"]}
     for r in v["predicted"]:
         c = checks.get(r["world_size"])
-        table.add_row(str(r["world_size"]), f"{r['samples_per_s']:.1f}",
-                      "" if c is None else f"{c['measured_samples_per_s']:.1f}",
+        table.add_row(str(r["world_size"]), _rate(v, r["samples_per_s"]),
+                      "" if c is None else _rate(v, c["measured_samples_per_s"]),
                       "" if c is None else f"{c['error']:+.1%}" + ("*" if c["calibrated"] else ""),
                       f"{r['efficiency']:.0%}",
                       f"{1000 * r['allreduce_s']:.2f}", f"{1000 * r['exposed_comm_s']:.2f}", r["limit"],
@@ -268,9 +285,10 @@ def check_lines(v: dict[str, Any], label: str) -> list[str]:
     said = []
     for c in v["model_check"]:
         why = "calibrated" if c["calibrated"] else (">cores, not calibrated on" if c["oversubscribed"] else "checked")
-        said.append(f"{_ranks(c['world_size'])} {c['predicted_samples_per_s']:.1f} predicted / "
-                    f"{c['measured_samples_per_s']:.1f} measured ({c['error']:+.1%}, {why})")
-    out.append(f"{label}model check, samples/s: " + "; ".join(said))
+        said.append(f"{_ranks(c['world_size'])} {_rate(v, c['predicted_samples_per_s'])} predicted / "
+                    f"{_rate(v, c['measured_samples_per_s'])} measured ({c['error']:+.1%}, {why})")
+    unit = "tokens/s" if v.get("tokens_per_sample") else "samples/s"
+    out.append(f"{label}model check, {unit}: " + "; ".join(said))
     return out
 
 
@@ -286,8 +304,10 @@ def lines(v: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     out.extend(check_lines(v, label))
     ceiling = v["inputs"]["input_per_rank"]
     if ceiling:
-        out.append(f"{label}input pipeline alone: {ceiling:.0f} samples/s per rank "
-                   f"(a rank computes {v['inputs']['samples_per_step'] / v['inputs']['local_s']:.0f})")
+        unit = "tokens/s" if v.get("tokens_per_sample") else "samples/s"
+        computes = v["inputs"]["samples_per_step"] / v["inputs"]["local_s"]
+        out.append(f"{label}input pipeline alone: {_rate(v, ceiling)} {unit} per rank (a rank computes "
+                   f"{_rate(v, computes)})")
     ch = v["choice"]
     if ch:
         text = f"{label}cheapest per epoch: {_ranks(ch['cheapest'])} ({_money(ch['cheapest_dollars_per_epoch'])})"
