@@ -21,6 +21,7 @@ shard_base[s] + j.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -192,8 +193,14 @@ class Mixture:
 
     def steps_from(self, *, config: PlanConfig, world_size: int, state: PlanState) -> int:
         """Batches every rank delivers from `state` to the epoch's end."""
-        total = delivered_epoch(self, config=config, world_size=world_size, state=state).total
-        return steps_of_total(total, config=config, world_size=world_size, state=state)
+        delivered = delivered_epoch(self, config=config, world_size=world_size, state=state)
+        ids_of = _mix_ids(self, delivered, config, state.epoch, {}) if state.skip else None
+        return steps_of_total(delivered.total, config=config, world_size=world_size, state=state, ids_of=ids_of,
+                              data_key=self._skip_key(delivered) if state.skip else None)
+
+    def _skip_key(self, delivered: MixEpoch) -> tuple:
+        """What names this mixture's map from level-0 positions to ids (plan/skip.py's cache)."""
+        return ("mix", json.dumps(self.describe(), sort_keys=True), self.cursor_base, delivered.total)
 
     def describe(self) -> dict:
         """A JSON-able description a saved state carries, so another mixture can be refused."""
@@ -394,11 +401,30 @@ def _plan_mix_epoch(mixture: Mixture, *, config: PlanConfig, slot: WorkerSlot, s
 
     def make_window(pos0: np.ndarray, is_pad: np.ndarray) -> Window:
         source, k = delivered.locate(pos0)
-        ids = np.empty_like(pos0)
-        for s in np.unique(source).tolist():
-            sel = source == s
-            ids[sel] = mixture.draw_ids(s, k[sel], config=config, epoch=epoch, cache=orders)
+        ids = _draws(mixture, source, k, config, epoch, orders)
         return MixWindow(segments=segments_of(ids, offsets, place), sample_ids=ids, is_pad=is_pad,
                          source=source, draw=k)
 
-    return plan_positions(delivered.total, config=config, slot=slot, state=state.plan, make_window=make_window)
+    skip = bool(state.plan.skip)
+    return plan_positions(delivered.total, config=config, slot=slot, state=state.plan, make_window=make_window,
+                          ids_of=_mix_ids(mixture, delivered, config, epoch, orders) if skip else None,
+                          data_key=mixture._skip_key(delivered) if skip else None)
+
+
+def _draws(mixture: Mixture, source: np.ndarray, k: np.ndarray, config: PlanConfig, epoch: int,
+           orders: dict) -> np.ndarray:
+    """Global ids of draws k of sources `source` (int64, same shape) in `epoch`."""
+    ids = np.empty_like(k)
+    for s in np.unique(source).tolist():
+        sel = source == s
+        ids[sel] = mixture.draw_ids(s, k[sel], config=config, epoch=epoch, cache=orders)
+    return ids
+
+
+def _mix_ids(mixture: Mixture, delivered: MixEpoch, config: PlanConfig, epoch: int, orders: dict):
+    """The map from an epoch's level-0 positions to global ids (for plan/skip.py's filter)."""
+    def ids_of(pos0: np.ndarray) -> np.ndarray:
+        source, k = delivered.locate(pos0)
+        return _draws(mixture, source, k, config, epoch, orders)
+
+    return ids_of
