@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from dataio.decode.cpu import DecodeConfig
@@ -39,6 +40,7 @@ from dataio.loader.state import check_state, make_state
 from dataio.loader.stats import LoaderStats
 from dataio.loader.threads import ReaderThreads
 from dataio.loader.tickets import TicketSampler
+from dataio.plan.skip import ids_to_ranges
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.storage.store import Store
 from dataio.stream.collate import HEDGES_KEY, SKIPPED_KEY
@@ -169,7 +171,23 @@ class ShardLoader:
         check_int("epoch", epoch, minimum=0)
         if epoch != self._state.epoch or self._finished:
             self._record_history(new_pass=True)
-            self._state, self._delivered, self._finished = PlanState(epoch=epoch), 0, False
+            self._state, self._delivered, self._finished = self._state.next_epoch(epoch), 0, False
+
+    def skip(self, ids: Sequence[int]) -> None:
+        """Drop these global sample ids from the rest of the run: the rest of this epoch (whatever
+        was not yet delivered) and every later epoch, which shrinks by their count. Between
+        iterations; the state records them, so every later resume keeps skipping (plan/skip.py)."""
+        if self._active_steps is not None:
+            raise RuntimeError("skip() during an iteration; call it between iterations (after load_state_dict)")
+        ranges = checked_skip(ids, self.mixture)
+        start = self._next_start()
+        self._record_history(new_pass=self._finished)
+        self._state, self._delivered, self._finished = start.skipping(ranges), 0, False
+
+    @property
+    def skipped(self) -> tuple[tuple[int, int], ...]:
+        """Every sample id range this loader skips, [a, b) sorted."""
+        return self._state.skipped_ids()
 
     def _position(self) -> PlanState:
         """The PlanState after everything delivered so far."""
@@ -179,7 +197,7 @@ class ShardLoader:
         return self._state.advanced(world_size=t.world_size, num_workers=t.num_workers, batches=self._delivered)
 
     def _next_start(self) -> PlanState:
-        return PlanState(epoch=self._state.epoch) if self._finished else self._position()
+        return self._state.next_epoch(self._state.epoch) if self._finished else self._position()
 
     def _steps_from(self, state: PlanState) -> int:
         # A mixture's epoch (each schedule segment's) is first rounded down to the global batch (one: not).
@@ -356,6 +374,20 @@ class ShardLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def checked_skip(ids: Sequence[int], mixture: Any) -> tuple[tuple[int, int], ...]:
+    """The ids as ranges; ValueError for ids outside the data or a mixture whose weights follow a schedule."""
+    if hasattr(mixture, "pieces"):
+        raise ValueError("skip() is not available for a mixture with a weight schedule yet; resume without "
+                         "skipping, or use fixed weights")
+    array = np.asarray(list(ids), dtype=np.int64)
+    total = int(mixture.id_base[-1])
+    bad = array[(array < 0) | (array >= total)]
+    if len(bad):
+        raise ValueError(f"cannot skip sample id {int(bad[0])}: ids of this data run from 0 to {total - 1} "
+                         "(global ids: the sources' samples concatenated, in manifest order)")
+    return ids_to_ranges(array)
 
 
 def _identity(batch: Any) -> Any:

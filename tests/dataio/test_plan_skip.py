@@ -1,0 +1,88 @@
+"""Skipped samples in the plan (plan/skip.py): nothing skipped is delivered, everything else exactly
+once but a tail, equal steps, at any topology and stop point, and in every later epoch."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dataio.errors import StateError
+from dataio.plan.plan import num_steps
+from dataio.plan.skip import ids_to_ranges, in_ranges
+from dataio.plan.types import PlanConfig, PlanState, Skip
+from tests.dataio.plan_harness import configs, plan_advance, plan_epoch, real_ids, shard_sizes
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+topologies = st.tuples(st.one_of(st.integers(1, 4), st.sampled_from([7])), st.integers(1, 4))
+
+
+def run(sizes, config, state, topology, stop=None):
+    """(ids delivered, state after): the first `stop` batches per rank (None: to the epoch's end)."""
+    per_rank = plan_epoch(sizes, config, world_size=topology[0], num_workers=topology[1], state=state)
+    steps = len(per_rank[0])  # equal steps: plan_epoch checks every worker against num_steps
+    stop = steps if stop is None else min(stop, steps)
+    ids = [i for batches in per_rank for b in batches[:stop] for i in real_ids(b)]
+    return ids, plan_advance(state, topology, stop)
+
+
+def check_epoch(delivered, total, gone, config, final_world_size):
+    """Exactly once over the samples not in `gone`; only a tail below one global batch missing."""
+    assert len(delivered) == len(set(delivered))
+    expected = set(range(total)) - gone
+    assert set(delivered) <= expected
+    missing = len(expected) - len(delivered)
+    assert missing == 0 if config.tail == "pad" else missing < final_world_size * config.batch_size
+
+
+@SETTINGS
+@given(sizes=shard_sizes, config=configs(), path=st.lists(topologies, min_size=3, max_size=3), data=st.data())
+def test_skipped_ids_never_come_and_the_rest_comes_once(sizes, config, path, data):
+    total = sum(sizes)
+    skip = set(data.draw(st.lists(st.integers(0, max(0, total - 1)), max_size=20), label="skip")) if total else set()
+    state = PlanState(epoch=data.draw(st.integers(0, 3), label="epoch"))
+    first, state = run(sizes, config, state, path[0], data.draw(st.integers(0, 8), label="stop1"))
+    state = PlanState.from_dict(state.skipping(ids_to_ranges(sorted(skip))).to_dict())
+    second, state = run(sizes, config, state, path[1], data.draw(st.integers(0, 8), label="stop2"))
+    third, state = run(sizes, config, state, path[2])  # resumed again: the state keeps skipping
+    after = second + third
+    assert not skip & set(after)
+    check_epoch(first + after, total, skip - set(first), config, path[2][0])
+    # A later epoch drops every skipped id from its start: it shrinks by their count.
+    nxt = state.next_epoch(state.epoch + 1)
+    assert nxt.skipped_ids() == ids_to_ranges(sorted(skip))
+    later, _ = run(sizes, config, nxt, path[1])
+    check_epoch(later, total, skip, config, path[1][0])
+
+
+def test_a_same_topology_resume_with_a_skip_starts_a_fresh_level():
+    sizes, config = [40, 7, 0, 33], PlanConfig(seed=9, batch_size=4, shuffle_window=8)
+    state = PlanState(epoch=0)
+    first, state = run(sizes, config, state, (2, 2), 3)
+    skip = {i for i in range(80) if i % 5 == 0} - set(first)
+    state = state.skipping(ids_to_ranges(sorted(skip)))
+    rest, state = run(sizes, config, state, (2, 2))
+    assert not skip & set(rest) and len(state.progress) == 2  # the filter sits between the two levels
+    check_epoch(first + rest, 80, skip, config, 2)
+
+
+def test_states_without_a_skip_keep_their_dict_and_a_skip_round_trips():
+    state = PlanState(epoch=2).advanced(world_size=2, num_workers=1, batches=3)
+    assert set(state.to_dict()) == {"plan_version", "epoch", "progress"}
+    skipping = state.skipping([(5, 9), (9, 12), (40, 41)])
+    assert skipping.skip == (Skip(level=1, ranges=((5, 12), (40, 41))),)
+    assert PlanState.from_dict(skipping.to_dict()) == skipping
+    with pytest.raises(StateError, match="malformed plan state"):
+        PlanState.from_dict({**skipping.to_dict(), "skip": [{"level": 5, "ids": [[1, 2]]}]})
+
+
+def test_ranges_are_compact():
+    assert ids_to_ranges([7, 3, 4, 5, 9, 3]) == ((3, 6), (7, 8), (9, 10))
+    import numpy as np
+    assert in_ranges(np.arange(11), ((3, 6), (9, 10))).tolist() == [i in (3, 4, 5, 9) for i in range(11)]
+
+
+def test_an_epoch_shrinks_by_the_skipped_count():
+    sizes, config = [50, 50], PlanConfig(seed=1, batch_size=5)
+    state = PlanState(epoch=0).skipping([(0, 10)]).next_epoch(1)
+    assert num_steps(sizes, config=config, world_size=2, state=state) == 9  # 90 samples / 10
