@@ -1,0 +1,72 @@
+"""ShardLoader.skip(ids): the samples are never delivered again, at any topology, in any later epoch,
+and the saved state keeps skipping; one dataset and a mixture."""
+
+from __future__ import annotations
+
+import pytest
+
+from dataio import Source, make_loader
+from dataio.storage.store import Store
+from tests.dataio.loader_helpers import take
+from tests.dataio.shardgen import write_parquet_dataset, write_tar_dataset
+
+TAR_SIZES = [13, 0, 7, 1, 22, 5]  # 48
+PARQUET_SIZES = [10, 6]  # 16
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("skip")
+    tar, parquet = str(root / "tar"), str(root / "parquet")
+    write_tar_dataset(Store(tar), TAR_SIZES)
+    write_parquet_dataset(Store(parquet), PARQUET_SIZES, seed=1)
+    return tar, parquet
+
+
+def ids_of(batches, base=(0, 48)):
+    """Global ids of the real samples (keys number each source's samples in order)."""
+    out = []
+    for b in batches:
+        sources = b["source"].tolist() if "source" in b else [0] * len(b["__key__"])
+        masks = b["mask"].tolist() if "mask" in b else [True] * len(b["__key__"])
+        out += [base[s] + int(k) for s, k, m in zip(sources, b["__key__"], masks) if m]
+    return out
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_skipped_samples_never_come_again_at_another_topology(sources, mixed) -> None:
+    url = [Source(u, repeat=1.0) for u in sources] if mixed else sources[0]  # each sample once an epoch
+    options = dict(batch_size=4, decode=None, shuffle_window=8, seed=3)
+    with make_loader(url, num_workers=2, world_size=1, rank=0, **options) as loader:
+        first = ids_of(take(loader, 3))
+        state = loader.state_dict()
+    total = 64 if mixed else 48
+    skip = [i for i in range(total) if i % 7 == 0 and i not in first]
+    rest, states = [], []
+    for rank in range(2):  # resumed on 2 ranks, 1 worker each
+        with make_loader(url, num_workers=0, world_size=2, rank=rank, **options) as loader:
+            loader.load_state_dict(state)
+            loader.skip(skip)
+            assert loader.skipped and len(loader) > 0
+            rest += ids_of(list(loader))
+            states.append(loader.state_dict())
+    assert not set(skip) & set(rest)
+    delivered = first + rest
+    assert len(delivered) == len(set(delivered))
+    assert total - len(skip) - len(delivered) < 2 * 4  # only the tail below one global batch
+    with make_loader(url, num_workers=1, world_size=1, rank=0, **options) as loader:
+        loader.load_state_dict(states[0])  # saved after the epoch: the next one keeps skipping
+        loader.set_epoch(1)
+        later = ids_of(list(loader))
+    assert not set(skip) & set(later) and len(later) == len(set(later))
+    assert total - len(skip) - len(later) < 4
+
+
+def test_skip_refuses_ids_outside_the_data_and_mid_iteration(sources) -> None:
+    with make_loader(sources[0], batch_size=4, decode=None) as loader:
+        with pytest.raises(ValueError, match="cannot skip sample id 48: ids of this data run from 0 to 47"):
+            loader.skip([3, 48])
+        it = iter(loader)
+        next(it)
+        with pytest.raises(RuntimeError, match="between iterations"):
+            loader.skip([1])
