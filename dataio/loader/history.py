@@ -14,8 +14,8 @@ import json
 from typing import Any
 
 from dataio.errors import StateError
-from dataio.plan.types import PlanConfig, PlanState, Topology
-from dataio.plan.which import HistoryPass, HistoryRun
+from dataio.plan.types import PlanConfig, PlanState, Skip, Topology
+from dataio.plan.which import HistoryPass, HistoryRun, replay_runs
 
 HISTORY_VERSION = 1
 HISTORY_KEY = "history"  # the loader state's key: JSON text (torch.distributed.checkpoint keeps it as is)
@@ -38,7 +38,7 @@ class HistoryKeeper:
         if new_pass:
             if self.current:
                 self.passes.append(HistoryPass(epoch=position.epoch, fingerprint=fingerprint, plan=plan,
-                                               runs=tuple(self.current)))
+                                               runs=tuple(self.current), skip=position.skip))
             self.current = []
 
     def snapshot(self, *, position: PlanState, delivered: int, topology: Topology, fingerprint: str,
@@ -46,14 +46,14 @@ class HistoryKeeper:
         """The history as JSON text, the current pass (with `delivered` more batches) last."""
         runs = _added(self.current, topology, delivered, self.grad_accum)
         passes = self.passes + ([HistoryPass(epoch=position.epoch, fingerprint=fingerprint, plan=plan,
-                                             runs=tuple(runs))] if runs else [])
+                                             runs=tuple(runs), skip=position.skip)] if runs else [])
         return dumps_history(passes)
 
     def load(self, state: dict[str, Any], position: PlanState, *, fingerprint: str, plan: PlanConfig) -> None:
         """Take the saved history of `state` (loaded at `position`); a state without one starts it
         from the position's progress."""
         passes = loads_history(state.get(HISTORY_KEY))
-        if passes and passes[-1].epoch == position.epoch and _levels(passes[-1].runs) == position.progress:
+        if passes and passes[-1].epoch == position.epoch and replay_runs(passes[-1]).progress == position.progress:
             self.passes, self.current = passes[:-1], list(passes[-1].runs)
             return
         self.passes = passes if passes is not None else []
@@ -74,20 +74,14 @@ def _added(runs: list[HistoryRun], topology: Topology, batches: int, grad_accum:
                               grad_accum=grad_accum)]
 
 
-def _levels(runs: tuple[HistoryRun, ...]) -> tuple:
-    state = PlanState(epoch=0)
-    for r in runs:
-        state = state.advanced(world_size=r.world_size, num_workers=r.num_workers, batches=r.batches)
-    return state.progress
-
-
 def dumps_history(passes: list[HistoryPass]) -> str:
     """JSON text of the passes (HISTORY_VERSION)."""
     return json.dumps({"history_version": HISTORY_VERSION, "passes": [
         {"epoch": p.epoch, "fingerprint": p.fingerprint,
          "plan": {"seed": p.plan.seed, "batch_size": p.plan.batch_size, "tail": p.plan.tail,
                   "shuffle": p.plan.shuffle, "shuffle_window": p.plan.shuffle_window},
-         "runs": [[r.world_size, r.num_workers, r.batches, r.grad_accum] for r in p.runs]}
+         "runs": [[r.world_size, r.num_workers, r.batches, r.grad_accum] for r in p.runs],
+         **({"skip": [{"level": s.level, "ids": [list(r) for r in s.ranges]} for s in p.skip]} if p.skip else {})}
         for p in passes]}, sort_keys=True)
 
 
@@ -102,7 +96,9 @@ def loads_history(text: Any) -> list[HistoryPass] | None:
                              f"{HISTORY_VERSION}: it was saved by another shardify; use that version to ask about it")
         return [HistoryPass(epoch=int(p["epoch"]), fingerprint=str(p["fingerprint"]), plan=PlanConfig(**p["plan"]),
                             runs=tuple(HistoryRun(world_size=w, num_workers=k, batches=b, grad_accum=g)
-                                       for w, k, b, g in p["runs"]))
+                                       for w, k, b, g in p["runs"]),
+                            skip=tuple(Skip(level=s["level"], ranges=tuple(map(tuple, s["ids"])))
+                                       for s in p.get("skip", ())))
                 for p in doc["passes"]]
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise StateError(f"loader state's history is malformed ({exc}); it cannot be replayed") from None
@@ -118,5 +114,6 @@ def resolved_grad_accum(passes: list[HistoryPass], current: int) -> tuple[Histor
             known = r.grad_accum or known
             runs.append(HistoryRun(world_size=r.world_size, num_workers=r.num_workers, batches=r.batches,
                                    grad_accum=known))
-        out.append(HistoryPass(epoch=p.epoch, fingerprint=p.fingerprint, plan=p.plan, runs=tuple(reversed(runs))))
+        out.append(HistoryPass(epoch=p.epoch, fingerprint=p.fingerprint, plan=p.plan, runs=tuple(reversed(runs)),
+                               skip=p.skip))
     return tuple(reversed(out))

@@ -106,7 +106,8 @@ def samples_of_step(doc: dict[str, Any], step: int, *, ranks: Sequence[int] | No
     for r in wanted:
         for micro, batch in enumerate(place.batches):
             got = batch_ids(data, config=chosen.plan, epoch=chosen.epoch, before=place.before,
-                            world_size=place.world_size, num_workers=place.num_workers, rank=r, batch=batch)
+                            world_size=place.world_size, num_workers=place.num_workers, rank=r, batch=batch,
+                            skip=place.skip)
             source, shard, position = locate_ids(data, got.ids)
             for s, j, p, pad in zip(source.tolist(), shard.tolist(), position.tolist(), got.is_pad.tolist()):
                 out.append(reader.sample(r, micro, s, j, p, pad))
