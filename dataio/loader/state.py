@@ -12,7 +12,7 @@ import warnings
 from typing import Any
 
 from dataio.errors import StateError
-from dataio.plan.mix import Mixture, check_mixture
+from dataio.plan.mix import Mixture, check_mixture, mixture_fingerprint
 from dataio.plan.types import PLAN_VERSION, PlanConfig, PlanState
 
 STATE_FORMAT_VERSION = 1
@@ -139,6 +139,7 @@ def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig, mixtur
     if missing:
         raise StateError(f"loader state lacks {missing}; pass the dict ShardLoader.state_dict() returned")
     _check_mixture(state, mixture)  # before the fingerprint: it names which source or weight differs
+    fingerprint = _saved_subset_fingerprint(state, mixture) or fingerprint
     mine = _identity(fingerprint, plan_config)
     carried = _carry_over(state, mine)
     if carried is not None:
@@ -164,6 +165,19 @@ def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig, mixtur
     if position.epoch != state["epoch"]:
         raise StateError(f"loader state is inconsistent: epoch {state['epoch']} vs plan epoch {position.epoch}")
     if hasattr(mixture, "check_schedule"):  # pieces that ran must match; later ones may change (plan/schedule.py)
-        for note in mixture.check_schedule(json.loads(state["mixture"]), position.epoch):
+        for note in mixture.check_schedule(json.loads(state["mixture"]), position, plan_config):
             warnings.warn(f"resuming with a changed mixture schedule: {note}", UserWarning, stacklevel=3)
     return position
+
+
+def _saved_subset_fingerprint(state: dict[str, Any], mixture: Mixture) -> str | None:
+    """A scheduled mixture that gained sources since the state was saved: the fingerprint of its first
+    (saved) sources, which the state's must equal. None otherwise."""
+    try:
+        num_saved = len(json.loads(state["mixture"])["sources"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not mixture.can_add_sources or not 0 < num_saved < len(mixture.sources):
+        return None
+    described = mixture.describe()
+    return mixture_fingerprint({**described, "sources": described["sources"][:num_saved]})

@@ -21,6 +21,7 @@ shard_base[s] + j.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -117,6 +118,7 @@ class Mixture:
     # Source s's k-th draw of any epoch is its cursor_base[s] + k (a scheduled mixture's segment,
     # plan/schedule.py); None: epoch * counts[s] + k.
     cursor_base: tuple[int, ...] | None = None
+    can_add_sources = False  # a scheduled mixture may gain sources on resume (plan/schedule.py)
     counts: np.ndarray = field(init=False)  # (n,) int64 positions per requested epoch, summing to total
     total: int = field(init=False)  # N, the requested epoch's length
     id_base: np.ndarray = field(init=False)  # (n+1,) int64 first global id of each source
@@ -344,10 +346,12 @@ def check_mixture(mixture: Mixture, saved: Mapping) -> None:
         raise StateError(f"mixture state saved by mix version {saved.get('mix_version')!r}, this shardify "
                          f"uses {MIX_VERSION}: resume with the shardify that saved it, or start the epoch over")
     theirs = saved.get("sources")
-    if not isinstance(theirs, list) or len(theirs) != len(mine["sources"]):
+    added = isinstance(theirs, list) and mixture.can_add_sources and 0 < len(theirs) < len(mine["sources"])
+    if not isinstance(theirs, list) or (len(theirs) != len(mine["sources"]) and not added):
         names = [s.get("name") for s in theirs] if isinstance(theirs, list) else theirs
         raise StateError(f"cannot resume: the state was saved with sources {names}, this mixture has "
-                         f"{[s['name'] for s in mine['sources']]}; use the same sources, in the same order")
+                         f"{[s['name'] for s in mine['sources']]}; use the same sources, in the same order (a "
+                         "mixture with a weight schedule may add sources at the end)")
     for i, (a, b) in enumerate(zip(theirs, mine["sources"])):
         same_data = a.get("fingerprint") == b["fingerprint"] and (b["fingerprint"] or a.get("name") == b["name"])
         if not same_data:
@@ -363,7 +367,17 @@ def check_mixture(mixture: Mixture, saved: Mapping) -> None:
                          "weights; pass the same schedule (pieces after the epoch in progress may change)")
     if saved.get("epoch_samples") != mine["epoch_samples"]:
         raise StateError(f"cannot resume: the mixture's epoch had {saved.get('epoch_samples')!r} samples when "
-                         f"saved, this one has {mine['epoch_samples']}; pass the same epoch_samples")
+                         f"saved, this one has {mine['epoch_samples']}; pass epoch_samples={saved.get('epoch_samples')!r}"
+                         + (" (an added source would otherwise lengthen the epoch, moving every run position)"
+                            if added else ""))
+
+
+def mixture_fingerprint(described: Mapping) -> str:
+    """A mixture's identity in a saved state: its description (sources, weights, epoch) hashed, without
+    a schedule's pieces (pieces yet to come may change on resume)."""
+    described = {k: v for k, v in described.items() if k != "schedule"}
+    text = json.dumps(described, sort_keys=True)
+    return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def delivered_epoch(mixture: Mixture, *, config: PlanConfig, world_size: int, state: PlanState) -> MixEpoch:

@@ -237,25 +237,58 @@ class ScheduledMixture(Mixture):
         return {**super().describe(), "schedule": {"schedule_version": SCHEDULE_VERSION, "pieces": [
             {"weights": list(p.weights), "samples": p.samples} for p in self.pieces]}}
 
-    def check_schedule(self, saved: dict, epoch: int) -> list[str]:
-        """StateError when the weights of the run's positions up to the end of `epoch` (the past and the
-        epoch in progress) differ from the saved schedule's; else the later changes, in words (allowed)."""
+    can_add_sources = True
+
+    def check_schedule(self, saved: dict, position: PlanState, config: PlanConfig) -> list[str]:
+        """StateError when the weights of the run's positions up to the end of the segment in progress
+        (those planned: the past and that segment) differ from the saved schedule's; else the later
+        changes in words (allowed). Sources added at the end weigh 0 in the saved pieces: they join
+        where a later piece gives them a weight (a segment boundary, or the next epoch)."""
         theirs = (saved.get("schedule") or {}).get("pieces")
         if not isinstance(theirs, list):
             raise StateError("cannot resume: the state was saved by an unscheduled mixture, this one has a weight "
                              "schedule; resume with the same weights (a schedule may start with a fresh run)")
-        mine, horizon = self.describe()["schedule"]["pieces"], (epoch + 1) * self.total
+        n = len(self.sources)
+        theirs = [{**p, "weights": list(p.get("weights", ())) + [0.0] * (n - len(p.get("weights", ())))}
+                  for p in theirs]
+        mine, horizon = self.describe()["schedule"]["pieces"], self._planned_until(theirs, position, config)
         past = [_spans(x, horizon) for x in (theirs, mine)]
         for i, (a, b) in enumerate(zip(*past)):
             if a != b:
                 raise StateError(f"cannot resume: schedule piece {i} gave run positions {a[0]}..{a[1]} the weights "
                                  f"{list(a[2])} when saved, this schedule gives {b[0]}..{b[1]} {list(b[2])}; the run "
-                                 f"has used (or uses, in epoch {epoch}) every position below {horizon}: change only "
-                                 "pieces after it")
+                                 f"has planned every position below {horizon} (the past and the segment in "
+                                 "progress): change only later pieces")
+        ends = [{s[1] for s in _spans(x, math.inf)} for x in (theirs, mine)]
+        if horizon in ends[0] and horizon not in ends[1] and horizon % self.total:
+            raise StateError(f"cannot resume: the segment in progress ends at run position {horizon}, where a saved "
+                             "schedule piece ends; this schedule moves that end: keep it, change only later pieces")
         full = [_spans(x, math.inf) for x in (theirs, mine)]
-        return [f"schedule piece {i} from run position {b[0]}: {list(a[2])} until {a[1]} -> {list(b[2])} until {b[1]}"
-                for i, (a, b) in enumerate(zip(*full)) if a != b] + (
+        notes = [f"schedule piece {i} from run position {b[0]}: {list(a[2])} until {a[1]} -> {list(b[2])} until {b[1]}"
+                 for i, (a, b) in enumerate(zip(*full)) if a != b] + (
             [f"the schedule now has {len(mine)} pieces (was {len(theirs)})"] if len(mine) != len(theirs) else [])
+        return notes + self._joins(len(saved.get("sources", ())), mine)
+
+    def _planned_until(self, theirs: list, position: PlanState, config: PlanConfig) -> int:
+        """The run position where the saved schedule's segment in progress ends (its epoch's end at the latest)."""
+        old = scheduled(self.sources, [Piece(tuple(p["weights"]), p.get("samples")) for p in theirs], self.total)
+        index, _ = old.split(position, config)
+        return position.epoch * self.total + sum(length for _, length in old.segments(position.epoch)[:index + 1])
+
+    def _joins(self, num_saved: int, mine: list) -> list[str]:
+        """Notes on sources added since the state was saved: where each first gets a weight."""
+        notes = []
+        for s in range(num_saved, len(self.sources)):
+            start = 0
+            for p in mine:
+                if p["weights"][s] > 0:
+                    notes.append(f"source {s} ({self.sources[s].name}) added: it joins at run position {start} "
+                                 f"with weight {p['weights'][s]} (epoch {start // self.total})")
+                    break
+                start = math.inf if p.get("samples") is None else start + p["samples"]
+            else:
+                notes.append(f"source {s} ({self.sources[s].name}) added with weight 0 in every piece: never read")
+        return notes
 
 
 def _spans(pieces: list, horizon: float) -> list[tuple]:
