@@ -93,7 +93,7 @@ def _find_keys(keys: set[str], stores: Sequence[Store], manifests: Sequence[Mani
             if size == 0:
                 continue
             if hasattr(reader, "index"):  # tar: the index has the keys
-                shard_keys = reader.index(shard).keys
+                shard_keys = reader.index(shard).columns.keys
             else:
                 seg = Segment(shard=shard, start=0, stop=size)
                 shard_keys = [str(s["__key__"]) for s in reader.parse(seg, reader.fetch(seg))]
