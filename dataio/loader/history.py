@@ -34,7 +34,7 @@ class HistoryKeeper:
                 plan: PlanConfig, new_pass: bool) -> None:
         """Add `delivered` batches at `topology` to the current pass (of position.epoch); with
         new_pass, close it: the loader's next iteration starts an epoch afresh."""
-        self.current = _added(self.current, topology, delivered, self.grad_accum)
+        self.current = _added(self.current, topology, delivered, self.grad_accum, _filtered_on_top(position))
         if new_pass:
             if self.current:
                 self.passes.append(HistoryPass(epoch=position.epoch, fingerprint=fingerprint, plan=plan,
@@ -44,7 +44,7 @@ class HistoryKeeper:
     def snapshot(self, *, position: PlanState, delivered: int, topology: Topology, fingerprint: str,
                  plan: PlanConfig) -> str:
         """The history as JSON text, the current pass (with `delivered` more batches) last."""
-        runs = _added(self.current, topology, delivered, self.grad_accum)
+        runs = _added(self.current, topology, delivered, self.grad_accum, _filtered_on_top(position))
         passes = self.passes + ([HistoryPass(epoch=position.epoch, fingerprint=fingerprint, plan=plan,
                                              runs=tuple(runs), skip=position.skip)] if runs else [])
         return dumps_history(passes)
@@ -61,11 +61,18 @@ class HistoryKeeper:
                                    grad_accum=0) for p in position.progress]  # 0: unknown (legacy)
 
 
-def _added(runs: list[HistoryRun], topology: Topology, batches: int, grad_accum: int) -> list[HistoryRun]:
-    """`runs` with `batches` more at topology and grad_accum (merged into the last run when alike)."""
+def _filtered_on_top(position: PlanState) -> bool:
+    """A skip filter sits on the position's last level: what comes next starts a level of its own."""
+    return bool(position.skip) and position.skip[-1].level == len(position.progress)
+
+
+def _added(runs: list[HistoryRun], topology: Topology, batches: int, grad_accum: int,
+           new_level: bool = False) -> list[HistoryRun]:
+    """`runs` with `batches` more at topology and grad_accum (merged into the last run when alike,
+    unless they start a new level: after a skip filter)."""
     if batches <= 0:
         return list(runs)
-    last = runs[-1] if runs else None
+    last = runs[-1] if runs and not new_level else None
     if last is not None and (last.world_size, last.num_workers, last.grad_accum) == (
             topology.world_size, topology.num_workers, grad_accum):
         return runs[:-1] + [HistoryRun(world_size=last.world_size, num_workers=last.num_workers,

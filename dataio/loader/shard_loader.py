@@ -36,7 +36,7 @@ from dataio.loader.mixing import (
 )
 from dataio.loader.protocol import DatasetFacts
 from dataio.loader.startup import ShardCheck, agree_on_dataset
-from dataio.loader.state import check_state, make_state
+from dataio.loader.state import check_state, make_state, saved_skips
 from dataio.loader.stats import LoaderStats
 from dataio.loader.threads import ReaderThreads
 from dataio.loader.tickets import TicketSampler
@@ -337,8 +337,13 @@ class ShardLoader:
                              fingerprint=self.fingerprint, plan=self.plan_config, new_pass=new_pass)
 
     def load_history(self, state_dict: dict[str, Any]) -> None:
-        """Take only the run's history from a saved state (an epoch-end checkpoint, not resumed)."""
+        """Take only the run's history from a saved state (an epoch-end checkpoint, not resumed), and
+        its skip list: the next epochs keep skipping."""
         self.history.load(state_dict, self._state, fingerprint=self.fingerprint, plan=self.plan_config)
+        ranges = saved_skips(state_dict)
+        if ranges and self._active_steps is None:
+            self._state = self._next_start().skipping(ranges)
+            self._delivered, self._finished = 0, False
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a state saved by any rank of any topology; StateError says what does not fit."""

@@ -170,6 +170,17 @@ def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig, mixtur
     return position
 
 
+def saved_skips(state: Any) -> tuple[tuple[int, int], ...]:
+    """Every id range a saved state skips (none when it skips none or is not a loader state)."""
+    try:
+        plan = state["plan"]
+        plan = json.loads(plan) if isinstance(plan, (str, bytes)) else plan
+        skip = plan.get("skip") or ()
+        return PlanState(epoch=0).skipping([tuple(r) for s in skip for r in s["ids"]]).skipped_ids()
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return ()
+
+
 def _saved_subset_fingerprint(state: dict[str, Any], mixture: Mixture) -> str | None:
     """A scheduled mixture that gained sources since the state was saved: the fingerprint of its first
     (saved) sources, which the state's must equal. None otherwise."""

@@ -71,3 +71,16 @@ def test_skip_refuses_ids_outside_the_data_and_mid_iteration(sources) -> None:
         next(it)
         with pytest.raises(RuntimeError, match="between iterations"):
             loader.skip([1])
+
+
+def test_an_epoch_end_state_taken_for_its_history_keeps_the_skip_list(sources) -> None:
+    options = dict(batch_size=4, decode=None, shuffle_window=8, seed=3)
+    with make_loader(sources[0], **options) as loader:
+        loader.skip(range(0, 48, 2))
+        list(loader)
+        state = loader.state_dict()  # after the epoch's last batch
+    with make_loader(sources[0], **options) as loader:
+        loader.load_history(state)  # what the trainer does with an epoch-end checkpoint
+        loader.set_epoch(1)
+        assert loader.skipped == tuple((i, i + 1) for i in range(0, 48, 2))
+        assert all(i % 2 for i in ids_of(list(loader)))
