@@ -24,7 +24,8 @@ from dataio.format.manifest import Manifest
 from dataio.loader.config import LoaderConfig, Source
 from dataio.loader.labels import LabelSpace, SourceLabels, build_label_space
 from dataio.loader.startup import fields_to_read, image_fields_of, open_dataset
-from dataio.plan.mix import MixSource, Mixture, mixture_fingerprint
+from dataio.loader.state import mixture_fingerprint
+from dataio.plan.mix import MixSource, Mixture
 from dataio.plan.schedule import scheduled
 from dataio.readers.base import sample_url_of
 from dataio.storage.store import Store

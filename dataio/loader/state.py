@@ -7,12 +7,14 @@ loader the position is a frozen PlanState; only here does it become a dict and J
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from dataio.errors import StateError
-from dataio.plan.mix import Mixture, check_mixture, mixture_fingerprint
+from dataio.plan.mix import Mixture, check_mixture
 from dataio.plan.types import PLAN_VERSION, PlanConfig, PlanState
 
 STATE_FORMAT_VERSION = 1
@@ -192,3 +194,11 @@ def _saved_subset_fingerprint(state: dict[str, Any], mixture: Mixture) -> str | 
         return None
     described = mixture.describe()
     return mixture_fingerprint({**described, "sources": described["sources"][:num_saved]})
+
+
+def mixture_fingerprint(described: Mapping) -> str:
+    """A mixture's identity in a saved state: its description (sources, weights, epoch) hashed, without
+    a schedule's pieces (pieces yet to come may change on resume)."""
+    described = {k: v for k, v in described.items() if k != "schedule"}
+    text = json.dumps(described, sort_keys=True)
+    return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:32]

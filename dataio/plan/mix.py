@@ -21,7 +21,6 @@ shard_base[s] + j.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -370,14 +369,6 @@ def check_mixture(mixture: Mixture, saved: Mapping) -> None:
                          f"saved, this one has {mine['epoch_samples']}; pass epoch_samples={saved.get('epoch_samples')!r}"
                          + (" (an added source would otherwise lengthen the epoch, moving every run position)"
                             if added else ""))
-
-
-def mixture_fingerprint(described: Mapping) -> str:
-    """A mixture's identity in a saved state: its description (sources, weights, epoch) hashed, without
-    a schedule's pieces (pieces yet to come may change on resume)."""
-    described = {k: v for k, v in described.items() if k != "schedule"}
-    text = json.dumps(described, sort_keys=True)
-    return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def delivered_epoch(mixture: Mixture, *, config: PlanConfig, world_size: int, state: PlanState) -> MixEpoch:
