@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 from dataio.errors import StateError
 from dataio.plan.plan import num_steps
 from dataio.plan.skip import ids_to_ranges, in_ranges
+from dataio.plan.mix import MixState
 from dataio.plan.types import PlanConfig, PlanState, Skip
 from tests.dataio.plan_harness import configs, plan_advance, plan_epoch, real_ids, shard_sizes
+from tests.dataio.test_plan_mix import mix_epoch, mixtures
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 topologies = st.tuples(st.one_of(st.integers(1, 4), st.sampled_from([7])), st.integers(1, 4))
@@ -86,3 +88,30 @@ def test_an_epoch_shrinks_by_the_skipped_count():
     sizes, config = [50, 50], PlanConfig(seed=1, batch_size=5)
     state = PlanState(epoch=0).skipping([(0, 10)]).next_epoch(1)
     assert num_steps(sizes, config=config, world_size=2, state=state) == 9  # 90 samples / 10
+
+
+@SETTINGS
+@given(mixture=mixtures(), config=configs(), path=st.lists(topologies, min_size=2, max_size=2), data=st.data())
+def test_a_mixture_skips_every_draw_of_a_skipped_id(mixture, config, path, data):
+    """Draws (source, k) instead of ids: an upsampled id has several, and the filter drops all of them."""
+    start = MixState.start(mixture, 0)
+    total = int(mixture.id_base[-1])
+    skip = set(data.draw(st.lists(st.integers(0, max(0, total - 1)), max_size=12), label="skip")) if total else set()
+    per_rank = mix_epoch(mixture, config, world_size=path[0][0], num_workers=path[0][1], state=start)
+    stop = data.draw(st.integers(0, len(per_rank[0])), label="stop")
+    # The epoch as delivered is rounded to the global batch of the topology that starts it (mix.py).
+    first = path[0] if stop else path[1]
+    whole = [(s, k, i) for batches in mix_epoch(mixture, config, world_size=first[0], num_workers=first[1],
+                                                state=start) for b in batches for (s, k, i), pad in zip(*b) if not pad]
+    head = [(s, k, i) for batches in per_rank for b in batches[:stop] for (s, k, i), pad in zip(*b) if not pad]
+    state = start.advanced(world_size=path[0][0], num_workers=path[0][1], batches=stop)
+    state = MixState(plan=PlanState.from_dict(state.plan.skipping(ids_to_ranges(sorted(skip))).to_dict()),
+                     mixture=state.mixture)
+    rest = [(s, k, i) for batches in mix_epoch(mixture, config, world_size=path[1][0], num_workers=path[1][1],
+                                               state=state) for b in batches for (s, k, i), pad in zip(*b) if not pad]
+    assert not skip & {i for _, _, i in rest}
+    got = [(s, k) for s, k, _ in head + rest]
+    assert len(got) == len(set(got)) and set(got) <= {(s, k) for s, k, _ in whole}
+    gone = {(s, k) for s, k, i in whole if i in skip} - set(got)  # skipped draws not delivered before the skip
+    missing = len(whole) - len(got) - len(gone)
+    assert missing == 0 if config.tail == "pad" else 0 <= missing < path[1][0] * config.batch_size
