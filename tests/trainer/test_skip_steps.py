@@ -76,3 +76,21 @@ def test_skip_steps_past_a_planted_bad_batch_at_another_world_size(tmp_path):
     assert f"skipped: steps {STEP}:{STEP}" in result.stdout
     events = [json.loads(x) for x in (second / "metrics.jsonl").read_text().splitlines()]
     assert any(e.get("kind") == "skip" and e["steps"] == f"{STEP}:{STEP}" for e in events)
+
+
+@pytest.mark.timeout(120)
+def test_skip_samples_by_key_from_the_first_step(tmp_path):
+    url = str(tmp_path / "train")
+    write_table_dataset(Store(url), SIZES, seed=0)
+    bad = [f"0-{i:06d}" for i in range(0, 1200, 37)]
+    (tmp_path / "bad.txt").write_text("# found by hand\n" + "\n".join(bad) + "\n")
+    out = tmp_path / "out"
+    from trainer.__main__ import main
+
+    assert main(["--data", url, "--model", "mlp", "--features", ",".join(FEATURES), "--batch-size", "32",
+                 "--epochs", "2", "--num-workers", "0", "--no-live", "--out", str(out), "--record-keys",
+                 "--skip-samples", str(tmp_path / "bad.txt")]) == 0
+    seen = _keys(out, 1, 10**6)
+    assert not set(bad) & set(seen)
+    assert len(seen) == 2 * ((1200 - len(bad)) // 32 * 32)  # each epoch shrinks by the skipped samples
+    assert summary(out)["skipped"][0]["file_samples"] == len(bad)
