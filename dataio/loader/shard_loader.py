@@ -40,7 +40,7 @@ from dataio.loader.state import check_state, make_state, saved_skips
 from dataio.loader.stats import LoaderStats
 from dataio.loader.threads import ReaderThreads
 from dataio.loader.tickets import TicketSampler
-from dataio.plan.skip import ids_to_ranges
+from dataio.plan.skip import ids_to_ranges, in_ranges
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.storage.store import Store
 from dataio.stream.collate import HEDGES_KEY, SKIPPED_KEY
@@ -179,8 +179,10 @@ class ShardLoader:
         iterations; the state records them, so every later resume keeps skipping (plan/skip.py)."""
         if self._active_steps is not None:
             raise RuntimeError("skip() during an iteration; call it between iterations (after load_state_dict)")
-        ranges = checked_skip(ids, self.mixture)
         start = self._next_start()
+        ranges = checked_skip(ids, self.mixture, already=start.skipped_ids())
+        if not ranges:  # nothing new (a relaunch with the same --skip-steps): the order stays as it was
+            return
         self._record_history(new_pass=self._finished)
         self._state, self._delivered, self._finished = start.skipping(ranges), 0, False
 
@@ -381,8 +383,9 @@ class ShardLoader:
         self.close()
 
 
-def checked_skip(ids: Sequence[int], mixture: Any) -> tuple[tuple[int, int], ...]:
-    """The ids as ranges; ValueError for ids outside the data or a mixture whose weights follow a schedule."""
+def checked_skip(ids: Sequence[int], mixture: Any, already: Sequence[tuple[int, int]] = ()) -> tuple[tuple[int, int], ...]:
+    """The ids not `already` skipped, as ranges; ValueError for ids outside the data or a mixture whose
+    weights follow a schedule."""
     if hasattr(mixture, "pieces"):
         raise ValueError("skip() is not available for a mixture with a weight schedule yet; resume without "
                          "skipping, or use fixed weights")
@@ -392,7 +395,7 @@ def checked_skip(ids: Sequence[int], mixture: Any) -> tuple[tuple[int, int], ...
     if len(bad):
         raise ValueError(f"cannot skip sample id {int(bad[0])}: ids of this data run from 0 to {total - 1} "
                          "(global ids: the sources' samples concatenated, in manifest order)")
-    return ids_to_ranges(array)
+    return ids_to_ranges(array[~in_ranges(array, already)])
 
 
 def _identity(batch: Any) -> Any:

@@ -84,3 +84,16 @@ def test_an_epoch_end_state_taken_for_its_history_keeps_the_skip_list(sources) -
         loader.set_epoch(1)
         assert loader.skipped == tuple((i, i + 1) for i in range(0, 48, 2))
         assert all(i % 2 for i in ids_of(list(loader)))
+
+
+def test_skipping_what_is_skipped_already_changes_nothing(sources) -> None:
+    options = dict(batch_size=4, decode=None, shuffle_window=8, seed=3)
+    with make_loader(sources[0], **options) as loader:
+        take(loader, 2)
+        loader.skip([5, 6, 7])
+        state = loader.state_dict()
+    with make_loader(sources[0], **options) as a, make_loader(sources[0], **options) as b:
+        a.load_state_dict(state)
+        b.load_state_dict(state)
+        b.skip([6, 7])  # a relaunch with the same flag
+        assert b.state_dict() == state and ids_of(list(a)) == ids_of(list(b))
