@@ -384,11 +384,7 @@ class ShardLoader:
 
 
 def checked_skip(ids: Sequence[int], mixture: Any, already: Sequence[tuple[int, int]] = ()) -> tuple[tuple[int, int], ...]:
-    """The ids not `already` skipped, as ranges; ValueError for ids outside the data or a mixture whose
-    weights follow a schedule."""
-    if hasattr(mixture, "pieces"):
-        raise ValueError("skip() is not available for a mixture with a weight schedule yet; resume without "
-                         "skipping, or use fixed weights")
+    """The ids not `already` skipped, as ranges; ValueError for ids outside the data."""
     array = np.asarray(list(ids), dtype=np.int64)
     total = int(mixture.id_base[-1])
     bad = array[(array < 0) | (array >= total)]

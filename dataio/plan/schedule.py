@@ -26,7 +26,7 @@ import numpy as np
 
 from dataio.errors import StateError
 from dataio.plan.mix import MixSource, MixState, Mixture, WorkerPlan
-from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
+from dataio.plan.types import PlanConfig, PlanState, Skip, WorkerSlot, merge_ranges
 
 SCHEDULE_VERSION = 1
 MAX_SEGMENTS_PER_EPOCH = 1 << 12  # a segment's plan epoch is epoch << 12 | segment
@@ -190,10 +190,22 @@ class ScheduledMixture(Mixture):
     def split(self, state: PlanState, config: PlanConfig) -> tuple[int, PlanState]:
         """(segment, its PlanState) of an epoch's saved progress: each level's batches go to the
         segments in order, as many as each has left at that level's topology."""
+        index, seg, _ = self.split_skipping(state, config)
+        return index, seg
+
+    def split_skipping(self, state: PlanState, config: PlanConfig) -> tuple[int, PlanState, tuple]:
+        """split, with the state's skip filters: each lands in the segment in progress where it was
+        applied (at that segment's level), and every later segment filters all of them at its start.
+        The third item: the id ranges skipped by the end of the progress (for the later segments)."""
         epoch, count = state.epoch, len(self.segments(state.epoch))
-        index, seg = 0, PlanState(epoch=_plan_epoch(epoch, 0))
-        for level in state.progress:
-            left_over = level.batches
+        skips = {s.level: s.ranges for s in state.skip}
+        index, seg, skipped = 0, PlanState(epoch=_plan_epoch(epoch, 0)), ()
+        for i in range(len(state.progress) + 1):
+            if i in skips:
+                seg, skipped = seg.skipping(skips[i]), merge_ranges([*skipped, *skips[i]])
+            if i == len(state.progress):
+                break
+            level, left_over = state.progress[i], state.progress[i].batches
             while left_over > 0:
                 left = self._steps(epoch, index, config, level.world_size, seg)
                 if left == 0:
@@ -201,27 +213,27 @@ class ScheduledMixture(Mixture):
                     if index == count:
                         raise StateError(f"the saved progress passes the end of epoch {epoch} of this schedule; "
                                          "it belongs to another mixture or schedule: start the epoch over")
-                    seg = PlanState(epoch=_plan_epoch(epoch, index))
+                    seg = _fresh(epoch, index, skipped)
                     continue
                 take = min(left, left_over)
                 seg = seg.advanced(world_size=level.world_size, num_workers=level.num_workers, batches=take)
                 left_over -= take
-        return index, seg
+        return index, seg, skipped
 
     def steps_from(self, *, config: PlanConfig, world_size: int, state: PlanState) -> int:
-        index, seg = self.split(state, config)
+        index, seg, skipped = self.split_skipping(state, config)
         return sum(self._steps(state.epoch, j, config, world_size,
-                               seg if j == index else PlanState(epoch=_plan_epoch(state.epoch, j)))
+                               seg if j == index else _fresh(state.epoch, j, skipped))
                    for j in range(index, len(self.segments(state.epoch))))
 
     def plan_worker(self, *, config: PlanConfig, slot: WorkerSlot, state: MixState) -> WorkerPlan:
         """The worker's segments from the state's one to the epoch's end, concatenated: in a later
         segment it takes the role of the worker that makes its batches (round robin goes on)."""
         epoch = state.plan.epoch
-        index, seg = self.split(state.plan, config)
+        index, seg, skipped = self.split_skipping(state.plan, config)
         windows, numbers, offset, orders = [], [], 0, {}  # orders: the sources' pass orders, shared by segments
         for j in range(index, len(self.segments(epoch))):
-            sub = seg if j == index else PlanState(epoch=_plan_epoch(epoch, j))
+            sub = seg if j == index else _fresh(epoch, j, skipped)
             mix = self.segment(epoch, j)
             worker = slot if j == index else dataclasses.replace(
                 slot, worker_id=(slot.worker_id - offset) % slot.num_workers)
@@ -313,6 +325,11 @@ def scheduled(sources: Sequence[MixSource], pieces: Sequence[Piece], epoch_sampl
         raise ValueError("a scheduled mixture takes weights only; give repeat sources a weight instead")
     first = tuple(dataclasses.replace(s, weight=w) for s, w in zip(sources, pieces[0].weights))
     return ScheduledMixture(sources=first, epoch_samples=epoch_samples, pieces=pieces)
+
+
+def _fresh(epoch: int, segment: int, skipped: tuple) -> PlanState:
+    """The start of a segment of `epoch`, filtering the `skipped` id ranges."""
+    return PlanState(epoch=_plan_epoch(epoch, segment), skip=(Skip(level=0, ranges=skipped),) if skipped else ())
 
 
 def _plan_epoch(epoch: int, segment: int) -> int:

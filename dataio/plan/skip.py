@@ -5,8 +5,10 @@ entries left): the filter level holds level L's positions whose sample ids are n
 in order, as plain range pieces (permute.Pieces with window 0), so LevelMap takes them down like
 any other level and the next topology splits it like any other. Equal steps and exactly-once are
 the plan's own, over a shorter level. A later epoch carries every skipped id at level 0 and so
-shrinks by the skipped samples it holds. States without a skip never come here: their levels are
-permute.build_levels', bit for bit.
+shrinks by the skipped samples it holds. A mixture filters positions of its epoch, so every draw
+of a skipped id goes (an upsampled id has several); a scheduled mixture puts the filter in the
+segment in progress and at level 0 of each later segment (schedule.py split_skipping). States
+without a skip never come here: their levels are permute.build_levels', bit for bit.
 
 Cost: the filter needs the ids of every position of the level it filters, O(positions) once; the
 result is cached per process (keyed by the data, epoch, config, levels below and ranges).

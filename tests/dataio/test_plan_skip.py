@@ -115,3 +115,49 @@ def test_a_mixture_skips_every_draw_of_a_skipped_id(mixture, config, path, data)
     gone = {(s, k) for s, k, i in whole if i in skip} - set(got)  # skipped draws not delivered before the skip
     missing = len(whole) - len(got) - len(gone)
     assert missing == 0 if config.tail == "pad" else 0 <= missing < path[1][0] * config.batch_size
+
+
+def test_a_scheduled_mixture_skips_in_the_segment_in_progress_and_every_later_one():
+    import numpy as np
+
+    from dataio.plan.mix import MixSource, mix_num_steps, plan_mix_worker
+    from dataio.plan.schedule import Piece, scheduled
+    from dataio.plan.types import WorkerSlot
+
+    # 120 an epoch, segments of 60 (0.5 / 0.5) + 60 (0.4 / 0.6): no source passes its 70 samples in epoch 0
+    sources = (MixSource(name="a", shard_sizes=[25, 45]), MixSource(name="b", shard_sizes=[40, 30]))
+    mixture = scheduled(sources, (Piece((0.5, 0.5), 60), Piece((0.4, 0.6), 60), Piece((0.5, 0.5))), 120)
+    config = PlanConfig(seed=5, batch_size=2, shuffle_window=6)
+    skip = set(range(0, 120, 7))
+
+    def ids(state, topology, stop=None):
+        """Every rank's ids of the first `stop` batches (None: all), and the state after them."""
+        steps = mix_num_steps(mixture, config=config, world_size=topology[0], state=state)
+        stop = steps if stop is None else stop
+        got = []
+        for rank in range(topology[0]):
+            by_number = {}
+            for w in range(topology[1]):
+                slot = WorkerSlot(rank=rank, world_size=topology[0], worker_id=w, num_workers=topology[1])
+                plan = plan_mix_worker(mixture, config=config, slot=slot, state=state)
+                assert plan.num_steps == steps  # equal steps
+                flat = np.concatenate([x.sample_ids for x in plan.windows]) if plan.windows else np.zeros(0)
+                for j, number in enumerate(plan.batch_numbers.tolist()):
+                    by_number[number] = flat[j * config.batch_size:(j + 1) * config.batch_size].tolist()
+            got += [i for number in range(stop) for i in by_number[number]]
+        return got, state.advanced(world_size=topology[0], num_workers=topology[1], batches=stop)
+
+    start = MixState.start(mixture, 0)
+    whole, _ = ids(start, (2, 1))
+    for stop in (0, 3, 14, 16, 29):  # in segment 0, at its end, in segment 1
+        head, state = ids(start, (2, 1), stop)
+        state = MixState(plan=PlanState.from_dict(state.plan.skipping(ids_to_ranges(sorted(skip))).to_dict()),
+                         mixture=state.mixture)
+        for topology in ((3, 2), (2, 1)):
+            rest, end = ids(state, topology)
+            assert not skip & set(rest) and len(head + rest) == len(set(head + rest))
+            assert set(head + rest) <= set(whole)
+            missing = len(set(whole) - set(head) - skip) - len(rest)
+            assert 0 <= missing < 2 * topology[0] * config.batch_size  # a new tail in each segment at most
+            nxt, _ = ids(MixState(plan=end.plan.next_epoch(1), mixture=end.mixture), topology)
+            assert not skip & set(nxt)  # (epoch 1 starts new passes mid-epoch: repeats are the plan's own)

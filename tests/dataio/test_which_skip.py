@@ -6,12 +6,15 @@ from __future__ import annotations
 import pytest
 
 from dataio.loader.which import samples_of_step
+from dataio.plan.schedule import Piece, Schedule
 from tests.dataio.test_which import _doc, _loaders, _train, datasets  # noqa: F401 - the fixture
 
 
-@pytest.mark.parametrize("mixed,world_size,grad_accum", [(False, 3, 2), (True, 3, 2), (False, 2, 1)])
+@pytest.mark.parametrize("mixed,world_size,grad_accum", [(False, 3, 2), (True, 3, 2), (False, 2, 1), ("schedule", 3, 1)])
 def test_which_names_every_step_around_a_skip(datasets, mixed, world_size, grad_accum):  # noqa: F811 - the fixture
     url, weights = (datasets[0], None) if not mixed else (list(datasets), [0.7, 0.3])
+    if mixed == "schedule":  # 40 samples at 0.7/0.3, then 0.2/0.8: the skip lands in the first piece
+        weights = Schedule((Piece((0.7, 0.3), 40), Piece((0.2, 0.8))))
     recorded: dict[int, dict[int, list[str]]] = {}
     first = _loaders(url, 2, weights=weights)
     _train(first, 3, 1, recorded, epoch=0)
