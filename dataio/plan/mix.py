@@ -36,6 +36,7 @@ from dataio.plan.plan import (
     Window,
     WorkerPlan,
     as_sizes,
+    num_steps,
     plan_positions,
     plan_worker,
     segments_of,
@@ -194,6 +195,8 @@ class Mixture:
 
     def steps_from(self, *, config: PlanConfig, world_size: int, state: PlanState) -> int:
         """Batches every rank delivers from `state` to the epoch's end."""
+        if self.single and state.skip:  # the single-dataset plan's own ids (plan_mix_worker plans it so)
+            return num_steps(self.sources[0].shard_sizes, config=config, world_size=world_size, state=state)
         delivered = delivered_epoch(self, config=config, world_size=world_size, state=state)
         ids_of = _mix_ids(self, delivered, config, state.epoch, {}) if state.skip else None
         return steps_of_total(delivered.total, config=config, world_size=world_size, state=state, ids_of=ids_of,

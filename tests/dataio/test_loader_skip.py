@@ -47,8 +47,11 @@ def test_skipped_samples_never_come_again_at_another_topology(sources, mixed) ->
         with make_loader(url, num_workers=0, world_size=2, rank=rank, **options) as loader:
             loader.load_state_dict(state)
             loader.skip(skip)
-            assert loader.skipped and len(loader) > 0
-            rest += ids_of(list(loader))
+            steps = len(loader)
+            assert loader.skipped and steps > 0
+            batches = list(loader)
+            assert len(batches) == steps  # len() and the plan agree on the shorter epoch
+            rest += ids_of(batches)
             states.append(loader.state_dict())
     assert not set(skip) & set(rest)
     delivered = first + rest
@@ -58,7 +61,10 @@ def test_skipped_samples_never_come_again_at_another_topology(sources, mixed) ->
         loader.load_state_dict(states[0])  # saved after the epoch: the next ones keep skipping
         for epoch in (1, 2):  # epoch 2: the worker processes' bet on the next epoch keeps the skip too
             loader.set_epoch(epoch)
-            later = ids_of(list(loader))
+            steps = len(loader)
+            batches = list(loader)
+            assert len(batches) == steps
+            later = ids_of(batches)
             assert not set(skip) & set(later) and len(later) == len(set(later))
             assert total - len(skip) - len(later) < 4
 
@@ -97,3 +103,23 @@ def test_skipping_what_is_skipped_already_changes_nothing(sources) -> None:
         b.load_state_dict(state)
         b.skip([6, 7])  # a relaunch with the same flag
         assert b.state_dict() == state and ids_of(list(a)) == ids_of(list(b))
+
+
+def test_decoded_batches_in_worker_processes_skip_too(tmp_path) -> None:
+    url = str(tmp_path / "images")
+    write_tar_dataset(Store(url), [13, 7, 22, 5], real_images=True)
+    options = dict(batch_size=4, image_size=16, seed=2, shuffle_window=8, num_workers=2)  # decode="cpu"
+    with make_loader(url, **options) as loader:
+        it = iter(loader)
+        first = ids_of([next(it) for _ in range(2)])
+        it.close()
+        state = loader.state_dict()
+    skip = [i for i in range(47) if i % 3 == 0 and i not in first]
+    with make_loader(url, **options) as loader:
+        loader.load_state_dict(state)
+        loader.skip(skip)  # the main process makes the first batch, the workers the rest (first_batch.py)
+        steps = len(loader)
+        batches = list(loader)
+    rest = ids_of(batches)
+    assert len(batches) == steps and not set(skip) & set(rest)
+    assert len(first + rest) == len(set(first + rest)) and 47 - len(skip) - len(first + rest) < 4

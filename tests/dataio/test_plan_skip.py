@@ -161,3 +161,20 @@ def test_a_scheduled_mixture_skips_in_the_segment_in_progress_and_every_later_on
             assert 0 <= missing < 2 * topology[0] * config.batch_size  # a new tail in each segment at most
             nxt, _ = ids(MixState(plan=end.plan.next_epoch(1), mixture=end.mixture), topology)
             assert not skip & set(nxt)  # (epoch 1 starts new passes mid-epoch: repeats are the plan's own)
+
+
+def test_a_mixture_of_one_counts_steps_as_its_single_dataset_plan_skips():
+    from dataio.plan.mix import MixSource, Mixture, MixState, plan_mix_worker
+    from dataio.plan.types import WorkerSlot
+
+    sizes = [13, 7, 22, 5]
+    one = Mixture(sources=(MixSource(name="a", shard_sizes=sizes),))
+    assert one.single
+    for seed in range(8):
+        config = PlanConfig(seed=seed, batch_size=4, shuffle_window=8)
+        state = PlanState(epoch=0).advanced(world_size=1, num_workers=2, batches=2).skipping([(6, 7), (9, 31)])
+        steps = one.steps_from(config=config, world_size=1, state=state)
+        assert steps == num_steps(sizes, config=config, world_size=1, state=state)
+        slot = WorkerSlot(rank=0, world_size=1, worker_id=0, num_workers=2)
+        plan = plan_mix_worker(one, config=config, slot=slot, state=MixState(plan=state, mixture=one.describe()))
+        assert plan.num_steps == steps
