@@ -122,6 +122,9 @@ class TrainConfig:
     spike_factor: float = 3.0  # a step whose loss exceeds this x the running median is a spike; 0: off
     spike_sample_losses: bool = False  # keep per-sample losses so a spike names its worst samples
     mix_schedule: str = ""  # mixture weights over the run (dataio/plan/schedule.py syntax); empty: fixed weights
+    # --- skip on resume (trainer/skipping.py): dropped from the rest of the run, kept in the loader state ---
+    skip_steps: str = ""  # A:B optimizer steps (as the run that trained them numbered them); empty: none
+    skip_samples: str = ""  # file of sample keys or global ids, one a line; empty: none
     # --- --model gpt on token datasets (trainer/gpt.py) ---
     seq_len: int = 256
     packing: str = "concat"
@@ -171,6 +174,10 @@ class TrainConfig:
             raise ValueError("--data synthetic: cannot be mixed with other datasets")
         if self.mix_schedule:
             _check_schedule(self.mix_schedule, sources)
+        if self.skip_steps:
+            from dataio.loader.skips import parse_steps
+
+            parse_steps(self.skip_steps)
         if not self.data:
             raise ValueError("--data is required: a dataset URL made by `shardify`, e.g. --data runs/digits/train")
         if not self.out:
@@ -271,6 +278,12 @@ _HELP = {
                     "'0.7,0.3@1000000; 0.5,0.5' is 0.7/0.3 for the first 1M samples, then 0.5/0.5; a piece "
                     "FROM~TO@SAMPLES/PIECES ramps linearly in PIECES steps (one weight per --data source, in order; "
                     "pieces after the epoch in progress may change on resume, earlier ones not)",
+    "skip_steps": "A:B: drop the samples of optimizer steps A through B (as spikes.jsonl numbers them; the plan "
+                  "and a checkpoint saved at step B or later say which samples, at the topology that ran them) from "
+                  "the rest of the run and every later epoch (which shrinks by their count); the state keeps skipping "
+                  "on later resumes. Resume from a checkpoint before A with --resume PATH to train past them",
+    "skip_samples": "file of sample keys (as `shardify which` and spikes.jsonl print them) or global sample ids, one "
+                    "a line (# comments): dropped from the rest of the run and every later epoch, like --skip-steps",
     "label_map": "JSON file giving the label space explicitly: {\"SOURCE\": {\"NAME\": INDEX}} (SOURCE: a --data URL "
                  "or the last part of its path) or {\"NAME\": INDEX} for every source",
     "seq_len": "--model gpt: tokens per sequence (the model's context; batches carry seq_len + 1 for the labels)",

@@ -144,6 +144,8 @@ def print_summary(console: Console, rep: dict[str, Any], *, outputs: dict[str, s
         console.print(describe(rep["cost"]))
     if rep.get("checkpoints"):
         console.print(checkpoints_line(rep["checkpoints"]))
+    for skip in rep.get("skipped", ()):
+        console.print(f"skipped: {skip['text']}")
     if val:
         console.print(f"validation: loss {val['loss']:.4f}, accuracy {val['accuracy']:.2%} "
                       f"over {val['samples']} samples")

@@ -66,6 +66,7 @@ class Recorder:
         self.spikes: list[dict[str, Any]] = []
         self.spike_keys: Callable[[int, list[int]], dict[str, list[str]] | None] | None = None
         self.spike_rows: list[dict[str, Any]] = []
+        self.skips: list[dict[str, Any]] = []  # --skip-steps / --skip-samples at this start (trainer/skipping.py)
         # Piped output (CI logs, tests) gets wide tables instead of rich's 80-column default, and lines
         # of text are never wrapped (soft_wrap): a log line stays one line, whatever its length.
         self.console = (Console() if sys.stdout.isatty() else Console(width=150, soft_wrap=True)) if rt.is_main else None
@@ -246,6 +247,8 @@ class Recorder:
             rep["checkpoints"] = self.checkpoints
         if self.spike_rows:
             rep["spikes"] = self.spike_rows
+        if self.skips:
+            rep["skipped"] = self.skips
         rep = scrub(rep, self.secrets)
         final = {"kind": "summary", **{k: v for k, v in rep.items()}, "validation": val}
         self._saving(outputs["summary"], lambda path: _dump(path, final))

@@ -23,6 +23,7 @@ from trainer.config import TrainConfig, config_dict
 from trainer.models import build_model
 from trainer.recorder import Recorder
 from trainer.schedule import WarmupCosine, planned_samples
+from trainer.skipping import apply_skips
 from trainer.spikes import SpikeWatch
 from trainer.timing import StepRecord, StepTimer
 from trainer.validate import evaluate
@@ -117,6 +118,7 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
     run.spike_watch = SpikeWatch(cfg.spike_factor)
     recorder.spike_keys = lambda step, ranks: spike_keys(run, step, ranks)
     resume(run)
+    apply_skips(run, data.storage_options(cfg))  # --skip-steps / --skip-samples (trainer/skipping.py)
     return run
 
 

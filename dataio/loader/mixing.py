@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import hashlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +24,7 @@ from dataio.format.manifest import Manifest
 from dataio.loader.config import LoaderConfig, Source
 from dataio.loader.labels import LabelSpace, SourceLabels, build_label_space
 from dataio.loader.startup import fields_to_read, image_fields_of, open_dataset
+from dataio.loader.state import mixture_fingerprint
 from dataio.plan.mix import MixSource, Mixture
 from dataio.plan.schedule import scheduled
 from dataio.readers.base import sample_url_of
@@ -78,10 +77,7 @@ class OpenSources:
         (every source's manifest fingerprint, weights, epoch; not a schedule's pieces) hashed."""
         if self.mixture.single:
             return self.manifests[0].fingerprint
-        described = self.mixture.describe()
-        described.pop("schedule", None)  # pieces yet to come may change on resume (state.py checks the rest)
-        text = json.dumps(described, sort_keys=True)
-        return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+        return mixture_fingerprint(self.mixture.describe())  # pieces yet to come may change (state.py checks)
 
 
 def open_sources(sources: Sequence[Source], config: LoaderConfig) -> OpenSources:

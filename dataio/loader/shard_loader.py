@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from dataio.batch import ViewGuard
@@ -36,10 +37,11 @@ from dataio.loader.mixing import (
 )
 from dataio.loader.protocol import DatasetFacts
 from dataio.loader.startup import ShardCheck, agree_on_dataset
-from dataio.loader.state import check_state, make_state
+from dataio.loader.state import check_state, make_state, saved_skips
 from dataio.loader.stats import LoaderStats
 from dataio.loader.threads import ReaderThreads
 from dataio.loader.tickets import TicketSampler
+from dataio.plan.skip import ids_to_ranges, in_ranges
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.storage.store import Store
 from dataio.stream.collate import HEDGES_KEY, SKIPPED_KEY
@@ -171,7 +173,25 @@ class ShardLoader:
         check_int("epoch", epoch, minimum=0)
         if epoch != self._state.epoch or self._finished:
             self._record_history(new_pass=True)
-            self._state, self._delivered, self._finished = PlanState(epoch=epoch), 0, False
+            self._state, self._delivered, self._finished = self._state.next_epoch(epoch), 0, False
+
+    def skip(self, ids: Sequence[int]) -> None:
+        """Drop these global sample ids from the rest of the run: the rest of this epoch (whatever
+        was not yet delivered) and every later epoch, which shrinks by their count. Between
+        iterations; the state records them, so every later resume keeps skipping (plan/skip.py)."""
+        if self._active_steps is not None:
+            raise RuntimeError("skip() during an iteration; call it between iterations (after load_state_dict)")
+        start = self._next_start()
+        ranges = checked_skip(ids, self.mixture, already=start.skipped_ids())
+        if not ranges:  # nothing new (a relaunch with the same --skip-steps): the order stays as it was
+            return
+        self._record_history(new_pass=self._finished)
+        self._state, self._delivered, self._finished = start.skipping(ranges), 0, False
+
+    @property
+    def skipped(self) -> tuple[tuple[int, int], ...]:
+        """Every sample id range this loader skips, [a, b) sorted."""
+        return self._state.skipped_ids()
 
     def _position(self) -> PlanState:
         """The PlanState after everything delivered so far."""
@@ -181,7 +201,7 @@ class ShardLoader:
         return self._state.advanced(world_size=t.world_size, num_workers=t.num_workers, batches=self._delivered)
 
     def _next_start(self) -> PlanState:
-        return PlanState(epoch=self._state.epoch) if self._finished else self._position()
+        return self._state.next_epoch(self._state.epoch) if self._finished else self._position()
 
     def _steps_from(self, state: PlanState) -> int:
         # A mixture's epoch (each schedule segment's) is first rounded down to the global batch (one: not).
@@ -328,8 +348,13 @@ class ShardLoader:
                              fingerprint=self.fingerprint, plan=self.plan_config, new_pass=new_pass)
 
     def load_history(self, state_dict: dict[str, Any]) -> None:
-        """Take only the run's history from a saved state (an epoch-end checkpoint, not resumed)."""
+        """Take only the run's history from a saved state (an epoch-end checkpoint, not resumed), and
+        its skip list: the next epochs keep skipping."""
         self.history.load(state_dict, self._state, fingerprint=self.fingerprint, plan=self.plan_config)
+        ranges = saved_skips(state_dict)
+        if ranges and self._active_steps is None:
+            self._state = self._next_start().skipping(ranges)
+            self._delivered, self._finished = 0, False
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
@@ -365,6 +390,17 @@ class ShardLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def checked_skip(ids: Sequence[int], mixture: Any, already: Sequence[tuple[int, int]] = ()) -> tuple[tuple[int, int], ...]:
+    """The ids not `already` skipped, as ranges; ValueError for ids outside the data."""
+    array = np.asarray(list(ids), dtype=np.int64)
+    total = int(mixture.id_base[-1])
+    bad = array[(array < 0) | (array >= total)]
+    if len(bad):
+        raise ValueError(f"cannot skip sample id {int(bad[0])}: ids of this data run from 0 to {total - 1} "
+                         "(global ids: the sources' samples concatenated, in manifest order)")
+    return ids_to_ranges(array[~in_ranges(array, already)])
 
 
 def _identity(batch: Any) -> Any:

@@ -7,8 +7,10 @@ loader the position is a frozen PlanState; only here does it become a dict and J
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from dataio.errors import StateError
@@ -139,6 +141,7 @@ def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig, mixtur
     if missing:
         raise StateError(f"loader state lacks {missing}; pass the dict ShardLoader.state_dict() returned")
     _check_mixture(state, mixture)  # before the fingerprint: it names which source or weight differs
+    fingerprint = _saved_subset_fingerprint(state, mixture) or fingerprint
     mine = _identity(fingerprint, plan_config)
     carried = _carry_over(state, mine)
     if carried is not None:
@@ -164,6 +167,38 @@ def check_state(state: Any, *, fingerprint: str, plan_config: PlanConfig, mixtur
     if position.epoch != state["epoch"]:
         raise StateError(f"loader state is inconsistent: epoch {state['epoch']} vs plan epoch {position.epoch}")
     if hasattr(mixture, "check_schedule"):  # pieces that ran must match; later ones may change (plan/schedule.py)
-        for note in mixture.check_schedule(json.loads(state["mixture"]), position.epoch):
+        for note in mixture.check_schedule(json.loads(state["mixture"]), position, plan_config):
             warnings.warn(f"resuming with a changed mixture schedule: {note}", UserWarning, stacklevel=3)
     return position
+
+
+def saved_skips(state: Any) -> tuple[tuple[int, int], ...]:
+    """Every id range a saved state skips (none when it skips none or is not a loader state)."""
+    try:
+        plan = state["plan"]
+        plan = json.loads(plan) if isinstance(plan, (str, bytes)) else plan
+        skip = plan.get("skip") or ()
+        return PlanState(epoch=0).skipping([tuple(r) for s in skip for r in s["ids"]]).skipped_ids()
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return ()
+
+
+def _saved_subset_fingerprint(state: dict[str, Any], mixture: Mixture) -> str | None:
+    """A scheduled mixture that gained sources since the state was saved: the fingerprint of its first
+    (saved) sources, which the state's must equal. None otherwise."""
+    try:
+        num_saved = len(json.loads(state["mixture"])["sources"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not mixture.can_add_sources or not 0 < num_saved < len(mixture.sources):
+        return None
+    described = mixture.describe()
+    return mixture_fingerprint({**described, "sources": described["sources"][:num_saved]})
+
+
+def mixture_fingerprint(described: Mapping) -> str:
+    """A mixture's identity in a saved state: its description (sources, weights, epoch) hashed, without
+    a schedule's pieces (pieces yet to come may change on resume)."""
+    described = {k: v for k, v in described.items() if k != "schedule"}
+    text = json.dumps(described, sort_keys=True)
+    return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:32]

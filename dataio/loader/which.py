@@ -28,7 +28,7 @@ from dataio.loader.token_which import StepSequence, is_token_run, sequences_of_s
 from dataio.plan.mix import MixSource, Mixture
 from dataio.plan.schedule import Piece, scheduled
 from dataio.plan.types import Segment
-from dataio.plan.which import batch_ids, locate_ids, locate_step
+from dataio.plan.which import HistoryPass, batch_ids, locate_ids, locate_step
 from dataio.readers.by_format import make_reader
 from dataio.storage.store import StorageOptions, Store
 from dataio.stream.fields import label_field
@@ -89,12 +89,8 @@ def samples_of_step(doc: dict[str, Any], step: int, *, ranks: Sequence[int] | No
     if doc.get("shardify_loader_state") != SIDECAR_VERSION:
         raise StateError(f"loader-state sidecar version {doc.get('shardify_loader_state')!r} is not "
                          f"{SIDECAR_VERSION}: ask with the shardify that wrote it")
-    state = doc["loader"]
-    passes = loads_history(state.get(HISTORY_KEY))
-    if passes is None:
-        raise StateError("this loader state carries no run history (saved by an older shardify); which needs one")
-    passes = resolved_grad_accum(passes, int(doc.get("grad_accum", 1)))
-    place = locate_step(tuple(passes), step, last_step=int(doc["step"]))
+    passes = history_of(doc)
+    place = locate_step(passes, step, last_step=int(doc["step"]))
     chosen = passes[place.pass_index]
     stores = [Store(s["url"], storage) for s in doc["sources"]]
     manifests = [read_manifest(st) for st in stores]
@@ -110,11 +106,43 @@ def samples_of_step(doc: dict[str, Any], step: int, *, ranks: Sequence[int] | No
     for r in wanted:
         for micro, batch in enumerate(place.batches):
             got = batch_ids(data, config=chosen.plan, epoch=chosen.epoch, before=place.before,
-                            world_size=place.world_size, num_workers=place.num_workers, rank=r, batch=batch)
+                            world_size=place.world_size, num_workers=place.num_workers, rank=r, batch=batch,
+                            skip=place.skip)
             source, shard, position = locate_ids(data, got.ids)
             for s, j, p, pad in zip(source.tolist(), shard.tolist(), position.tolist(), got.is_pad.tolist()):
                 out.append(reader.sample(r, micro, s, j, p, pad))
     return out
+
+
+def history_of(doc: dict[str, Any]) -> tuple[HistoryPass, ...]:
+    """The run history of a sidecar document, unknown grad_accums resolved; StateError without one."""
+    passes = loads_history(doc["loader"].get(HISTORY_KEY))
+    if passes is None:
+        raise StateError("this loader state carries no run history (saved by an older shardify); which needs one")
+    return tuple(resolved_grad_accum(passes, int(doc.get("grad_accum", 1))))
+
+
+def ids_of_steps(doc: dict[str, Any], first: int, last: int, storage: StorageOptions | None = None) -> np.ndarray:
+    """(n,) int64 sorted global ids of every real (not padding) sample of optimizer steps first..last,
+    on every rank that ran them, from a sidecar document: the manifests are read, never a shard."""
+    if doc.get("shardify_loader_state") != SIDECAR_VERSION:
+        raise StateError(f"loader-state sidecar version {doc.get('shardify_loader_state')!r} is not "
+                         f"{SIDECAR_VERSION}: use the shardify that wrote it")
+    passes = history_of(doc)
+    stores = [Store(s["url"], storage) for s in doc["sources"]]
+    manifests = [read_manifest(st) for st in stores]
+    data, out = None, []
+    for step in range(first, last + 1):
+        place = locate_step(passes, step, last_step=int(doc["step"]))
+        chosen = passes[place.pass_index]
+        data = _plan_data(doc, stores, manifests, chosen.fingerprint) if data is None else data
+        for r in range(place.world_size):
+            for batch in place.batches:
+                got = batch_ids(data, config=chosen.plan, epoch=chosen.epoch, before=place.before,
+                                world_size=place.world_size, num_workers=place.num_workers, rank=r, batch=batch,
+                                skip=place.skip)
+                out.append(got.ids[~got.is_pad])
+    return np.unique(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
 
 
 def _plan_data(doc: dict[str, Any], stores: list[Store], manifests: list[Manifest], fingerprint: str

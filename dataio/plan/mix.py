@@ -21,6 +21,7 @@ shard_base[s] + j.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from dataio.plan.plan import (
     Window,
     WorkerPlan,
     as_sizes,
+    num_steps,
     plan_positions,
     plan_worker,
     segments_of,
@@ -116,6 +118,7 @@ class Mixture:
     # Source s's k-th draw of any epoch is its cursor_base[s] + k (a scheduled mixture's segment,
     # plan/schedule.py); None: epoch * counts[s] + k.
     cursor_base: tuple[int, ...] | None = None
+    can_add_sources = False  # a scheduled mixture may gain sources on resume (plan/schedule.py)
     counts: np.ndarray = field(init=False)  # (n,) int64 positions per requested epoch, summing to total
     total: int = field(init=False)  # N, the requested epoch's length
     id_base: np.ndarray = field(init=False)  # (n+1,) int64 first global id of each source
@@ -192,8 +195,16 @@ class Mixture:
 
     def steps_from(self, *, config: PlanConfig, world_size: int, state: PlanState) -> int:
         """Batches every rank delivers from `state` to the epoch's end."""
-        total = delivered_epoch(self, config=config, world_size=world_size, state=state).total
-        return steps_of_total(total, config=config, world_size=world_size, state=state)
+        if self.single and state.skip:  # the single-dataset plan's own ids (plan_mix_worker plans it so)
+            return num_steps(self.sources[0].shard_sizes, config=config, world_size=world_size, state=state)
+        delivered = delivered_epoch(self, config=config, world_size=world_size, state=state)
+        ids_of = _mix_ids(self, delivered, config, state.epoch, {}) if state.skip else None
+        return steps_of_total(delivered.total, config=config, world_size=world_size, state=state, ids_of=ids_of,
+                              data_key=self._skip_key(delivered) if state.skip else None)
+
+    def _skip_key(self, delivered: MixEpoch) -> tuple:
+        """What names this mixture's map from level-0 positions to ids (plan/skip.py's cache)."""
+        return ("mix", json.dumps(self.describe(), sort_keys=True), self.cursor_base, delivered.total)
 
     def describe(self) -> dict:
         """A JSON-able description a saved state carries, so another mixture can be refused."""
@@ -337,10 +348,12 @@ def check_mixture(mixture: Mixture, saved: Mapping) -> None:
         raise StateError(f"mixture state saved by mix version {saved.get('mix_version')!r}, this shardify "
                          f"uses {MIX_VERSION}: resume with the shardify that saved it, or start the epoch over")
     theirs = saved.get("sources")
-    if not isinstance(theirs, list) or len(theirs) != len(mine["sources"]):
+    added = isinstance(theirs, list) and mixture.can_add_sources and 0 < len(theirs) < len(mine["sources"])
+    if not isinstance(theirs, list) or (len(theirs) != len(mine["sources"]) and not added):
         names = [s.get("name") for s in theirs] if isinstance(theirs, list) else theirs
         raise StateError(f"cannot resume: the state was saved with sources {names}, this mixture has "
-                         f"{[s['name'] for s in mine['sources']]}; use the same sources, in the same order")
+                         f"{[s['name'] for s in mine['sources']]}; use the same sources, in the same order (a "
+                         "mixture with a weight schedule may add sources at the end)")
     for i, (a, b) in enumerate(zip(theirs, mine["sources"])):
         same_data = a.get("fingerprint") == b["fingerprint"] and (b["fingerprint"] or a.get("name") == b["name"])
         if not same_data:
@@ -356,7 +369,9 @@ def check_mixture(mixture: Mixture, saved: Mapping) -> None:
                          "weights; pass the same schedule (pieces after the epoch in progress may change)")
     if saved.get("epoch_samples") != mine["epoch_samples"]:
         raise StateError(f"cannot resume: the mixture's epoch had {saved.get('epoch_samples')!r} samples when "
-                         f"saved, this one has {mine['epoch_samples']}; pass the same epoch_samples")
+                         f"saved, this one has {mine['epoch_samples']}; pass epoch_samples={saved.get('epoch_samples')!r}"
+                         + (" (an added source would otherwise lengthen the epoch, moving every run position)"
+                            if added else ""))
 
 
 def delivered_epoch(mixture: Mixture, *, config: PlanConfig, world_size: int, state: PlanState) -> MixEpoch:
@@ -394,11 +409,30 @@ def _plan_mix_epoch(mixture: Mixture, *, config: PlanConfig, slot: WorkerSlot, s
 
     def make_window(pos0: np.ndarray, is_pad: np.ndarray) -> Window:
         source, k = delivered.locate(pos0)
-        ids = np.empty_like(pos0)
-        for s in np.unique(source).tolist():
-            sel = source == s
-            ids[sel] = mixture.draw_ids(s, k[sel], config=config, epoch=epoch, cache=orders)
+        ids = _draws(mixture, source, k, config, epoch, orders)
         return MixWindow(segments=segments_of(ids, offsets, place), sample_ids=ids, is_pad=is_pad,
                          source=source, draw=k)
 
-    return plan_positions(delivered.total, config=config, slot=slot, state=state.plan, make_window=make_window)
+    skip = bool(state.plan.skip)
+    return plan_positions(delivered.total, config=config, slot=slot, state=state.plan, make_window=make_window,
+                          ids_of=_mix_ids(mixture, delivered, config, epoch, orders) if skip else None,
+                          data_key=mixture._skip_key(delivered) if skip else None)
+
+
+def _draws(mixture: Mixture, source: np.ndarray, k: np.ndarray, config: PlanConfig, epoch: int,
+           orders: dict) -> np.ndarray:
+    """Global ids of draws k of sources `source` (int64, same shape) in `epoch`."""
+    ids = np.empty_like(k)
+    for s in np.unique(source).tolist():
+        sel = source == s
+        ids[sel] = mixture.draw_ids(s, k[sel], config=config, epoch=epoch, cache=orders)
+    return ids
+
+
+def _mix_ids(mixture: Mixture, delivered: MixEpoch, config: PlanConfig, epoch: int, orders: dict):
+    """The map from an epoch's level-0 positions to global ids (for plan/skip.py's filter)."""
+    def ids_of(pos0: np.ndarray) -> np.ndarray:
+        source, k = delivered.locate(pos0)
+        return _draws(mixture, source, k, config, epoch, orders)
+
+    return ids_of

@@ -17,7 +17,8 @@ the next level; a dropped tail is, so only the last level's tail goes undelivere
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import hashlib
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy as np
 from dataio.errors import StateError
 from dataio.plan.permute import (
     LevelMap,
+    Levels,
     ShardOrder,
     build_levels,
     epoch_shard_key,
@@ -33,6 +35,7 @@ from dataio.plan.permute import (
     window_at,
     window_perm,
 )
+from dataio.plan.skip import IdsOf, build_levels_skipping
 from dataio.plan.types import PLAN_VERSION, PlanConfig, PlanState, Segment, WorkerSlot
 
 # Within a window, samples of one shard separated by at most this many undelivered ones are
@@ -91,19 +94,42 @@ def _check_version(state: PlanState) -> None:
 
 
 def num_steps(shard_sizes: Sequence[int], *, config: PlanConfig, world_size: int, state: PlanState) -> int:
-    """Batches every rank delivers from the state's position to the epoch end (no per-sample work)."""
-    return steps_of_total(int(as_sizes(shard_sizes).sum()), config=config, world_size=world_size, state=state)
+    """Batches every rank delivers from the state's position to the epoch end (no per-sample work
+    unless the state skips samples)."""
+    sizes = as_sizes(shard_sizes)
+    ids_of, data_key = _single_ids(sizes, config, state.epoch) if state.skip else (None, None)
+    return steps_of_total(int(sizes.sum()), config=config, world_size=world_size, state=state,
+                          ids_of=ids_of, data_key=data_key)
 
 
-def steps_of_total(total: int, *, config: PlanConfig, world_size: int, state: PlanState) -> int:
-    """num_steps for a level 0 of `total` positions, whatever maps them to samples."""
+def steps_of_total(total: int, *, config: PlanConfig, world_size: int, state: PlanState,
+                   ids_of: IdsOf | None = None, data_key: Hashable = None) -> int:
+    """num_steps for a level 0 of `total` positions, whatever maps them to samples (ids_of: to
+    sample ids, needed when the state skips some; data_key names that map for the filter's cache)."""
     _check_version(state)
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
     # Continuing the last level or starting a new one gives the same count (whole global batches
     # are gone either way), so num_workers is not needed.
-    levels = build_levels(total, state.progress, config, state.epoch)
+    levels = _levels(total, state.progress, config, state, ids_of, data_key)
     return num_batches(levels.lengths[-1], int(world_size), config)
+
+
+def _levels(total: int, progress: tuple, config: PlanConfig, state: PlanState, ids_of: IdsOf | None,
+            data_key: Hashable) -> Levels:
+    """The epoch's levels up to `progress` (a prefix of state.progress), with the state's skip filters."""
+    skip = tuple(s for s in state.skip if s.level <= len(progress))
+    if not skip:
+        return build_levels(total, progress, config, state.epoch)
+    if ids_of is None:
+        raise ValueError("this plan state skips samples, but the plan was given no map from positions to ids")
+    return build_levels_skipping(total, progress, config, state.epoch, skip, ids_of, data_key)
+
+
+def _single_ids(sizes: np.ndarray, config: PlanConfig, epoch: int) -> tuple[IdsOf, Hashable]:
+    """One dataset's level-0 positions -> ids, and a key naming that map."""
+    order = ShardOrder(sizes, epoch_shard_key(config, epoch))
+    return order.ids, ("single", hashlib.blake2b(sizes.tobytes(), digest_size=16).hexdigest())
 
 
 def segments_of(ids: np.ndarray, offsets: np.ndarray, place: np.ndarray) -> tuple[Segment, ...]:
@@ -133,20 +159,25 @@ def plan_worker(shard_sizes: Sequence[int], *, config: PlanConfig, slot: WorkerS
         ids = order.ids(pos0)
         return Window(segments=segments_of(ids, order.offsets, order.place), sample_ids=ids, is_pad=is_pad)
 
-    return plan_positions(int(sizes.sum()), config=config, slot=slot, state=state, make_window=make_window)
+    data_key = _single_ids(sizes, config, state.epoch)[1] if state.skip else None
+    return plan_positions(int(sizes.sum()), config=config, slot=slot, state=state, make_window=make_window,
+                          ids_of=order.ids, data_key=data_key)
 
 
 def plan_positions(total: int, *, config: PlanConfig, slot: WorkerSlot, state: PlanState,
-                   make_window: Callable[[np.ndarray, np.ndarray], Window]) -> WorkerPlan:
+                   make_window: Callable[[np.ndarray, np.ndarray], Window], ids_of: IdsOf | None = None,
+                   data_key: Hashable = None) -> WorkerPlan:
     """One worker's plan over a level 0 of `total` positions. make_window turns a window's level-0
-    positions (delivery order, (m,) int64) and padding flags into a Window of sample ids."""
+    positions (delivery order, (m,) int64) and padding flags into a Window of sample ids; ids_of
+    maps level-0 positions to ids (needed when the state skips samples: plan/skip.py)."""
     _check_version(state)
     W, K, B = slot.world_size, slot.num_workers, config.batch_size
     progress, done = state.progress, 0
-    if progress and (progress[-1].world_size, progress[-1].num_workers) == (W, K):
+    filtered_on_top = bool(state.skip) and state.skip[-1].level == len(progress)  # a fresh level over the filter
+    if progress and not filtered_on_top and (progress[-1].world_size, progress[-1].num_workers) == (W, K):
         progress, done = progress[:-1], progress[-1].batches  # continue that level, same order
-    levels = build_levels(total, progress, config, state.epoch)
-    level, n = len(progress), levels.lengths[-1]
+    levels = _levels(total, progress, config, state, ids_of, data_key)
+    level, n = len(levels.lengths) - 1, levels.lengths[-1]
     steps = num_batches(n, W, config)
     if done > steps:
         raise StateError(

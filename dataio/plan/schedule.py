@@ -26,7 +26,7 @@ import numpy as np
 
 from dataio.errors import StateError
 from dataio.plan.mix import MixSource, MixState, Mixture, WorkerPlan
-from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
+from dataio.plan.types import PlanConfig, PlanState, Skip, WorkerSlot, merge_ranges
 
 SCHEDULE_VERSION = 1
 MAX_SEGMENTS_PER_EPOCH = 1 << 12  # a segment's plan epoch is epoch << 12 | segment
@@ -190,10 +190,22 @@ class ScheduledMixture(Mixture):
     def split(self, state: PlanState, config: PlanConfig) -> tuple[int, PlanState]:
         """(segment, its PlanState) of an epoch's saved progress: each level's batches go to the
         segments in order, as many as each has left at that level's topology."""
+        index, seg, _ = self.split_skipping(state, config)
+        return index, seg
+
+    def split_skipping(self, state: PlanState, config: PlanConfig) -> tuple[int, PlanState, tuple]:
+        """split, with the state's skip filters: each lands in the segment in progress where it was
+        applied (at that segment's level), and every later segment filters all of them at its start.
+        The third item: the id ranges skipped by the end of the progress (for the later segments)."""
         epoch, count = state.epoch, len(self.segments(state.epoch))
-        index, seg = 0, PlanState(epoch=_plan_epoch(epoch, 0))
-        for level in state.progress:
-            left_over = level.batches
+        skips = {s.level: s.ranges for s in state.skip}
+        index, seg, skipped = 0, PlanState(epoch=_plan_epoch(epoch, 0)), ()
+        for i in range(len(state.progress) + 1):
+            if i in skips:
+                seg, skipped = seg.skipping(skips[i]), merge_ranges([*skipped, *skips[i]])
+            if i == len(state.progress):
+                break
+            level, left_over = state.progress[i], state.progress[i].batches
             while left_over > 0:
                 left = self._steps(epoch, index, config, level.world_size, seg)
                 if left == 0:
@@ -201,27 +213,27 @@ class ScheduledMixture(Mixture):
                     if index == count:
                         raise StateError(f"the saved progress passes the end of epoch {epoch} of this schedule; "
                                          "it belongs to another mixture or schedule: start the epoch over")
-                    seg = PlanState(epoch=_plan_epoch(epoch, index))
+                    seg = _fresh(epoch, index, skipped)
                     continue
                 take = min(left, left_over)
                 seg = seg.advanced(world_size=level.world_size, num_workers=level.num_workers, batches=take)
                 left_over -= take
-        return index, seg
+        return index, seg, skipped
 
     def steps_from(self, *, config: PlanConfig, world_size: int, state: PlanState) -> int:
-        index, seg = self.split(state, config)
+        index, seg, skipped = self.split_skipping(state, config)
         return sum(self._steps(state.epoch, j, config, world_size,
-                               seg if j == index else PlanState(epoch=_plan_epoch(state.epoch, j)))
+                               seg if j == index else _fresh(state.epoch, j, skipped))
                    for j in range(index, len(self.segments(state.epoch))))
 
     def plan_worker(self, *, config: PlanConfig, slot: WorkerSlot, state: MixState) -> WorkerPlan:
         """The worker's segments from the state's one to the epoch's end, concatenated: in a later
         segment it takes the role of the worker that makes its batches (round robin goes on)."""
         epoch = state.plan.epoch
-        index, seg = self.split(state.plan, config)
+        index, seg, skipped = self.split_skipping(state.plan, config)
         windows, numbers, offset, orders = [], [], 0, {}  # orders: the sources' pass orders, shared by segments
         for j in range(index, len(self.segments(epoch))):
-            sub = seg if j == index else PlanState(epoch=_plan_epoch(epoch, j))
+            sub = seg if j == index else _fresh(epoch, j, skipped)
             mix = self.segment(epoch, j)
             worker = slot if j == index else dataclasses.replace(
                 slot, worker_id=(slot.worker_id - offset) % slot.num_workers)
@@ -237,25 +249,58 @@ class ScheduledMixture(Mixture):
         return {**super().describe(), "schedule": {"schedule_version": SCHEDULE_VERSION, "pieces": [
             {"weights": list(p.weights), "samples": p.samples} for p in self.pieces]}}
 
-    def check_schedule(self, saved: dict, epoch: int) -> list[str]:
-        """StateError when the weights of the run's positions up to the end of `epoch` (the past and the
-        epoch in progress) differ from the saved schedule's; else the later changes, in words (allowed)."""
+    can_add_sources = True
+
+    def check_schedule(self, saved: dict, position: PlanState, config: PlanConfig) -> list[str]:
+        """StateError when the weights of the run's positions up to the end of the segment in progress
+        (those planned: the past and that segment) differ from the saved schedule's; else the later
+        changes in words (allowed). Sources added at the end weigh 0 in the saved pieces: they join
+        where a later piece gives them a weight (a segment boundary, or the next epoch)."""
         theirs = (saved.get("schedule") or {}).get("pieces")
         if not isinstance(theirs, list):
             raise StateError("cannot resume: the state was saved by an unscheduled mixture, this one has a weight "
                              "schedule; resume with the same weights (a schedule may start with a fresh run)")
-        mine, horizon = self.describe()["schedule"]["pieces"], (epoch + 1) * self.total
+        n = len(self.sources)
+        theirs = [{**p, "weights": list(p.get("weights", ())) + [0.0] * (n - len(p.get("weights", ())))}
+                  for p in theirs]
+        mine, horizon = self.describe()["schedule"]["pieces"], self._planned_until(theirs, position, config)
         past = [_spans(x, horizon) for x in (theirs, mine)]
         for i, (a, b) in enumerate(zip(*past)):
             if a != b:
                 raise StateError(f"cannot resume: schedule piece {i} gave run positions {a[0]}..{a[1]} the weights "
                                  f"{list(a[2])} when saved, this schedule gives {b[0]}..{b[1]} {list(b[2])}; the run "
-                                 f"has used (or uses, in epoch {epoch}) every position below {horizon}: change only "
-                                 "pieces after it")
+                                 f"has planned every position below {horizon} (the past and the segment in "
+                                 "progress): change only later pieces")
+        ends = [{s[1] for s in _spans(x, math.inf)} for x in (theirs, mine)]
+        if horizon in ends[0] and horizon not in ends[1] and horizon % self.total:
+            raise StateError(f"cannot resume: the segment in progress ends at run position {horizon}, where a saved "
+                             "schedule piece ends; this schedule moves that end: keep it, change only later pieces")
         full = [_spans(x, math.inf) for x in (theirs, mine)]
-        return [f"schedule piece {i} from run position {b[0]}: {list(a[2])} until {a[1]} -> {list(b[2])} until {b[1]}"
-                for i, (a, b) in enumerate(zip(*full)) if a != b] + (
+        notes = [f"schedule piece {i} from run position {b[0]}: {list(a[2])} until {a[1]} -> {list(b[2])} until {b[1]}"
+                 for i, (a, b) in enumerate(zip(*full)) if a != b] + (
             [f"the schedule now has {len(mine)} pieces (was {len(theirs)})"] if len(mine) != len(theirs) else [])
+        return notes + self._joins(len(saved.get("sources", ())), mine)
+
+    def _planned_until(self, theirs: list, position: PlanState, config: PlanConfig) -> int:
+        """The run position where the saved schedule's segment in progress ends (its epoch's end at the latest)."""
+        old = scheduled(self.sources, [Piece(tuple(p["weights"]), p.get("samples")) for p in theirs], self.total)
+        index, _ = old.split(position, config)
+        return position.epoch * self.total + sum(length for _, length in old.segments(position.epoch)[:index + 1])
+
+    def _joins(self, num_saved: int, mine: list) -> list[str]:
+        """Notes on sources added since the state was saved: where each first gets a weight."""
+        notes = []
+        for s in range(num_saved, len(self.sources)):
+            start = 0
+            for p in mine:
+                if p["weights"][s] > 0:
+                    notes.append(f"source {s} ({self.sources[s].name}) added: it joins at run position {start} "
+                                 f"with weight {p['weights'][s]} (epoch {start // self.total})")
+                    break
+                start = math.inf if p.get("samples") is None else start + p["samples"]
+            else:
+                notes.append(f"source {s} ({self.sources[s].name}) added with weight 0 in every piece: never read")
+        return notes
 
 
 def _spans(pieces: list, horizon: float) -> list[tuple]:
@@ -280,6 +325,11 @@ def scheduled(sources: Sequence[MixSource], pieces: Sequence[Piece], epoch_sampl
         raise ValueError("a scheduled mixture takes weights only; give repeat sources a weight instead")
     first = tuple(dataclasses.replace(s, weight=w) for s, w in zip(sources, pieces[0].weights))
     return ScheduledMixture(sources=first, epoch_samples=epoch_samples, pieces=pieces)
+
+
+def _fresh(epoch: int, segment: int, skipped: tuple) -> PlanState:
+    """The start of a segment of `epoch`, filtering the `skipped` id ranges."""
+    return PlanState(epoch=_plan_epoch(epoch, segment), skip=(Skip(level=0, ranges=skipped),) if skipped else ())
 
 
 def _plan_epoch(epoch: int, segment: int) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 
 from dataio.plan.mix import Mixture, MixState, MixWindow, plan_mix_worker
 from dataio.plan.plan import plan_worker, shard_offsets
-from dataio.plan.types import PlanConfig, PlanState, Progress, WorkerSlot
+from dataio.plan.types import PlanConfig, PlanState, Progress, Skip, WorkerSlot
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,6 +37,25 @@ class HistoryPass:
     fingerprint: str
     plan: PlanConfig
     runs: tuple[HistoryRun, ...]
+    skip: tuple[Skip, ...] = ()  # the samples this pass skipped, as its PlanState held them (plan/skip.py)
+
+
+def replay_runs(p: HistoryPass, runs: tuple[HistoryRun, ...] | None = None) -> PlanState:
+    """The PlanState after `runs` (default: all of the pass's), its skip filters where they applied."""
+    state = PlanState(epoch=p.epoch)
+    for r in p.runs if runs is None else runs:
+        state = with_skips(state, p.skip)
+        state = state.advanced(world_size=r.world_size, num_workers=r.num_workers, batches=r.batches)
+    return with_skips(state, p.skip)
+
+
+def with_skips(state: PlanState, skip: tuple[Skip, ...]) -> PlanState:
+    """`state` with the filters of `skip` that apply at its level (len(progress)) added."""
+    for s in skip:
+        if s.level == len(state.progress) and s not in state.skip:
+            state = PlanState(epoch=state.epoch, progress=state.progress, plan_version=state.plan_version,
+                              skip=state.skip + (s,))
+    return state
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,6 +69,7 @@ class StepPlace:
     world_size: int
     num_workers: int
     batches: tuple[int, ...]
+    skip: tuple[Skip, ...] = ()  # the filters below the step's level
 
 
 def history_steps(passes: tuple[HistoryPass, ...]) -> int:
@@ -69,14 +89,18 @@ def locate_step(passes: tuple[HistoryPass, ...], step: int, *, last_step: int) -
     for index, p in enumerate(passes):
         state = PlanState(epoch=p.epoch)
         for r in p.runs:
+            state = with_skips(state, p.skip)
             n = r.batches // r.grad_accum
             last = state.progress[-1] if state.progress else None
-            same = last is not None and (last.world_size, last.num_workers) == (r.world_size, r.num_workers)
+            filtered = bool(state.skip) and state.skip[-1].level == len(state.progress)
+            same = last is not None and not filtered and (last.world_size, last.num_workers) == (
+                r.world_size, r.num_workers)
             before, done = (state.progress[:-1], last.batches) if same else (state.progress, 0)
             if k < n:
                 start = done + k * r.grad_accum
                 return StepPlace(step=step, pass_index=index, before=before, world_size=r.world_size,
-                                 num_workers=r.num_workers, batches=tuple(range(start, start + r.grad_accum)))
+                                 num_workers=r.num_workers, batches=tuple(range(start, start + r.grad_accum)),
+                                 skip=tuple(s for s in state.skip if s.level <= len(before)))
             k -= n
             state = state.advanced(world_size=r.world_size, num_workers=r.num_workers, batches=r.batches)
     raise AssertionError("unreachable: k < history_steps")
@@ -92,11 +116,11 @@ class BatchIds:
 
 
 def batch_ids(data: Mixture | np.ndarray, *, config: PlanConfig, epoch: int, before: tuple[Progress, ...],
-              world_size: int, num_workers: int, rank: int, batch: int) -> BatchIds:
+              world_size: int, num_workers: int, rank: int, batch: int, skip: tuple[Skip, ...] = ()) -> BatchIds:
     """Rank `rank`'s batch number `batch` of the level after `before` at (world_size, num_workers):
     the plan of the worker that makes it (worker 0 of a loader resumed just before it), first batch."""
     progress = before + (Progress(world_size=world_size, num_workers=num_workers, batches=batch),)
-    state = PlanState(epoch=epoch, progress=progress)
+    state = PlanState(epoch=epoch, progress=progress, skip=skip)
     slot = WorkerSlot(rank=rank, world_size=world_size, worker_id=0, num_workers=num_workers)
     if isinstance(data, Mixture):
         plan = plan_mix_worker(data, config=config, slot=slot,

@@ -34,6 +34,7 @@ class WorkerStream:
                  batches: tuple[int, int | None] = (0, None)) -> None:
         self.opened = opened
         self.epoch = state.epoch
+        self.state = state  # where it started: the next epoch's bet keeps its skip list
         # batch_number counts rank-level batches from the epoch's start, across earlier topologies.
         self.numbers_before = sum(p.batches for p in state.progress)
         self.plan = opened.job.plan(worker_id, state)

@@ -94,6 +94,7 @@ class RawStream:
         job = opened.job
         self.opened, self.io, self.job = opened, io, job
         self.epoch = state.epoch
+        self.state = state  # where it started: the next epoch's bet keeps its skip list
         self.numbers_before = sum(p.batches for p in state.progress)
         self.plan = job.plan(worker_id, state)
         self._numbers = self.plan.batch_numbers.tolist()

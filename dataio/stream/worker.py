@@ -111,7 +111,7 @@ class BatchDataset(torch.utils.data.Dataset):
         Persistent workers are otherwise idle between epochs, and every epoch would begin by
         reading a whole shuffle window. Only inside DataLoader workers.
         """
-        self._bet(worker_id, PlanState(epoch=finished.epoch + 1), getattr(finished, "head", 0))
+        self._bet(worker_id, finished.state.next_epoch(finished.epoch + 1), getattr(finished, "head", 0))
 
     def bet_in_process(self, state: PlanState) -> None:
         """num_workers=0, RAW from local files: open slot 0's stream from `state` now (the loader is

@@ -92,10 +92,32 @@ def test_a_piece_that_ran_cannot_change_on_resume_a_later_one_can():
     mixture = scheduled(SOURCES, PIECES)
     saved = mixture.describe()
     later = scheduled(SOURCES, PIECES[:2] + (Piece(weights=(0.1, 0.1, 0.8)),))
-    assert later.check_schedule(saved, epoch=0) == [
+    assert later.check_schedule(saved, PlanState(epoch=0), CONFIG) == [
         "schedule piece 2 from run position 204: [0.2, 0.2, 0.6] until inf -> [0.1, 0.1, 0.8] until inf"]
+    # Epoch 1 is two segments, 132..204 (piece 1) and 204..264 (piece 2): until the first is over,
+    # the second is not planned and may change; from then on it may not.
+    assert later.check_schedule(saved, PlanState(epoch=1).advanced(world_size=1, num_workers=1, batches=35),
+                                CONFIG)
+    in_piece_2 = PlanState(epoch=1).advanced(world_size=1, num_workers=1, batches=37)
     with pytest.raises(StateError, match="schedule piece 2 gave run positions 204..264"):
-        later.check_schedule(saved, epoch=1)
+        later.check_schedule(saved, in_piece_2, CONFIG)
+    moved = scheduled(SOURCES, (PIECES[0], Piece(weights=(0.5, 0.3, 0.2), samples=150), PIECES[2]))
+    with pytest.raises(StateError, match="segment in progress ends at run position 204"):
+        moved.check_schedule(saved, PlanState(epoch=1), CONFIG)
+
+
+def test_a_source_added_on_resume_joins_where_a_later_piece_weighs_it():
+    saved = scheduled(SOURCES[:2], tuple(Piece(p.weights[:2], p.samples) for p in PIECES), 132).describe()
+    added = scheduled(SOURCES, (Piece((0.7, 0.2, 0.0), 72), Piece((0.5, 0.3, 0.2))), 132)
+    assert added.check_schedule(saved, PlanState(epoch=0), CONFIG) == [
+        "schedule piece 1 from run position 72: [0.5, 0.3, 0.0] until 204 -> [0.5, 0.3, 0.2] until inf",
+        "the schedule now has 2 pieces (was 3)",
+        "source 2 (c) added: it joins at run position 72 with weight 0.2 (epoch 0)"]
+    with pytest.raises(StateError, match=r"piece 1 gave run positions 72..132 the weights \[0.5, 0.3, 0.0\]"):
+        added.check_schedule(saved, PlanState(epoch=0).advanced(world_size=1, num_workers=1, batches=37), CONFIG)
+    past = scheduled(SOURCES, (Piece((0.7, 0.2, 0.1), 72), Piece((0.5, 0.3, 0.2))), 132)
+    with pytest.raises(StateError, match=r"piece 0 gave run positions 0..72 the weights \[0.7, 0.2, 0.0\]"):
+        past.check_schedule(saved, PlanState(epoch=0), CONFIG)
 
 
 def test_schedule_text_and_ramps():
