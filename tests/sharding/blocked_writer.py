@@ -5,6 +5,7 @@ for the lease tests (another command started beside it, then kill -9 or Ctrl-C).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,12 +15,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _ctrl_c_reaches_it() -> None:
+    """SIGINT at its default in the child (a shell's background job inherits it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(go: Path, *args: object) -> subprocess.Popen:
     """The blocked writer as a child process (its own session, so signals reach it alone)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "tests.sharding.blocked_writer", str(go), *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_ctrl_c_reaches_it)
 
 
 def wait_until(proc: subprocess.Popen, ready: Any, timeout_s: float = 60) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,9 @@ def run(*args: object) -> int:
 
 def manifest_of(dest: Path) -> dict:
     return json.loads((dest / "manifest.json").read_text())
+
+
+def ctrl_c_reaches_it() -> None:
+    """Popen preexec_fn: SIGINT at its default in the child, so Python turns it into KeyboardInterrupt
+    as under a terminal. A shell runs background jobs with SIGINT ignored, and a child inherits that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from dataio.format.tar_index import build_index
-from tests.sharding.conftest import make_image_folder, manifest_of, run
+from tests.sharding.conftest import ctrl_c_reaches_it, make_image_folder, manifest_of, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -24,7 +24,7 @@ def _start_write(src: Path, dest: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "sharding.cli", "write", str(src), str(dest), "--workers", "2",
            "--max-samples-per-shard", "4", "--quiet"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[2], preexec_fn=ctrl_c_reaches_it)
 
 
 def _published(dest: Path) -> list[Path]:

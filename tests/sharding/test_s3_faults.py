@@ -14,7 +14,7 @@ import pytest
 
 from dataio.format.manifest import read_manifest
 from dataio.storage.store import RetryPolicy, Store
-from tests.sharding.conftest import make_image_folder, run
+from tests.sharding.conftest import ctrl_c_reaches_it, make_image_folder, run
 from tools.delay_proxy import DelayProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -66,7 +66,8 @@ def test_a_resumed_write_to_s3_prints_no_task_exception(s3_server, tmp_path: Pat
     store = Store(url, s3_server.options())
     with DelayProxy(s3_server.endpoint_url, delay_s=0.1) as proxy:  # slow enough to interrupt mid-write
         proc = subprocess.Popen([*write, "--quiet", "--endpoint-url", proxy.url], env=_env(s3_server), cwd=REPO,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=ctrl_c_reaches_it)
         deadline = time.monotonic() + 60
         while _shards_out(store) < 2 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
