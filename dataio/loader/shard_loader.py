@@ -22,10 +22,10 @@ from dataio.batch import ViewGuard
 from dataio.decode.cpu import DecodeConfig
 from dataio.errors import StateError, UnverifiedDataWarning
 from dataio.format.manifest import Manifest
-from dataio.loader.config import LoaderConfig, Source, check_int
+from dataio.loader.config import LoaderConfig, Source
 from dataio.loader.facts import dataset_facts, where
 from dataio.loader.first_batch import FirstBatch, first_batch_in_main
-from dataio.loader.history import HISTORY_KEY, HistoryKeeper
+from dataio.loader.history import HistoryKeeper
 from dataio.loader.mixing import (
     OpenSources,
     as_sources,
@@ -35,6 +35,7 @@ from dataio.loader.mixing import (
     mixed_window_samples,
     open_sources,
 )
+from dataio.loader.position import PlanPosition
 from dataio.loader.protocol import DatasetFacts
 from dataio.loader.startup import ShardCheck, agree_on_dataset
 from dataio.loader.state import check_state, make_state, saved_skips
@@ -62,7 +63,7 @@ def note_unverified(stores: Sequence[Store], manifests: Sequence[Manifest]) -> N
                 f"{store.url}` checks it whole meanwhile"), stacklevel=4)
 
 
-class ShardLoader:
+class ShardLoader(PlanPosition):
     """Iterate once per epoch (`set_epoch(e)` first); `len()` is the steps per rank; Stateful.
 
     Iterating again without set_epoch repeats a finished epoch, or continues one left early;
@@ -156,25 +157,6 @@ class ShardLoader:
         return where(self.opened, batch, i)
 
     # --- topology, epochs and length ---------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self.topology.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.topology.world_size
-
-    @property
-    def epoch(self) -> int:
-        return int(self._state.epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration delivers; a resumed epoch keeps its position."""
-        check_int("epoch", epoch, minimum=0)
-        if epoch != self._state.epoch or self._finished:
-            self._record_history(new_pass=True)
-            self._state, self._delivered, self._finished = self._state.next_epoch(epoch), 0, False
-
     def skip(self, ids: Sequence[int]) -> None:
         """Drop these global sample ids from the rest of the run: the rest of this epoch (whatever
         was not yet delivered) and every later epoch, which shrinks by their count. Between
@@ -337,15 +319,7 @@ class ShardLoader:
         """What has been delivered so far, in a form any rank of any topology can load."""
         state = make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
                            mixture=self.mixture, epoch_complete=self._finished and self._active_steps is None)
-        state[HISTORY_KEY] = self.history.snapshot(position=self._state, delivered=self._delivered,
-                                                   topology=self.topology, fingerprint=self.fingerprint,
-                                                   plan=self.plan_config)
-        return state
-
-    def _record_history(self, *, new_pass: bool) -> None:
-        """Fold the batches delivered since `_state` into the run's history before the position moves."""
-        self.history.advance(position=self._state, delivered=self._delivered, topology=self.topology,
-                             fingerprint=self.fingerprint, plan=self.plan_config, new_pass=new_pass)
+        return self._with_history(state)
 
     def load_history(self, state_dict: dict[str, Any]) -> None:
         """Take only the run's history from a saved state (an epoch-end checkpoint, not resumed), and

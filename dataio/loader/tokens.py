@@ -25,8 +25,9 @@ import numpy as np
 
 from dataio.errors import StateError
 from dataio.format.manifest import Manifest
-from dataio.loader.config import LoaderConfig, Source, check_int
-from dataio.loader.history import HISTORY_KEY, HistoryKeeper
+from dataio.loader.config import LoaderConfig, Source
+from dataio.loader.history import HistoryKeeper
+from dataio.loader.position import PlanPosition
 from dataio.loader.protocol import DatasetFacts
 from dataio.loader.startup import agree_on_dataset
 from dataio.loader.state import check_state, make_state
@@ -43,7 +44,7 @@ from dataio.storage.store import Store
 _STOP_POLL_S = 0.1
 
 
-class TokenLoader:
+class TokenLoader(PlanPosition):
     """Iterate once per epoch (`set_epoch(e)` first); `len()` is the steps per rank; Stateful."""
 
     label_names = None  # TrainLoader (protocol.py): token batches carry no labels but the next tokens
@@ -122,26 +123,7 @@ class TokenLoader:
             return tuple(shards.document_lengths(range(shards.manifest.num_shards)))
         return tuple(np.asarray([n] if n else [], dtype=np.int64) for n in shards.manifest.shard_num_tokens)
 
-    # --- epochs and length ------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self.topology.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.topology.world_size
-
-    @property
-    def epoch(self) -> int:
-        return int(self._state.epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration delivers; a resumed epoch keeps its position."""
-        check_int("epoch", epoch, minimum=0)
-        if epoch != self._state.epoch or self._finished:
-            self._record_history(new_pass=True)
-            self._state, self._delivered, self._finished = PlanState(epoch=epoch), 0, False
-
+    # --- length (topology, epoch and history: loader/position.py) -------------------------
     def _position(self) -> PlanState:
         if self._delivered == 0:
             return self._state
@@ -218,15 +200,7 @@ class TokenLoader:
         state = make_state(self._position(), fingerprint=self.fingerprint, plan_config=self.plan_config,
                            mixture=self.mixture, epoch_complete=self._finished and self._active_steps is None)
         state["tokens"] = json.dumps({"seq_len": self.seq_len, "packing": self.packing})
-        state[HISTORY_KEY] = self.history.snapshot(position=self._state, delivered=self._delivered,
-                                                   topology=self.topology, fingerprint=self.fingerprint,
-                                                   plan=self.plan_config)
-        return state
-
-    def _record_history(self, *, new_pass: bool) -> None:
-        """Fold the batches delivered since `_state` into the run's history before the position moves."""
-        self.history.advance(position=self._state, delivered=self._delivered, topology=self.topology,
-                             fingerprint=self.fingerprint, plan=self.plan_config, new_pass=new_pass)
+        return self._with_history(state)
 
     def load_history(self, state_dict: dict[str, Any]) -> None:
         """Take only the run's history from a saved state (an epoch-end checkpoint, not resumed)."""

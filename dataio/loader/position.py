@@ -1,0 +1,56 @@
+"""Where a loader stands in the run, shared by the image loader (ShardLoader) and the token loader
+(TokenLoader): its topology, the epoch and batches delivered, and the run's history of passes that
+`shardify which` replays. Each loader keeps its own plan; this is the bookkeeping around it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dataio.loader.config import check_int
+from dataio.loader.history import HISTORY_KEY, HistoryKeeper
+from dataio.plan.types import PlanConfig, PlanState, Topology
+
+
+class PlanPosition:
+    """Mixin: the position (`_state`, `_delivered`, `_finished`) and history of a loader whose class
+    sets `topology`, `fingerprint`, `plan_config` and `history` when it is built."""
+
+    topology: Topology
+    fingerprint: str
+    plan_config: PlanConfig
+    history: HistoryKeeper
+    _state: PlanState
+    _delivered: int
+    _finished: bool
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
+
+    @property
+    def epoch(self) -> int:
+        return int(self._state.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration delivers; a resumed epoch keeps its position (and a
+        new one keeps the skip list)."""
+        check_int("epoch", epoch, minimum=0)
+        if epoch != self._state.epoch or self._finished:
+            self._record_history(new_pass=True)
+            self._state, self._delivered, self._finished = self._state.next_epoch(epoch), 0, False
+
+    def _record_history(self, *, new_pass: bool) -> None:
+        """Fold the batches delivered since `_state` into the run's history before the position moves."""
+        self.history.advance(position=self._state, delivered=self._delivered, topology=self.topology,
+                             fingerprint=self.fingerprint, plan=self.plan_config, new_pass=new_pass)
+
+    def _with_history(self, state: dict[str, Any]) -> dict[str, Any]:
+        """`state` (a saved position) with the run's history up to now."""
+        state[HISTORY_KEY] = self.history.snapshot(position=self._state, delivered=self._delivered,
+                                                   topology=self.topology, fingerprint=self.fingerprint,
+                                                   plan=self.plan_config)
+        return state
