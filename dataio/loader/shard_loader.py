@@ -156,7 +156,7 @@ class ShardLoader(PlanPosition):
         """' in shard URL' (+ ' of source N (URL)' in a mixture) for sample i of a batch."""
         return where(self.opened, batch, i)
 
-    # --- topology, epochs and length ---------------------------------------------------------
+    # --- skips and length (topology, epoch and run history: loader/position.py) ---------------
     def skip(self, ids: Sequence[int]) -> None:
         """Drop these global sample ids from the rest of the run: the rest of this epoch (whatever
         was not yet delivered) and every later epoch, which shrinks by their count. Between
