@@ -135,11 +135,10 @@ def mixture_facts(loader: TrainLoader) -> tuple[list[str], list[float]]:
     return [s.url for s in sources], [s.share for s in sources]
 
 
-def requested_at(loader: Any, samples_seen: int) -> list[float] | None:
+def requested_at(loader: TrainLoader, samples_seen: int) -> list[float] | None:
     """A scheduled mixture's requested shares at the run's sample `samples_seen` (the report's
     requested column follows the schedule); None for fixed weights."""
-    mixture = getattr(loader, "mixture", None)
-    return mixture.shares_at(samples_seen) if hasattr(mixture, "shares_at") else None
+    return loader.shares_at(samples_seen)
 
 
 def job_facts(loader: TrainLoader) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dataio.loader.protocol import TrainLoader
 from trainer import runtime
 
 # Dense bf16 peak FLOP/s per accelerator, by a substring of torch.cuda.get_device_name().
@@ -105,7 +106,7 @@ def model_sizes(cfg: Any) -> dict[str, int]:
     return {"seq_len": cfg.seq_len, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head}
 
 
-def vocab_size_of(loader: Any) -> int:
+def vocab_size_of(loader: TrainLoader) -> int:
     """The dataset's tokenizer vocabulary (the model's output size); ValueError for data without tokens."""
     if not loader.facts.sources or "input_ids" not in loader.facts.sources[0].field_names:
         raise ValueError("--model gpt trains on a token dataset (`shardify write TEXT DEST --tokenizer FILE`); "
@@ -148,7 +149,7 @@ def micro_step(run: Any, batch: dict[str, Any], last: bool) -> tuple[float, int]
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Any, rt: runtime.Runtime, *, epoch: int, doc_masking: bool = True
+def evaluate(model: nn.Module, loader: TrainLoader, rt: runtime.Runtime, *, epoch: int, doc_masking: bool = True
              ) -> dict[str, float]:
     """Next-token loss and accuracy over the whole held-out dataset, every token once; the same on every rank."""
     was_training = model.training

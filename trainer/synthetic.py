@@ -70,6 +70,9 @@ class MemoryLoader:
                             mixed=False, sources=(SourceFacts(url=self.fingerprint, share=1.0,
                                                               field_names=("image", "label"), has_labels=True),))
 
+    def shares_at(self, samples_seen: int) -> list[float] | None:  # noqa: ARG002 - one source, no schedule
+        return None
+
     def where(self, batch: dict[str, Any], i: int) -> str:
         return ""  # in memory: no shard to name
 

@@ -19,6 +19,7 @@ class PlanPosition:
     fingerprint: str
     plan_config: PlanConfig
     history: HistoryKeeper
+    mixture: Any  # plan.mix.Mixture (Mixture.single for one dataset), or a ScheduledMixture
     _state: PlanState
     _delivered: int
     _finished: bool
@@ -42,6 +43,11 @@ class PlanPosition:
         if epoch != self._state.epoch or self._finished:
             self._record_history(new_pass=True)
             self._state, self._delivered, self._finished = self._state.next_epoch(epoch), 0, False
+
+    def shares_at(self, samples_seen: int) -> list[float] | None:
+        """A scheduled mixture's requested shares at the run's sample `samples_seen`; None for fixed weights."""
+        shares_at = getattr(self.mixture, "shares_at", None)  # only a ScheduledMixture has a schedule
+        return list(shares_at(samples_seen)) if shares_at is not None else None
 
     def _record_history(self, *, new_pass: bool) -> None:
         """Fold the batches delivered since `_state` into the run's history before the position moves."""
