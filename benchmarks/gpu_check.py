@@ -88,12 +88,16 @@ def _nvidia_smi(field: str) -> str:
 
 def gpu_tests(sizes: Sizes, timeout_s: float) -> dict[str, Any]:
     """pytest on GPU_TESTS' GPU cases (-k GPU_SELECT -rs: skips say why); its summary line."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", GPU_SELECT, *GPU_TESTS]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfs", "--tb=line", "-p", "no:cacheprovider", "-k", GPU_SELECT, *GPU_TESTS]
     out = _run(cmd, timeout_s)
     last = (out["stdout"].strip().splitlines() or ["(no output)"])[-1]
-    skips = [line for line in out["stdout"].splitlines() if line.startswith("SKIPPED")]
+    lines = out["stdout"].splitlines()
+    skips = [line for line in lines if line.startswith("SKIPPED")]
+    # --tb=line: one "path:line: Error: message" line per failure, then -rf's "FAILED test" lines
+    failures = [line for line in lines if line.startswith("FAILED") or ": AssertionError" in line
+                or "Error:" in line][:12]
     res = {"command": " ".join(["pytest", *cmd[3:]]), "summary": last, "skips": skips[:6],
-           "returncode": out["returncode"]}
+           "failures": failures, "returncode": out["returncode"]}
     if out["returncode"] not in (0, 5):  # 5: nothing collected
         res["error"] = f"pytest exit {out['returncode']}: {last} {out['stderr'][-800:]}"
     return res
