@@ -45,14 +45,21 @@ def _targets(single: dict[str, Any], loader: dict[str, Any] | None) -> list[str]
             *[f"| {t} | {m} | {'yes' if ok else 'no'} |" for t, m, ok in rows]]
 
 
+def _quiet_or_not(load_start: tuple[float, float, float]) -> str:
+    """A quiet machine: under one runnable process a minute before this began (the benchmark's own
+    processes make the load at the end)."""
+    if load_start[0] < 1.0:
+        return "a quiet machine (nothing else ran; the load at the end is this benchmark's own processes)."
+    return ("**the cores were shared with other work while this ran**, so read the ratios (all rows run "
+            "interleaved in one run); a re-run on a quiet machine is due.")
+
+
 def render(single: dict[str, Any], loader: dict[str, Any] | None, args: argparse.Namespace,
            load_start: tuple[float, float, float]) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     loads = f"{', '.join(f'{x:.1f}' for x in load_start)} at the start, {', '.join(f'{x:.1f}' for x in os.getloadavg())} at the end"
     out = [f"# Region decode (bench_region.py), {when}", "",
-           f"{machine_markdown()} Load average {loads}: **2 cores shared with other engineers' tests and "
-           "benchmarks while this ran**, so read the ratios (all rows run interleaved in one run); a re-run on a "
-           "quiet machine is due.", "",
+           f"{machine_markdown()} Load average {loads}: {_quiet_or_not(load_start)}", "",
            f"`python -m benchmarks.bench_region --num-images {args.num_images} --repeats {args.repeats} "
            f"--loader-repeats {args.loader_repeats}`. RRC = RandomResizedCrop(224, scale (0.08, 1), ratio (3/4, 4/3)) "
            "+ flip; images per CPU-second of the process (torch and DALI on one thread), median of the "
