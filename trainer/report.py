@@ -120,7 +120,8 @@ def _decode_tip(rep: dict[str, Any], *, num_workers: int, has_gpu: bool | None,
 
         has_gpu = torch.cuda.is_available()
     if has_gpu:
-        return f"{measured}: try --decode dali (GPU decode), or more --num-workers (now {num_workers})"
+        install = "" if _dali_installed() else " after `pip install 'shardify[dali]'` (DALI is not installed here)"
+        return f"{measured}: try --decode dali (GPU decode){install}, or more --num-workers (now {num_workers})"
     if dali_cpu_speedup is not None and dali_cpu_speedup > 1:
         return (f"{measured}: try --decode dali (its CPU decode measured {dali_cpu_speedup:.2f}x --decode cpu on "
                 f"this machine), or more --num-workers (now {num_workers})")
@@ -128,6 +129,15 @@ def _decode_tip(rep: dict[str, Any], *, num_workers: int, has_gpu: bool | None,
            f"DALI's CPU decode measured {dali_cpu_speedup:.2f}x --decode cpu here")
     return (f"{measured}: more --num-workers (now {num_workers}) or more CPU cores; --decode dali is not advised "
             f"without a GPU ({why})")
+
+
+def _dali_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except ModuleNotFoundError:  # no `nvidia` namespace package at all
+        return False
 
 
 def source_rows(per_rank: Sequence[dict[str, Any]], *, names: Sequence[str], requested: Sequence[float],

@@ -34,3 +34,14 @@ def test_dali_is_advised_with_a_gpu_or_where_its_cpu_path_measured_faster():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the default on a machine without a GPU")
 def test_the_trainers_default_asks_torch_for_a_gpu():
     assert "try --decode dali" not in _decode_bound()["verdict"]
+
+
+def test_with_a_gpu_but_no_dali_the_tip_says_how_to_install_it(monkeypatch):
+    """The first lent GPU machine had no DALI: advising --decode dali there must say what to install."""
+    import trainer.report as report
+
+    monkeypatch.setattr(report, "_dali_installed", lambda: False)
+    text = verdict(_decode_bound(), num_workers=2, decode="cpu", has_gpu=True)
+    assert "try --decode dali (GPU decode) after `pip install 'shardify[dali]'` (DALI is not installed here)" in text
+    monkeypatch.setattr(report, "_dali_installed", lambda: True)
+    assert "not installed" not in verdict(_decode_bound(), num_workers=2, decode="cpu", has_gpu=True)
