@@ -31,6 +31,7 @@ from dataio.format.parquet_pages import Incomplete, parse_page_header
 from dataio.storage.store import Store
 from sharding.sources.base import SourceError
 from sharding.sources.remote import RemoteFiles
+from sharding.write.lease import Lease
 
 CHUNK_BYTES = 16 << 20
 PARQUET_EXTS = (".parquet", ".pq")
@@ -117,7 +118,17 @@ def label_names_of(schema: pa.Schema, column: str = "label") -> tuple[str, ...] 
 
 def index_dataset(store: Store, *, overwrite: bool = False, storage: Any = None) -> tuple[Manifest, list[str]]:
     """Write the manifest of the Parquet files below `store`; refuse a prefix that has one unless overwriting.
-    Returns it and the files whose pages carry no CRC-32 (a loader checks their big row groups whole first)."""
+    Returns it and the files whose pages carry no CRC-32 (a loader checks their big row groups whole first).
+    Like a write, it holds the prefix's lease (sharding/write/lease.py): never beside a writer, gc or
+    another index of the same prefix (LeaseError, exit 2, naming who holds it)."""
+    with Lease(store, "index --overwrite" if overwrite else "index") as lease:
+        manifest, without_crcs = _index(store, overwrite=overwrite, storage=storage)
+        lease.check()  # a stalled process whose lease was taken over publishes nothing
+        write_manifest(store, manifest)
+    return manifest, without_crcs
+
+
+def _index(store: Store, *, overwrite: bool, storage: Any) -> tuple[Manifest, list[str]]:
     files = store.list()
     if MANIFEST_NAME in files and not overwrite:
         raise SourceError(f"{store.url} already has a manifest; pass --overwrite to index it again")
@@ -147,7 +158,6 @@ def index_dataset(store: Store, *, overwrite: bool = False, storage: Any = None)
         created_utc=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), source=f"shardify index {store.url}",
         label_names=label_names_of(schema, "cls" if "cls" in schema.names else "label"),
     )
-    write_manifest(store, manifest)
     return manifest, [d["rel"] for d in described if not d["page_crcs"]]
 
 

@@ -136,3 +136,22 @@ def test_index_notes_files_without_page_crcs(hf_export, tmp_path, capsys) -> Non
     pq.write_table(table, tmp_path / "crc" / "a.parquet", write_page_checksum=True)
     assert run("index", tmp_path / "crc") == 0
     assert "page checksums" not in capsys.readouterr().out
+
+
+def test_index_holds_the_lease_and_is_refused_beside_a_writer(hf_export, capsys) -> None:
+    """`shardify index` writes a manifest like a write does: not beside a writer holding the prefix's lease
+    (exit 2, naming it), and the lease it held itself is gone when it is done."""
+    import os
+    import socket
+
+    from dataio.format.versions import LEASE_NAME
+    from sharding.write.lease import Lease
+
+    with Lease(Store(str(hf_export)), "write --overwrite"):
+        assert run("index", hf_export) == 2
+        err = capsys.readouterr().err
+        assert f"`shardify write --overwrite` on host {socket.gethostname()}, process {os.getpid()}" in err
+    assert not (hf_export / "manifest.json").exists()
+    assert run("index", hf_export) == 0
+    assert (hf_export / "manifest.json").exists() and not (hf_export / LEASE_NAME).exists()
+    assert not (hf_export / "versions").exists()  # the folder the lease made went with it
