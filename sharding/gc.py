@@ -31,14 +31,15 @@ def describe(report: GcReport, url: str, *, dry_run: bool = False, max_lines: in
              f"{p.kept_protected} of live writes or versions retired within the grace, "
              f"{p.kept_young} younger than the grace"
              + (f"; aborted {len(report.aborted_uploads)} stale multipart upload(s)" if report.aborted_uploads else "")
-             + (f"; cancelled {len(report.cancelled_sessions)} stale resumable upload session(s)"
-                if report.cancelled_sessions else "")
+             + (f"; {'would cancel' if dry_run else 'cancelled'} {len(report.cancelled_sessions)} stale resumable "
+                "upload session(s)" if report.cancelled_sessions else "")
              + (f"; left {len(p.foreign)} file(s) shardify did not write" if p.foreign else "")]
     lines += [f"  {verb} {rel}" for rel in gone[:max_lines]]
     if len(gone) > max_lines:
         lines.append(f"  ... and {len(gone) - max_lines} more")
     lines += [f"  aborted upload {key}" for key in report.aborted_uploads[:max_lines]]
-    lines += [f"  cancelled upload session of {rel}" for rel in report.cancelled_sessions[:max_lines]]
+    lines += [f"  {'would cancel' if dry_run else 'cancelled'} upload session of {rel}"
+              for rel in report.cancelled_sessions[:max_lines]]
     if report.lease_note:
         lines.append(f"note: {report.lease_note}")
     return lines

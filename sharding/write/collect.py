@@ -81,8 +81,9 @@ def collect(store: Store, *, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = F
     plan = plan_gc(objects, current_paths=current_paths, current_parts_dir=parts_dir,
                    current_published_s=published_s, current_version=current_version, versions=versions,
                    now_s=now_s, grace_s=grace_s)
-    if dry_run:
-        return GcReport(plan=plan, removed=(), aborted_uploads=())
+    if dry_run:  # the sessions it would cancel are named, none is
+        stale = stale_sessions(store, names, versions, now_s=now_s, grace_s=grace_s)
+        return GcReport(plan=plan, removed=(), aborted_uploads=(), cancelled_sessions=tuple(rel for rel, _, _ in stale))
     cancelled = cancel_sessions(store, names, versions, now_s=now_s, grace_s=grace_s)
     removed = []
     for rel in plan.delete:
@@ -99,6 +100,18 @@ def cancel_sessions(store: Store, names: list[str], versions: dict[str, VersionF
     (its DELETE answers 404/410): what matters is that none is left open. Unrecorded sessions (gcsfs's,
     or a write with no journal) cannot be listed: GCS expires them a week after they opened."""
     cancelled = []
+    for rel, rec, uri in stale_sessions(store, names, versions, now_s=now_s, grace_s=grace_s):
+        store.cancel_session(uri)
+        store.remove(rec)
+        cancelled.append(rel)
+    return tuple(cancelled)
+
+
+def stale_sessions(store: Store, names: list[str], versions: dict[str, VersionFacts], *, now_s: float,
+                   grace_s: float) -> list[tuple[str, str, str]]:
+    """(object, its session record, the session URI) of every recorded session of a version no longer
+    being written: what gc cancels, and what a dry run names."""
+    found = []
     for version, facts in versions.items():
         if facts.head is not None and is_live_write(facts.head, now_s, grace_s):
             continue
@@ -107,7 +120,5 @@ def cancel_sessions(store: Store, names: list[str], versions: dict[str, VersionF
                 rel, uri = read_session(store, rec)
             except ManifestError:
                 continue  # an unreadable record names no session; it goes with its version's files
-            store.cancel_session(uri)
-            store.remove(rec)
-            cancelled.append(rel)
-    return tuple(cancelled)
+            found.append((rel, rec, uri))
+    return found

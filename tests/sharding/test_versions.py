@@ -318,3 +318,23 @@ def test_gc_cancels_recorded_sessions_only_of_versions_no_longer_written(tmp_pat
     assert sorted(done) == ["shards/v000002/shard-000000.tar", "shards/v000003/shard-000000.tar"]
     assert sorted(cancelled) == ["https://u/v000002", "https://u/v000003"]
     assert [rel.split("/")[1] for rel in store.list() if "/sessions/" in rel] == ["v000001"]  # the live one's kept
+
+
+def test_gc_dry_run_names_the_sessions_it_would_cancel_and_cancels_none(tmp_path: Path, monkeypatch) -> None:
+    from dataio.format.versions import JournalHead, JournalSessions
+    from sharding.gc import describe
+    from sharding.write import collect as collect_mod
+
+    store, now = Store(str(tmp_path)), 10_000.0
+    cancelled: list[str] = []
+    monkeypatch.setattr(Store, "cancel_session", lambda self, uri: cancelled.append(uri) or 499)
+    JournalSessions(version="v000002").record(store, "shards/v000002/shard-000000.tar", "https://u/v000002")
+    head = JournalHead(version="v000002", fingerprint="f", state="failed", updated_s=now)
+    monkeypatch.setattr(collect_mod, "journal_versions", lambda names: ["v000002"])
+    monkeypatch.setattr(collect_mod, "read_journal", lambda store, version, names: (head, []))
+    report = collect_mod.collect(store, now_s=now, grace_s=60, dry_run=True)
+    assert report.cancelled_sessions == ("shards/v000002/shard-000000.tar",) and cancelled == []
+    assert any("/sessions/" in rel for rel in store.list())  # its record stays too
+    lines = describe(report, str(tmp_path), dry_run=True)
+    assert "would cancel 1 stale resumable upload session(s)" in lines[0]
+    assert "  would cancel upload session of shards/v000002/shard-000000.tar" in lines
