@@ -1,4 +1,4 @@
-"""scaling.png: samples/s and efficiency against world size (measured, ideal, predicted), and the
+"""scaling.png: samples/s (tokens/s for a token run) and efficiency against world size (measured, ideal, predicted), and the
 stacked step-time shares of each measured run."""
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ def write_chart(path: str, result: dict[str, Any]) -> None:
     fig, (ax_rate, ax_eff, ax_share) = plt.subplots(1, 3, figsize=(16, 4.8))
     markers = "osD^v"
     all_sizes: list[int] = []
+    # a token run (--model gpt) is read in tokens/s: its samples are sequences of tokens_per_sample
+    tokens = bool(result["variants"] and result["variants"][0].get("tokens_per_sample"))
     for i, v in enumerate(result["variants"]):
+        per = (v.get("tokens_per_sample") or 1) if tokens else 1
         tag = "" if v["variant"] is None else f" [{v['variant']}]"
         meas, pred = v["measured"], v.get("curve") or v["predicted"]
         ns = [r["world_size"] for r in meas]
@@ -30,11 +33,11 @@ def write_chart(path: str, result: dict[str, Any]) -> None:
         color = f"C{i}"
         if i == 0:
             base = meas[0]
-            ideal = [base["samples_per_s"] * n / base["world_size"] for n in pn]
+            ideal = [per * base["samples_per_s"] * n / base["world_size"] for n in pn]
             ax_rate.plot(pn, ideal, color="black", linestyle=":", label="ideal (linear)")
-        ax_rate.plot(pn, [r["samples_per_s"] for r in pred], color=color, linestyle="--", alpha=0.7,
+        ax_rate.plot(pn, [per * r["samples_per_s"] for r in pred], color=color, linestyle="--", alpha=0.7,
                      label=f"predicted{tag}")
-        ax_rate.plot(ns, [r["samples_per_s"] for r in meas], color=color, marker=markers[i % 5], linestyle="-",
+        ax_rate.plot(ns, [per * r["samples_per_s"] for r in meas], color=color, marker=markers[i % 5], linestyle="-",
                      markersize=8, label=f"measured{tag}")
         ax_eff.plot(pn, [100 * r["efficiency"] for r in pred], color=color, linestyle="--", alpha=0.7,
                     label=f"predicted{tag}")
@@ -54,7 +57,7 @@ def write_chart(path: str, result: dict[str, Any]) -> None:
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7)
     ax_rate.set_yscale("log")
-    ax_rate.set_ylabel("global samples/s")
+    ax_rate.set_ylabel("global tokens/s" if tokens else "global samples/s")
     ax_rate.set_title("throughput")
     ax_eff.set_ylabel("scaling efficiency %")
     ax_eff.set_ylim(0, 110)
