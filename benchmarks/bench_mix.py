@@ -111,7 +111,9 @@ def main() -> int:
     halves = prepare_halves(work, str(folder))
     common = {"batch_size": args.batch_size, "num_workers": args.num_workers, "seed": 0, "rank": 0, "world_size": 1,
                   "decode": None, "tail": "pad"}
-    with make_loader(str(shards), **common) as single, make_loader(halves, weights=[1, 1], **common) as mix:
+    # the halves' label names differ (each holds the classes of its images): one union label space
+    mix_loader = make_loader(halves, weights=[1, 1], label_space="union", **common)
+    with make_loader(str(shards), **common) as single, mix_loader as mix:
         res = measure({"one dataset": single, "2-source mix": mix}, args.epochs)
     lines = report(res, args)
     print("\n".join(lines))
