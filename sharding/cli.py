@@ -176,10 +176,9 @@ def _check_reachable(store: Store) -> None:
 
 def _write(args: argparse.Namespace) -> int:
     from sharding.overlap import check_overlap
-    from sharding.progress import Progress
     from sharding.sources.base import IMAGE_EXT_SET
     from sharding.sources.by_path import open_source
-    from sharding.write.writer import WriteConfig, write_dataset
+    from sharding.write.writer import WriteConfig, write_with_progress
 
     options = _options(args)
     append = args.command == "append"
@@ -203,12 +202,7 @@ def _write(args: argparse.Namespace) -> int:
                          label_column=args.label_column, key_column=args.key_column, key=args.key,
                          label_names=args.label_names, follow_symlinks=args.follow_symlinks,
                          log=None if args.quiet else (lambda line: print(line, file=sys.stderr)))
-    total = sum(r.size_bytes for r in source.refs)
-    progress = Progress(total_samples=len(source.refs), total_bytes=total, what="write", quiet=args.quiet)
-    try:
-        report = write_dataset(source, dest, config, progress, resume=resume, append=append)
-    finally:
-        progress.close()
+    report = write_with_progress(source, dest, config, quiet=args.quiet, resume=resume, append=append)
     m = report.manifest
     print(f"wrote {m.num_samples} samples in {m.num_shards} {m.format} shards ({m.num_bytes / 1e6:.1f} MB) to "
           f"{dest.url} in {report.seconds:.1f} s ({m.num_samples / max(report.seconds, 1e-9):.0f} samples/s)"

@@ -79,20 +79,14 @@ def open_text_source(args: argparse.Namespace, options: Any) -> Any:
 def write_text(args: argparse.Namespace, base: WriteConfig, dest: Store, options: Any, *, resume: bool,
                append: bool) -> int:
     """`shardify write SRC DEST --tokenizer FILE` (and append): token shards, then counts."""
-    from sharding.progress import Progress
-    from sharding.write.writer import write_dataset
+    from sharding.write.writer import write_with_progress
 
     if base.shuffle or base.max_side is not None:
         raise ValueError("--shuffle and --max-side are for image and table sources; a loader shuffles token "
                          "datasets by sequence")
     source = open_text_source(args, options)
     config = text_config(args, base, source)
-    total = sum(r.size_bytes for r in source.refs)
-    progress = Progress(total_samples=len(source.refs), total_bytes=total, what="write", quiet=args.quiet)
-    try:
-        report = write_dataset(source, dest, config, progress, resume=resume, append=append)
-    finally:
-        progress.close()
+    report = write_with_progress(source, dest, config, quiet=args.quiet, resume=resume, append=append)
     m = report.manifest
     assert m.tokens is not None
     counts = source.counts

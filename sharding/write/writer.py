@@ -229,6 +229,20 @@ def _run(job: WriteJob, tasks: list[ShardTask], sink: _Journaled) -> list[ShardR
     return run_parallel(job, tasks, sink)
 
 
+def write_with_progress(source: Source, dest: Store, config: WriteConfig, *, quiet: bool, resume: bool = False,
+                        append: bool = False) -> WriteReport:
+    """write_dataset behind the command line's progress bar (samples and bytes of the source), closed
+    whatever happens: what `shardify write` and `append` run, for images, tables and text alike."""
+    from sharding.progress import Progress
+
+    total = sum(r.size_bytes for r in source.refs)
+    progress = Progress(total_samples=len(source.refs), total_bytes=total, what="write", quiet=quiet)
+    try:
+        return write_dataset(source, dest, config, progress, resume=resume, append=append)
+    finally:
+        progress.close()
+
+
 def write_dataset(source: Source, dest: Store, config: WriteConfig, progress: ProgressSink, *,
                   grace_s: float = DEFAULT_GRACE_S, resume: bool = False, append: bool = False) -> WriteReport:
     """Write every shard of a new version, then its manifest; raises (and publishes nothing) if anything fails.
