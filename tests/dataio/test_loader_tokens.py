@@ -205,7 +205,7 @@ def test_object_storage_reads_ranged_windows(s3_server, token_url, tmp_path) -> 
         remote = [b["input_ids"].tolist() for b in loader]
         local = [b["input_ids"].tolist() for b in make_loader(token_url, **kw)]
         assert remote == local and remote
-    stats = loader.job.sources.shards[0].cache.stats  # the last pass: every ranged read a hit
+    stats = loader.job.reader.shards[0].cache.stats  # the last pass: every ranged read a hit
     assert stats.hits > 0 and stats.misses == 0
 
 
