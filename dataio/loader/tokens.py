@@ -18,7 +18,6 @@ import json
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

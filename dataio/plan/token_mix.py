@@ -8,7 +8,9 @@ packing, of sequences with their padding). Source s's k-th position takes draw c
 of an endless run of passes over its sequences: pass p = c // num_sequences_s is the source's level 0
 with its shards permuted by (its seed, p); a source that runs out starts a new pass (upsampling), one
 too big goes on where it stopped in the next epoch. Ranks, workers, windows, tails and resume are
-plan.py's (plan_positions), so the five properties hold in sequences of the mixture.
+plan.py's (plan_positions), so the five properties hold in sequences of the mixture. A mixture of one
+(Mixture.single: what the loader builds for one dataset) is tokens.py's plan, bit for bit (its seed, its
+cut, its tail), as mix.py's is plan.py's: one path in the loader, and the single dataset's plan unchanged.
 
 A weight Schedule (schedule.py) is the image mixtures' segment design in sequences: pieces of weights
 over the run's sequence positions, each epoch cut into segments where pieces start, each segment a

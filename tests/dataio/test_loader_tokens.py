@@ -261,6 +261,12 @@ def test_mixture_resumes_at_another_topology(token_url, second_url) -> None:
         one.load_state_dict(loaders(token_url, 1, 0)[0].state_dict())
 
 
+def test_mixture_save_load_state_replays_the_run(token_url, second_url) -> None:
+    """The resume harness's save-and-load over a 2-source mixture (the single dataset's is above): one path."""
+    check_save_load_state(lambda: mixed(token_url, second_url, 2, 2), stop=3,
+                          summary=lambda b: (tuple(b["input_ids"].flatten().tolist()), tuple(b["source"].tolist())))
+
+
 def test_sources_of_different_tokenizers_are_refused(token_url, tmp_path) -> None:
     other = str(tmp_path / "other")
     write_token_dataset(Store(other), B_DOCS, file_hash="xxh3_64:ffffffffffffffff")
