@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from dataio.plan.mix import Mixture
-from dataio.plan.token_mix import SequenceGroup, TokenMixWindow, plan_token_mix_worker
-from dataio.plan.tokens import TokenPlanConfig, TokenWindow, TokenWorkerPlan, plan_token_worker
+from dataio.plan.token_mix import plan_token_mix_worker
+from dataio.plan.tokens import SequenceGroup, TokenPlanConfig, TokenWindow
 from dataio.plan.types import PlanState, WorkerSlot
 from dataio.readers.tokens import Piece, TokenSources
 
@@ -33,11 +33,11 @@ TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
 class TokenJob:
     """Everything a token worker needs; the same on every worker of every rank."""
 
-    sources: TokenSources
+    reader: TokenSources  # the sources' token shards, read by windows
     config: TokenPlanConfig
     # Per source, per shard: what the plan cuts (concat: one entry, the shard's tokens; aligned: documents).
     doc_lengths: tuple[tuple[np.ndarray, ...], ...]
-    mixture: Mixture | None = None  # several sources (plan/token_mix.py); None: one dataset
+    mixture: Mixture  # a single dataset is a mixture of one (plan/token_mix.py plans it as plan/tokens.py)
     with_docs: bool = True  # position_ids and doc_ids
     pad_id: int = 0
     prefetch_bytes: int = 128 << 20
@@ -83,26 +83,20 @@ class _Rows:
         return self.tensors
 
 
-def plan_of(job: TokenJob, slot: WorkerSlot, state: PlanState) -> TokenWorkerPlan:
-    """The worker's plan: one dataset's (plan/tokens.py) or a mixture's (plan/token_mix.py)."""
-    if job.mixture is None:
-        return plan_token_worker(job.doc_lengths[0], config=job.config, slot=slot, state=state)
-    return plan_token_mix_worker(job.doc_lengths, job.mixture, config=job.config, slot=slot, state=state)
-
-
 def worker_batches(job: TokenJob, slot: WorkerSlot, state: PlanState) -> Iterator[dict[str, Any]]:
     """This worker's batches from `state` on, in its plan's order (rank batch j from worker j % num_workers)."""
-    plan = plan_of(job, slot, state)
-    B, width, mixed = job.config.plan.batch_size, job.config.seq_len + 1, job.mixture is not None
+    plan = plan_token_mix_worker(job.doc_lengths, job.mixture, config=job.config, slot=slot, state=state)
+    B, width, mixed = job.config.plan.batch_size, job.config.seq_len + 1, not job.mixture.single
     rows = _Rows(B, width, job.with_docs, mixed)
-    reads = job.sources.windows((w.segments for w in plan.windows), budget_bytes=job.prefetch_bytes,
-                                max_in_flight=job.max_in_flight)
+    reads = job.reader.windows((w.segments for w in plan.windows), budget_bytes=job.prefetch_bytes,
+                               max_in_flight=job.max_in_flight)
     for window, pieces in zip(plan.windows, reads):
-        lookups, group = _lookups(job, window, pieces, plan)
+        lookups = [_PieceLookup(pieces, g, job.reader) for g in window.groups]
         for i in range(len(window.stream_starts)):
-            _fill_row(job, rows, lookups[int(group[i])], window, i)
+            lookup = lookups[int(window.group[i])]
+            _fill_row(job, rows, lookup, window, i)
             if mixed:
-                rows.np["source"][rows.filled] = int(window.source[i])
+                rows.np["source"][rows.filled] = lookup.source
             rows.filled += 1
             if rows.filled == B:
                 yield rows.finish()
@@ -110,23 +104,14 @@ def worker_batches(job: TokenJob, slot: WorkerSlot, state: PlanState) -> Iterato
     assert rows.filled == 0, "a worker's sequences are whole batches"
 
 
-def _lookups(job: TokenJob, window: TokenWindow, pieces: list[Piece], plan: TokenWorkerPlan
-             ) -> tuple[list[_PieceLookup], np.ndarray]:
-    """A lookup per group of the window's sequences (one for a single dataset), and each sequence's group."""
-    if isinstance(window, TokenMixWindow):
-        return [_PieceLookup(pieces, g, job.sources) for g in window.groups], window.group
-    assert plan.order is not None
-    whole = SequenceGroup(source=0, order=plan.order, first=0, end=len(pieces))
-    return [_PieceLookup(pieces, whole, job.sources)], np.zeros(len(window.stream_starts), dtype=np.int64)
-
-
 class _PieceLookup:
-    """One group's pieces by their place in its pass's stream of tokens."""
+    """One group's pieces (a window holds one per source and pass) by their place in its pass's stream."""
 
-    def __init__(self, pieces: list[Piece], group: SequenceGroup, sources: TokenSources) -> None:
+    def __init__(self, pieces: list[Piece], group: SequenceGroup, reader: TokenSources) -> None:
+        self.source = group.source
         self.pieces = pieces[group.first:group.end]
         starts, place = group.order.shards.starts, group.order.shards.place
-        base = int(sources.shard_base[group.source])
+        base = int(reader.shard_base[group.source])
         self.lo = np.asarray([int(starts[place[p.shard - base]]) + p.start for p in self.pieces], dtype=np.int64)
 
     def first(self, stream_pos: int) -> int:
@@ -147,7 +132,7 @@ def _fill_row(job: TokenJob, rows: _Rows, lookup: _PieceLookup, window: TokenWin
         assert take > 0, "the plan's segments cover every sequence"
         ids[done:done + take] = piece.tokens[a:a + take]  # the one copy, widened to int64 on the way
         if job.with_docs:
-            starts, docs = job.sources.doc_runs(piece.shard, piece.start + a, piece.start + a + take)
+            starts, docs = job.reader.doc_runs(piece.shard, piece.start + a, piece.start + a + take)
             rows.run_at.append(starts + (row_at + done))
             rows.run_doc.append(docs)
         done += take

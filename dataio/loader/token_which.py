@@ -21,8 +21,8 @@ from dataio.format.manifest import Manifest
 from dataio.format.provenance import read_sources
 from dataio.plan.mix import Mixture
 from dataio.plan.schedule import Piece
-from dataio.plan.token_mix import TokenMixWindow, plan_token_mix_worker, token_mixture
-from dataio.plan.tokens import TokenPlanConfig, TokenWorkerPlan, plan_token_worker
+from dataio.plan.token_mix import plan_token_mix_worker, token_mixture
+from dataio.plan.tokens import TokenPlanConfig, TokenWorkerPlan
 from dataio.plan.types import PlanState, Progress, WorkerSlot
 from dataio.plan.which import HistoryPass, StepPlace
 from dataio.readers.tokens import TokenShards
@@ -93,37 +93,37 @@ def _doc_lengths(shards: TokenShards, packing: str) -> tuple[np.ndarray, ...]:
     return tuple(np.asarray([n] if n else [], dtype=np.int64) for n in shards.manifest.shard_num_tokens)
 
 
+def saved_mixture(state: dict[str, Any], fingerprint: str) -> dict[str, Any]:
+    """The mixture a loader state describes (Mixture.describe()); a single dataset's state carries none, and
+    describes the mixture of that one dataset, whose fingerprint the run's history names."""
+    if "mixture" in state:
+        return json.loads(state["mixture"])
+    return {"sources": [{"fingerprint": fingerprint, "weight": None, "repeat": None}], "epoch_samples": None}
+
+
 def _mixture(state: dict[str, Any], shards: list[TokenShards], doc_lengths: tuple, config: TokenPlanConfig,
-             fingerprint: str) -> Mixture | None:
-    """The token mixture the run read (rebuilt with its weights), or None for one dataset."""
-    described = state.get("mixture")
-    if described is None:
-        if shards[0].manifest.fingerprint != fingerprint:
-            raise StateError(f"{shards[0].store.url}: its fingerprint is {shards[0].manifest.fingerprint}, the step "
-                             f"read {fingerprint}: the dataset was rewritten or appended since; its tokens cannot "
-                             "be named")
-        return None
-    described = json.loads(described)
+             fingerprint: str) -> Mixture:
+    """The token mixture the run read, rebuilt with its weights (a single dataset: a mixture of one)."""
+    described = saved_mixture(state, fingerprint)
     sources = described["sources"]
     pieces = (described.get("schedule") or {}).get("pieces")
     for s, d in zip(shards, sources, strict=True):
         if s.manifest.fingerprint != d.get("fingerprint"):
-            raise StateError(f"{s.store.url}: fingerprint {s.manifest.fingerprint}, the run read "
-                             f"{d.get('fingerprint')}: the source was rewritten since; its tokens cannot be named")
+            raise StateError(f"{s.store.url}: its fingerprint is {s.manifest.fingerprint}, the run read "
+                             f"{d.get('fingerprint')}: the dataset was rewritten or appended since; its tokens "
+                             "cannot be named")
     return token_mixture(doc_lengths, config, names=[s.store.url for s in shards],
-                         weights=[float(d["weight"]) for d in sources],
+                         weights=[1.0 if d.get("weight") is None else float(d["weight"]) for d in sources],
                          fingerprints=[s.manifest.fingerprint for s in shards],
                          schedule=[Piece(tuple(p["weights"]), p["samples"]) for p in pieces] if pieces else None)
 
 
-def _plan(doc_lengths: tuple, mixture: Mixture | None, config: TokenPlanConfig, epoch: int, place: StepPlace, *,
+def _plan(doc_lengths: tuple, mixture: Mixture, config: TokenPlanConfig, epoch: int, place: StepPlace, *,
           rank: int, batch: int) -> TokenWorkerPlan:
     """The plan of the worker that makes rank `rank`'s batch `batch`: worker 0 of a loader resumed just before it."""
     progress = place.before + (Progress(world_size=place.world_size, num_workers=place.num_workers, batches=batch),)
     state = PlanState(epoch=epoch, progress=progress)
     slot = WorkerSlot(rank=rank, world_size=place.world_size, worker_id=0, num_workers=place.num_workers)
-    if mixture is None:
-        return plan_token_worker(doc_lengths[0], config=config, slot=slot, state=state)
     return plan_token_mix_worker(doc_lengths, mixture, config=config, slot=slot, state=state)
 
 
@@ -133,14 +133,9 @@ def _batch_rows(plan: TokenWorkerPlan, batch_size: int, batch: int
     got = 0
     for window in plan.windows:  # the first window usually holds the whole batch
         for i in range(len(window.stream_starts)):
-            if isinstance(window, TokenMixWindow):
-                group = window.groups[int(window.group[i])]
-                source, order = group.source, group.order
-            else:
-                assert plan.order is not None
-                source, order = 0, plan.order
+            group = window.groups[int(window.group[i])]
             n = int(window.num_tokens[i])
-            yield source, order.token_ids(int(window.stream_starts[i]), n), n, bool(window.is_pad[i])
+            yield group.source, group.order.token_ids(int(window.stream_starts[i]), n), n, bool(window.is_pad[i])
             got += 1
             if got == batch_size:
                 return

@@ -18,7 +18,6 @@ import json
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,7 @@ from dataio.loader.token_batches import TokenJob, worker_batches
 from dataio.loader.token_open import open_token_sources, token_facts
 from dataio.loader.token_procs import TokenProcesses
 from dataio.plan.token_mix import token_mix_num_steps, token_mixture
-from dataio.plan.tokens import SequenceOrder, TokenPlanConfig, token_num_steps
+from dataio.plan.tokens import SequenceOrder, TokenPlanConfig
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.readers.tokens import TokenShards, TokenSources
 from dataio.storage.cache import DiskCache
@@ -76,7 +75,7 @@ class TokenLoader(PlanPosition):
         assert info is not None
         cache = (DiskCache(config.cache_dir, limit_bytes=config.cache_limit_bytes)
                  if config.cache_dir is not None and config.cache_limit_bytes is not None else None)
-        shards = TokenSources([TokenShards(st, m, verify_checksums=config.verify_checksums, cache=cache)
+        reader = TokenSources([TokenShards(st, m, verify_checksums=config.verify_checksums, cache=cache)
                                for st, m in opened])
         seq_bytes = (self.seq_len + 1) * info.np_dtype.itemsize
         window = config.shuffle_window if config.shuffle_window_bytes is None else max(
@@ -84,19 +83,19 @@ class TokenLoader(PlanPosition):
         self.plan_config = PlanConfig(seed=config.seed, batch_size=config.batch_size, tail=config.tail,
                                       shuffle=config.shuffle, shuffle_window=window)
         plan = TokenPlanConfig(seq_len=self.seq_len, packing=self.packing, plan=self.plan_config)
-        doc_lengths = tuple(self._doc_lengths(src) for src in shards.shards)
-        for src, docs in zip(shards.shards, doc_lengths):
+        doc_lengths = tuple(self._doc_lengths(src) for src in reader.shards)
+        for src, docs in zip(reader.shards, doc_lengths):
             try:
                 SequenceOrder(docs, plan, 0)  # aligned packing refuses a seq_len above every document
             except ValueError as exc:
                 raise ValueError(f"{src.store.url}: {exc}") from None
-        # One dataset is a mixture of one (Mixture.single): its state and facts; its plan is plan/tokens.py's.
+        # One dataset is a mixture of one (Mixture.single): one path below here; plan/token_mix.py plans it
+        # as plan/tokens.py does, and its state has no 'mixture' key (state.py).
         self.mixture = token_mixture(doc_lengths, plan, names=[st.url for st, _ in opened],
                                      weights=[1.0 if s.weight is None else s.weight for s in sources],
                                      fingerprints=[m.fingerprint for _, m in opened],
                                      schedule=config.mix_schedule)  # pieces last a number of sequences
-        self.job = TokenJob(sources=shards, config=plan, doc_lengths=doc_lengths,
-                            mixture=None if self.mixture.single else self.mixture,
+        self.job = TokenJob(reader=reader, config=plan, doc_lengths=doc_lengths, mixture=self.mixture,
                             with_docs=config.fields is None or "doc_ids" in config.fields,
                             pad_id=info.tokenizer.eos_id, prefetch_bytes=config.prefetch_bytes,
                             max_in_flight=config.max_in_flight)
@@ -134,11 +133,8 @@ class TokenLoader(PlanPosition):
         return PlanState(epoch=self._state.epoch) if self._finished else self._position()
 
     def _steps_from(self, state: PlanState) -> int:
-        if self.job.mixture is not None:
-            return token_mix_num_steps(self.mixture, config=self.job.config, world_size=self.topology.world_size,
-                                       state=state)
-        return token_num_steps(self.job.doc_lengths[0], config=self.job.config, world_size=self.topology.world_size,
-                               state=state)
+        return token_mix_num_steps(self.job.doc_lengths, self.mixture, config=self.job.config,
+                                   world_size=self.topology.world_size, state=state)
 
     def __len__(self) -> int:
         if self._active_steps is not None:

@@ -24,7 +24,7 @@ from dataio.errors import ManifestError, StateError
 from dataio.format.manifest import Manifest, read_manifest
 from dataio.format.provenance import read_sources
 from dataio.loader.history import HISTORY_KEY, loads_history, resolved_grad_accum
-from dataio.loader.token_which import StepSequence, is_token_run, sequences_of_step
+from dataio.loader.token_which import StepSequence, is_token_run, saved_mixture, sequences_of_step
 from dataio.plan.mix import MixSource, Mixture
 from dataio.plan.schedule import Piece, scheduled
 from dataio.plan.types import Segment
@@ -145,32 +145,26 @@ def ids_of_steps(doc: dict[str, Any], first: int, last: int, storage: StorageOpt
     return np.unique(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
 
 
-def _plan_data(doc: dict[str, Any], stores: list[Store], manifests: list[Manifest], fingerprint: str
-               ) -> Mixture | np.ndarray:
-    """What the plan replays: one dataset's shard sizes, or the mixture rebuilt from the state's description."""
+def _plan_data(doc: dict[str, Any], stores: list[Store], manifests: list[Manifest], fingerprint: str) -> Mixture:
+    """What the plan replays: the mixture rebuilt from the state's description (a single dataset: a
+    mixture of one, which plans as the single-dataset plan)."""
     for store, m in zip(stores, manifests):
         if m.format not in ("tar", "parquet"):
             raise ManifestError(f"{store.url}: a {m.format} dataset; which names image, table and token "
                                 "samples only")
-    mixture = doc["loader"].get("mixture")
-    if mixture is None:
-        if manifests[0].fingerprint != fingerprint:
-            raise StateError(f"{stores[0].url}: its fingerprint is {manifests[0].fingerprint}, the step read "
-                             f"{fingerprint}: the dataset was rewritten or appended since; its samples cannot be named")
-        return np.asarray(manifests[0].shard_num_samples, dtype=np.int64)
-    described = json.loads(mixture)
+    described = saved_mixture(doc["loader"], fingerprint)
     srcs = tuple(MixSource(name=st.url, shard_sizes=list(m.shard_num_samples), weight=d.get("weight"),
                            repeat=d.get("repeat"), fingerprint=m.fingerprint)
                  for st, m, d in zip(stores, manifests, described["sources"], strict=True))
     for st, s, d in zip(stores, srcs, described["sources"]):
         if s.fingerprint != d.get("fingerprint"):
-            raise StateError(f"{st.url}: fingerprint {s.fingerprint}, the run read {d.get('fingerprint')}: the "
-                             "source was rewritten since; its samples cannot be named")
+            raise StateError(f"{st.url}: its fingerprint is {s.fingerprint}, the run read {d.get('fingerprint')}: "
+                             "the dataset was rewritten or appended since; its samples cannot be named")
     pieces = (described.get("schedule") or {}).get("pieces")
     if pieces:  # a scheduled mixture: its segments follow the pieces the run had
         return scheduled(srcs, [Piece(tuple(p["weights"]), p["samples"]) for p in pieces],
                          int(described["epoch_samples"]))
-    return Mixture(sources=srcs, epoch_samples=int(described["epoch_samples"]))
+    return Mixture(sources=srcs, epoch_samples=described["epoch_samples"])
 
 
 class _Samples:

@@ -8,7 +8,9 @@ packing, of sequences with their padding). Source s's k-th position takes draw c
 of an endless run of passes over its sequences: pass p = c // num_sequences_s is the source's level 0
 with its shards permuted by (its seed, p); a source that runs out starts a new pass (upsampling), one
 too big goes on where it stopped in the next epoch. Ranks, workers, windows, tails and resume are
-plan.py's (plan_positions), so the five properties hold in sequences of the mixture.
+plan.py's (plan_positions), so the five properties hold in sequences of the mixture. A mixture of one
+(Mixture.single: what the loader builds for one dataset) is tokens.py's plan, bit for bit (its seed, its
+cut, its tail), as mix.py's is plan.py's: one path in the loader, and the single dataset's plan unchanged.
 
 A weight Schedule (schedule.py) is the image mixtures' segment design in sequences: pieces of weights
 over the run's sequence positions, each epoch cut into segments where pieces start, each segment a
@@ -27,7 +29,15 @@ import numpy as np
 from dataio.plan.mix import MixSource, Mixture, delivered_epoch
 from dataio.plan.plan import Window, plan_positions
 from dataio.plan.schedule import Piece, ScheduledMixture, _plan_epoch, scheduled  # one segment keying for both
-from dataio.plan.tokens import SequenceOrder, TokenPlanConfig, TokenWindow, TokenWorkerPlan
+from dataio.plan.tokens import (
+    SequenceGroup,
+    SequenceOrder,
+    TokenPlanConfig,
+    TokenWindow,
+    TokenWorkerPlan,
+    plan_token_worker,
+    token_num_steps,
+)
 from dataio.plan.types import PlanState, Segment, WorkerSlot
 from dataio.rand import key
 
@@ -35,22 +45,10 @@ _TOKEN_MIX_KEY = 0x544F4B4D4958  # "TOKMIX": each source's shard permutations it
 
 
 @dataclass(frozen=True, kw_only=True)
-class SequenceGroup:
-    """Sequences of one window that come from one pass of one source: read by segments[first:end]."""
-
-    source: int
-    order: SequenceOrder  # that pass's level 0 (its segments' shards are the source's own numbers)
-    first: int
-    end: int
-
-
-@dataclass(frozen=True, kw_only=True)
 class TokenMixWindow(TokenWindow):
     """A mixture's window: segments' shards are global (sources' shards concatenated)."""
 
     source: np.ndarray  # (m,) int64
-    group: np.ndarray  # (m,) int64 index into groups
-    groups: tuple[SequenceGroup, ...]
 
 
 def source_config(config: TokenPlanConfig, source: int) -> TokenPlanConfig:
@@ -73,15 +71,21 @@ def token_mixture(doc_lengths: Sequence[Sequence[Sequence[int]]], config: TokenP
     return Mixture(sources=tuple(sources))
 
 
-def token_mix_num_steps(mixture: Mixture, *, config: TokenPlanConfig, world_size: int, state: PlanState) -> int:
+def token_mix_num_steps(doc_lengths: Sequence[Sequence[Sequence[int]]], mixture: Mixture, *, config: TokenPlanConfig,
+                        world_size: int, state: PlanState) -> int:
     """Batches every rank delivers from the state's position to the mixture epoch's end (a schedule's: the
-    segments from the state's one on)."""
+    segments from the state's one on); a mixture of one: the single dataset's (plan/tokens.py)."""
+    if mixture.single:
+        return token_num_steps(doc_lengths[0], config=config, world_size=world_size, state=state)
     return int(mixture.steps_from(config=config.plan, world_size=world_size, state=state))
 
 
 def plan_token_mix_worker(doc_lengths: Sequence[Sequence[Sequence[int]]], mixture: Mixture, *,
                           config: TokenPlanConfig, slot: WorkerSlot, state: PlanState) -> TokenWorkerPlan:
-    """One worker's windows of mixed sequences (TokenMixWindow), from the state's position on."""
+    """One worker's windows of mixed sequences (TokenMixWindow), from the state's position on. A mixture of
+    one is the single-dataset plan (plan_token_worker), bit for bit: its seed, its cut and its tail."""
+    if mixture.single:
+        return plan_token_worker(doc_lengths[0], config=config, slot=slot, state=state)
     orders: dict[tuple[int, int], SequenceOrder] = {}
     if not isinstance(mixture, ScheduledMixture):
         base = state.epoch * mixture.counts  # source s's k-th position of the epoch takes draw base[s] + k

@@ -122,14 +122,27 @@ class SequenceOrder:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SequenceGroup:
+    """Sequences of one window that come from one pass of one source: read by segments[first:end]."""
+
+    source: int  # 0 for a single dataset
+    order: SequenceOrder  # that pass's level 0 (its segments' shards are the source's own numbers)
+    first: int
+    end: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class TokenWindow:
-    """One shuffle window of sequences: what to read, then each sequence in delivery order."""
+    """One shuffle window of sequences: what to read, then each sequence in delivery order, and the
+    group (source and pass) each belongs to: one group for a single dataset, so readers have one path."""
 
     segments: tuple[Segment, ...]  # reads in stream order (token ranges of shards)
-    stream_starts: np.ndarray  # (m,) int64: each sequence's first token in the epoch's stream
+    stream_starts: np.ndarray  # (m,) int64: each sequence's first token in its group's stream
     num_tokens: np.ndarray  # (m,) int64 tokens read, <= seq_len + 1 (the rest is padding)
     num_owned: np.ndarray  # (m,) int64 tokens of the sequence no other sequence owns
     is_pad: np.ndarray  # (m,) bool: a repeat for tail="pad", not a new sequence
+    groups: tuple[SequenceGroup, ...]
+    group: np.ndarray  # (m,) int64 index into groups
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,8 +171,10 @@ def plan_token_worker(doc_lengths: Sequence[Sequence[int]], *, config: TokenPlan
 
     def make_window(pos: np.ndarray, is_pad: np.ndarray) -> Window:
         starts, counts, owned = order.sequences(pos)
-        windows.append(TokenWindow(segments=order.segments(starts, counts), stream_starts=starts,
-                                   num_tokens=counts, num_owned=owned, is_pad=is_pad))
+        segments = order.segments(starts, counts)
+        whole = SequenceGroup(source=0, order=order, first=0, end=len(segments))
+        windows.append(TokenWindow(segments=segments, stream_starts=starts, num_tokens=counts, num_owned=owned,
+                                   is_pad=is_pad, groups=(whole,), group=np.zeros(len(pos), dtype=np.int64)))
         return Window(segments=(), sample_ids=pos, is_pad=is_pad)
 
     plan = plan_positions(order.num_sequences, config=config.plan, slot=slot, state=state, make_window=make_window)

@@ -205,7 +205,7 @@ def test_object_storage_reads_ranged_windows(s3_server, token_url, tmp_path) -> 
         remote = [b["input_ids"].tolist() for b in loader]
         local = [b["input_ids"].tolist() for b in make_loader(token_url, **kw)]
         assert remote == local and remote
-    stats = loader.job.sources.shards[0].cache.stats  # the last pass: every ranged read a hit
+    stats = loader.job.reader.shards[0].cache.stats  # the last pass: every ranged read a hit
     assert stats.hits > 0 and stats.misses == 0
 
 
@@ -259,6 +259,12 @@ def test_mixture_resumes_at_another_topology(token_url, second_url) -> None:
     (one,) = mixed(token_url, second_url, 1, 0, weights=(1.0, 1.0))
     with pytest.raises(StateError, match="single-dataset"):
         one.load_state_dict(loaders(token_url, 1, 0)[0].state_dict())
+
+
+def test_mixture_save_load_state_replays_the_run(token_url, second_url) -> None:
+    """The resume harness's save-and-load over a 2-source mixture (the single dataset's is above): one path."""
+    check_save_load_state(lambda: mixed(token_url, second_url, 2, 2), stop=3,
+                          summary=lambda b: (tuple(b["input_ids"].flatten().tolist()), tuple(b["source"].tolist())))
 
 
 def test_sources_of_different_tokenizers_are_refused(token_url, tmp_path) -> None:

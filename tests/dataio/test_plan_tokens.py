@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from dataio.plan.token_mix import plan_token_mix_worker, token_mix_num_steps, token_mixture
 from dataio.plan.tokens import SequenceOrder, TokenPlanConfig, plan_token_worker, token_num_steps
 from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
 from tests.dataio.resume_harness import Topology, check_resume, check_same_topology_resume
@@ -193,6 +194,36 @@ def _after(state: PlanState, schedule: list[tuple[Topology, int]]) -> PlanState:
     for topology, take in schedule:
         state = advance(state, topology, take)
     return state
+
+
+@SETTINGS
+@given(docs=shard_docs, config=configs(), first=st.tuples(st.integers(1, 4), st.integers(1, 3)),
+       second=st.tuples(st.integers(1, 4), st.integers(1, 3)), data=st.data())
+def test_token_mixture_of_one_is_the_single_dataset_plan(docs, config, first, second, data):
+    """One token dataset as a mixture of one (what the loader builds): plan_token_worker's windows, groups
+    and steps, bit for bit, from any resume state (the mixture's seed and rounding are for real mixtures)."""
+    assume(_order(docs, config, 0) is not None)
+    mixture = token_mixture([docs], config, names=["one"], weights=[1.0], fingerprints=["fp"])
+    assert mixture.single
+    state = PlanState(epoch=data.draw(st.integers(0, 3), label="epoch"))
+    done = data.draw(st.integers(0, token_num_steps(docs, config=config, world_size=first[0], state=state)))
+    state = state.advanced(world_size=first[0], num_workers=first[1], batches=done) if done else state
+    world_size, num_workers = second
+    assert token_mix_num_steps([docs], mixture, config=config, world_size=world_size, state=state) == \
+        token_num_steps(docs, config=config, world_size=world_size, state=state)
+    for rank in range(world_size):
+        for worker_id in range(num_workers):
+            slot = WorkerSlot(rank=rank, world_size=world_size, worker_id=worker_id, num_workers=num_workers)
+            mixed = plan_token_mix_worker([docs], mixture, config=config, slot=slot, state=state)
+            single = plan_token_worker(docs, config=config, slot=slot, state=state)
+            assert np.array_equal(mixed.batch_numbers, single.batch_numbers)
+            assert [_window_facts(w) for w in mixed.windows] == [_window_facts(w) for w in single.windows]
+
+
+def _window_facts(window) -> tuple:
+    groups = [(g.source, g.first, g.end, g.order.shards.order.tolist()) for g in window.groups]
+    return (type(window).__name__, window.segments, window.stream_starts.tolist(), window.num_tokens.tolist(),
+            window.num_owned.tolist(), window.is_pad.tolist(), window.group.tolist(), groups)
 
 
 def test_aligned_refuses_seq_len_above_every_document():
