@@ -224,10 +224,14 @@ def load_newest_complete(store: Store) -> tuple[str, dict[str, Any], list[str]] 
     return None
 
 
-def check_identity(ckpt: dict[str, Any], identity: dict[str, Any], *, where: str) -> None:
-    """Refuse a checkpoint of another model, class count or dataset, saying which and what to do."""
+def check_identity(ckpt: dict[str, Any], identity: dict[str, Any], *, where: str, sources_added: int = 0) -> None:
+    """Refuse a checkpoint of another model, class count or dataset, saying which and what to do.
+    sources_added > 0: the loader found the saved mixture's sources first in this run's scheduled
+    mixture (sources appended on resume), so the data is judged by the loader, not by its identity."""
     saved = ckpt.get("identity", {})
     for key, value in identity.items():
+        if key == "dataset" and sources_added:
+            continue
         if saved.get(key) != value:
             raise CheckpointMismatch(
                 f"checkpoint {where} was written with {key}={saved.get(key)!r}, this run has {key}={value!r}; "

@@ -122,6 +122,7 @@ class TrainConfig:
     spike_factor: float = 3.0  # a step whose loss exceeds this x the running median is a spike; 0: off
     spike_sample_losses: bool = False  # keep per-sample losses so a spike names its worst samples
     mix_schedule: str = ""  # mixture weights over the run (dataio/plan/schedule.py syntax); empty: fixed weights
+    epoch_samples: int = 0  # a mixture's epoch in samples (sequences for --model gpt); 0: the sources' sizes summed
     # --- skip on resume (trainer/skipping.py): dropped from the rest of the run, kept in the loader state ---
     skip_steps: str = ""  # A:B optimizer steps (as the run that trained them numbered them); empty: none
     skip_samples: str = ""  # file of sample keys or global ids, one a line; empty: none
@@ -141,7 +142,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "warmup_steps", "checkpoint_every", "num_workers", "num_classes", "num_threads"):
+        for name in ("max_steps", "warmup_steps", "checkpoint_every", "num_workers", "num_classes", "num_threads",
+                     "epoch_samples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -174,6 +176,8 @@ class TrainConfig:
             raise ValueError("--data synthetic: cannot be mixed with other datasets")
         if self.mix_schedule:
             _check_schedule(self.mix_schedule, sources)
+        if self.epoch_samples and len(sources) < 2:
+            raise ValueError("--epoch-samples sets a mixture's epoch: give two or more --data sources")
         if self.skip_steps:
             from dataio.loader.skips import parse_steps
 
@@ -278,6 +282,9 @@ _HELP = {
                     "'0.7,0.3@1000000; 0.5,0.5' is 0.7/0.3 for the first 1M samples, then 0.5/0.5; a piece "
                     "FROM~TO@SAMPLES/PIECES ramps linearly in PIECES steps (one weight per --data source, in order; "
                     "pieces after the epoch in progress may change on resume, earlier ones not)",
+    "epoch_samples": "a mixture's epoch in samples (sequences for --model gpt); 0: the --data sources' sizes "
+                     "summed. To add a source on resume, append it as the last --data with weight 0 in every "
+                     "--mix-schedule piece up to the one in progress, and pass the saved epoch's length here",
     "skip_steps": "A:B: drop the samples of optimizer steps A through B (as spikes.jsonl numbers them; the plan "
                   "and a checkpoint saved at step B or later say which samples, at the topology that ran them) from "
                   "the rest of the run and every later epoch (which shrinks by their count); the state keeps skipping "

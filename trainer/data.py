@@ -38,19 +38,22 @@ def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: in
 
     from dataio.plan.schedule import Schedule
 
+    epoch_samples = (cfg.epoch_samples or None) if train and len(sources) > 1 else None  # a mixture's epoch
     if cfg.model == "gpt":  # token batches of packed sequences (trainer/gpt.py); tokens are mixed by token share
         schedule = Schedule.parse(cfg.mix_schedule) if cfg.mix_schedule and train else None  # pieces in sequences
         return make_loader(sources[0].url if len(sources) == 1 else [Source(s.url, weight=s.weight) for s in sources],
-                           weights=schedule, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed,
+                           weights=schedule, epoch_samples=epoch_samples, batch_size=cfg.batch_size,
+                           num_workers=cfg.num_workers, seed=cfg.seed,
                            rank=rank, world_size=world_size, tail=tail, shuffle=train, storage=storage_options(cfg),
                            pin_memory=pin_memory, seq_len=cfg.seq_len, packing=cfg.packing,
                            tokenizer=cfg.tokenizer or None)
 
     tabular = bool(cfg.feature_names)  # rows of numeric columns: no image decode, only the columns needed
     weights = Schedule.parse(cfg.mix_schedule) if cfg.mix_schedule and train else None
-    loader = make_loader([Source(s.url, weight=s.weight) for s in sources], weights=weights, batch_size=cfg.batch_size,
-                       num_workers=cfg.num_workers, seed=cfg.seed, rank=rank, world_size=world_size,
-                       decode=None if tabular else cfg.decode, fields=(*cfg.feature_names, "cls") if tabular else None,
+    loader = make_loader([Source(s.url, weight=s.weight) for s in sources], weights=weights,
+                       epoch_samples=epoch_samples, batch_size=cfg.batch_size, num_workers=cfg.num_workers,
+                       seed=cfg.seed, rank=rank, world_size=world_size, decode=None if tabular else cfg.decode,
+                       fields=(*cfg.feature_names, "cls") if tabular else None,
                        image_size=cfg.image_size, train=train and cfg.augment, tail=tail, shuffle=train,
                        storage=storage_options(cfg), pin_memory=pin_memory,
                        label_space=label_space_of(cfg) if train else val_label_space(cfg, sources))

@@ -76,6 +76,9 @@ class MemoryLoader:
     def where(self, batch: dict[str, Any], i: int) -> str:
         return ""  # in memory: no shard to name
 
+    def sources_added_since(self, state_dict: dict[str, Any]) -> int:  # noqa: ARG002 - one source, always
+        return 0
+
     def close(self) -> None:
         pass
 

@@ -163,7 +163,8 @@ def resume(run: Run) -> None:
         ckpt, skipped = newest[1], newest[2]
     else:
         ckpt = ckpt_io.load(store, name)
-    ckpt_io.check_identity(ckpt, run.identity, where=store.url_of(name))
+    added = run.loader.sources_added_since(ckpt["loader"])
+    ckpt_io.check_identity(ckpt, run.identity, where=store.url_of(name), sources_added=added)
     run.model.load_state_dict(ckpt["model"])
     run.optimizer.load_state_dict(ckpt["optimizer"])
     run.schedule.load_state_dict(ckpt["schedule"])
@@ -188,6 +189,9 @@ def resume(run: Run) -> None:
         if ckpt.get("format_version") == 1:
             run.recorder.note(f"{store.url_of(name)} carries no checksum (an older trainer wrote it): "
                               "loaded unverified")
+        if added:
+            run.recorder.note(f"the mixture gained {added} source(s) since {store.url_of(name)} was saved: each "
+                              "joins where --mix-schedule first weighs it")
         run.recorder.note(f"resumed from {store.url_of(name)}: step {run.step}, epoch {run.epoch} "
                           f"(saved by {ckpt['world_size']} ranks, now {rt.world_size})"
                           + (f"; skipped {len(skipped)} newer checkpoint(s) that do not load" if skipped else ""))

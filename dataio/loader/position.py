@@ -8,6 +8,7 @@ from typing import Any
 
 from dataio.loader.config import check_int
 from dataio.loader.history import HISTORY_KEY, HistoryKeeper
+from dataio.loader.state import added_sources
 from dataio.plan.types import PlanConfig, PlanState, Topology
 
 
@@ -48,6 +49,11 @@ class PlanPosition:
         """A scheduled mixture's requested shares at the run's sample `samples_seen`; None for fixed weights."""
         shares_at = getattr(self.mixture, "shares_at", None)  # only a ScheduledMixture has a schedule
         return list(shares_at(samples_seen)) if shares_at is not None else None
+
+    def sources_added_since(self, state_dict: dict[str, Any]) -> int:
+        """Sources this loader's scheduled mixture appends to those `state_dict` was saved with (it
+        resumes that state: plan/schedule.py); 0 when they are the same, or the state does not fit."""
+        return added_sources(state_dict, self.mixture)
 
     def _record_history(self, *, new_pass: bool) -> None:
         """Fold the batches delivered since `_state` into the run's history before the position moves."""

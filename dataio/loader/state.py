@@ -183,6 +183,18 @@ def saved_skips(state: Any) -> tuple[tuple[int, int], ...]:
         return ()
 
 
+def added_sources(state: Any, mixture: Mixture) -> int:
+    """How many sources `mixture` has beyond those `state` was saved with, when it may gain them: a
+    scheduled mixture whose first sources are the saved ones (the saved fingerprint is theirs, as
+    check_state requires). 0 for the same sources, and for anything check_state would refuse."""
+    if not isinstance(state, dict):
+        return 0
+    subset = _saved_subset_fingerprint(state, mixture)
+    if subset is None or state.get("fingerprint") != subset:
+        return 0
+    return len(mixture.sources) - len(json.loads(state["mixture"])["sources"])
+
+
 def _saved_subset_fingerprint(state: dict[str, Any], mixture: Mixture) -> str | None:
     """A scheduled mixture that gained sources since the state was saved: the fingerprint of its first
     (saved) sources, which the state's must equal. None otherwise."""
@@ -190,7 +202,7 @@ def _saved_subset_fingerprint(state: dict[str, Any], mixture: Mixture) -> str | 
         num_saved = len(json.loads(state["mixture"])["sources"])
     except (KeyError, TypeError, ValueError):
         return None
-    if not mixture.can_add_sources or not 0 < num_saved < len(mixture.sources):
+    if not getattr(mixture, "can_add_sources", False) or not 0 < num_saved < len(mixture.sources):
         return None
     described = mixture.describe()
     return mixture_fingerprint({**described, "sources": described["sources"][:num_saved]})
