@@ -108,6 +108,7 @@ class CpuDecoder:
         self.num_threads = num_threads
         self._use_simplejpeg = simplejpeg is not None and config.decoder != "pil"
         self._use_region = region.available() and config.decoder in ("auto", "region")
+        self._use_planes = self._use_region and region.has_planes()
         if config.decoder == "auto":
             region.warn_unavailable_once()
         std = np.asarray(config.std, dtype=np.float32).reshape(3, 1, 1)
@@ -168,7 +169,7 @@ class CpuDecoder:
             found = self._via_libjpeg(data, seed, key, url)  # any bytes-like input
         # None: not a JPEG, a JPEG libjpeg cannot or will not decode, or decoder="pil".
         crop, flip = found if found is not None else self._via_pil(data, seed, key, url)
-        if self._use_region:  # the same pixels, ~60 us less per image: no strided copies in torch or numpy
+        if self._use_planes:  # the same pixels, ~60 us less per image: no strided copies in torch or numpy
             plain = self.transform is None and not self.config.normalize
             chw = out if plain else np.empty((3, self.config.size, self.config.size), dtype=np.uint8)
             region.to_planes(_resize_hwc(crop, self.config.size), chw, flip=flip)

@@ -93,6 +93,17 @@ def test_region_path_tensors_equal_todays_bit_for_bit(variant):
 
 
 @needs_region
+def test_an_older_build_without_to_planes_still_decodes_the_same(monkeypatch):
+    """An extension built before to_planes existed decodes regions and leaves the layout to torch."""
+    data, seeds = _noisy_jpeg("420"), list(range(8))
+    want = CpuDecoder(DecodeConfig(size=40, decoder="region")).decode_batch([data] * 8, seeds=seeds)
+    monkeypatch.setattr(region, "_region", type("OldBuild", (), {"decode": staticmethod(region._region.decode)}))
+    older = CpuDecoder(DecodeConfig(size=40, decoder="region"))
+    assert older._use_region and not older._use_planes
+    assert torch.equal(older.decode_batch([data] * 8, seeds=seeds), want)
+
+
+@needs_region
 @pytest.mark.parametrize("mode", ["CMYK", None])
 def test_cmyk_and_other_formats_keep_todays_decode(mode):
     """CMYK/YCCK JPEGs (libjpeg cannot make RGB of them) and PNGs decode exactly as before."""
