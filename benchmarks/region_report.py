@@ -67,7 +67,7 @@ def render(single: dict[str, Any], loader: dict[str, Any] | None, args: argparse
     for label in [k for k in single if k not in ("scale parity", "parts")]:
         out += [f"### One core, {label} JPEGs", "", *_single_table(single[label]), ""]
     if "parts" in single:
-        out += ["### Where one image's CPU time goes (region path, the last set above)", "",
+        out += ["### Where one image's CPU time goes (region path; the loader's JPEGs where present, else the baseline set)", "",
                 "| step | us per image, one core |", "|---|---:|",
                 *[f"| {name.strip()} | {us:,.0f} |" for name, us in single["parts"].items()], "",
                 "Entropy (Huffman) decoding cannot skip a row above the window's bottom edge nor a column beside it "
