@@ -139,7 +139,7 @@ static PyObject *region_decode(PyObject *self, PyObject *args) {
 
 /* GCC vectorizes the stride-3 loads below with AVX2 shuffles (~5x the scalar loop); target_clones picks
  * that version at load time where the CPU has AVX2, so the build stays portable. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) /* ifunc */
 #define FAST_LOOP __attribute__((optimize("O3"), target_clones("avx2", "default")))
 #else
 #define FAST_LOOP
