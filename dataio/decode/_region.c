@@ -146,7 +146,7 @@ static PyObject *region_decode(PyObject *self, PyObject *args) {
 #endif
 
 /* (H, W, 3) interleaved RGB -> (3, H, W) planes, mirrored left-right when flip: the layout change
- * (and flip) after the resize, which torch does about 4x slower through its generic strided copy. */
+ * (and flip) after the resize: ~5 us at 224 x 224, where torch's or numpy's strided copy takes 35-45 us. */
 FAST_LOOP static void planes_from_rgb(const unsigned char *src, unsigned char *dst, size_t height, size_t width, int flip) {
     size_t plane = height * width;
     unsigned char *r = dst, *g = dst + plane, *b = dst + 2 * plane;
