@@ -6,6 +6,7 @@ Part 1, one core, bytes in memory, images per CPU-second of this process (torch 
 thread), candidates interleaved, medians: the full-size decode alone (this machine's full-decode
 limit), today's path (simplejpeg's DCT-scaled decode + crop), PIL (draft + crop), DALI's CPU
 `decoders.image_slice`, and region decode; on baseline and progressive ~500x375 JPEGs.
+Then where one image's time goes on the region path (decode, entropy floor, resize, layout).
 Part 2, the loader: DECODE (2 workers, batch 256, 10k ImageNet-like JPEGs from tools.make_synthetic)
 with region decode, with it switched off (today's code), and webdataset, each run in a fresh
 process, rounds interleaved (bench_loader.run_child runs each). Writes the newest run at the top of
@@ -130,6 +131,47 @@ def scale_parity(blobs: Sequence[bytes]) -> tuple[int, float, float]:
     return len(mads), (statistics.mean(mads) if mads else 0.0), max(mads, default=0.0)
 
 
+def parts(blobs: Sequence[bytes], repeats: int) -> dict[str, float]:
+    """Microseconds of one core per image, median of interleaved passes, for each step of the region
+    path on these JPEGs, and the entropy decoding it cannot skip (every row down to the window's
+    bottom: a 1-pixel window on that row decodes all of it and almost nothing else)."""
+    from dataio.decode.cpu import _resize_hwc, _scaled_box
+    from dataio.decode.images import jpeg_header
+    from dataio.decode.transforms import jpeg_scale_denom
+
+    dec = CpuDecoder(DecodeConfig(size=SIZE, decoder="region"))
+    seeds = [sample_seed(0, 0, i) for i in range(len(blobs))]
+    jobs = []  # (data, denom, window, scaled (height, width), flip): what CpuDecoder decodes
+    for data, seed in zip(blobs, seeds):
+        height, width = jpeg_header(data)[:2]
+        box, flip = dec._plan(height, width, seed)
+        denom = jpeg_scale_denom(height, width, box, SIZE)
+        hw = (-(-height // denom), -(-width // denom))
+        jobs.append((data, denom, _scaled_box(box, height, width, *hw), hw, flip))
+    crops = [region.decode_window(d, denom=n, window=w, scaled_hw=hw) for d, n, w, hw, _ in jobs]
+    resized = [_resize_hwc(c, SIZE) for c in crops]
+    slot = np.empty((3, SIZE, SIZE), dtype=np.uint8)
+    steps: dict[str, Callable[[], object]] = {
+        "header, crop and flip drawn": lambda: [dec._plan(*jpeg_header(d)[:2], s) for d, s in zip(blobs, seeds)],
+        "region decode of the window": lambda: [region.decode_window(d, denom=n, window=w, scaled_hw=hw)
+                                                for d, n, w, hw, _ in jobs],
+        "  of which entropy decoding down to the window's bottom": lambda: [
+            region.decode_window(d, denom=n, window=(w[0], w[3] - 1, w[0] + 1, w[3]), scaled_hw=hw)
+            for d, n, w, hw, _ in jobs],
+        "antialiased resize to 224 (interleaved out)": lambda: [_resize_hwc(c, SIZE) for c in crops],
+        "planes + flip (C)": lambda: [region.to_planes(r, slot, flip=j[4]) for r, j in zip(resized, jobs)],
+        "whole decode_batch, per image": lambda: dec.decode_batch(blobs, seeds=seeds),
+        "full-size decode (simplejpeg), for scale": lambda: [simplejpeg.decode_jpeg(d) for d in blobs],
+    }
+    runs: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            start = time.process_time()
+            fn()
+            runs[name].append((time.process_time() - start) / len(blobs) * 1e6)
+    return {name: statistics.median(v) for name, v in runs.items()}
+
+
 def single_core(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     out: dict[str, Any] = {}
@@ -146,6 +188,9 @@ def single_core(args: argparse.Namespace) -> dict[str, Any]:
         for name, row in out[label].items():
             print(f"{label:>22} {name:<46} {row['median']:7.0f} images/CPU-s  {row['runs']}", flush=True)
     out["scale parity"] = scale_parity(large)
+    out["parts"] = parts(sets[2][1] if len(sets) > 2 else base, args.repeats)  # the loader's images where present
+    for name, us in out["parts"].items():
+        print(f"{'parts':>22} {name:<58} {us:7.1f} us/image", flush=True)
     return out
 
 

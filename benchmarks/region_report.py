@@ -64,8 +64,14 @@ def render(single: dict[str, Any], loader: dict[str, Any] | None, args: argparse
            f"--loader-repeats {args.loader_repeats}`. RRC = RandomResizedCrop(224, scale (0.08, 1), ratio (3/4, 4/3)) "
            "+ flip; images per CPU-second of the process (torch and DALI on one thread), median of the "
            "interleaved passes listed.", ""]
-    for label in [k for k in single if k != "scale parity"]:
+    for label in [k for k in single if k not in ("scale parity", "parts")]:
         out += [f"### One core, {label} JPEGs", "", *_single_table(single[label]), ""]
+    if "parts" in single:
+        out += ["### Where one image's CPU time goes (region path; the loader's JPEGs where present, else the baseline set)", "",
+                "| step | us per image, one core |", "|---|---:|",
+                *[f"| {name.strip()} | {us:,.0f} |" for name, us in single["parts"].items()], "",
+                "Entropy (Huffman) decoding cannot skip a row above the window's bottom edge nor a column beside it "
+                "(no restart markers): it is the floor of any region decode of these files.", ""]
     count, mean, worst = single["scale parity"]
     out += ["### Pixels", "",
             "At DCT scale 1 the region-decoded window equals the full decode's window bit for bit (tests/dataio/"

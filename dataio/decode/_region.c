@@ -4,6 +4,8 @@
  *
  *   decode(data, denom, x0, y0, x1, y1) -> bytearray of (y1 - y0) * (x1 - x0) * 3 RGB bytes
  *
+ *   to_planes(src, dst, height, width, flip): (H, W, 3) RGB -> (3, H, W) planes, mirrored if flip
+ *
  * The window [x0, x1) x [y0, y1) is in pixels of the image scaled by 1/denom (libjpeg rounds the
  * scaled size up). Any libjpeg warning (corrupt or truncated data) is an error, like simplejpeg's
  * strict mode, so the caller can fall back to its usual decoder and its usual error. The GIL is
@@ -135,9 +137,61 @@ static PyObject *region_decode(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* GCC vectorizes the stride-3 loads below with AVX2 shuffles (~5x the scalar loop); target_clones picks
+ * that version at load time where the CPU has AVX2, so the build stays portable. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) /* ifunc */
+#define FAST_LOOP __attribute__((optimize("O3"), target_clones("avx2", "default")))
+#else
+#define FAST_LOOP
+#endif
+
+/* (H, W, 3) interleaved RGB -> (3, H, W) planes, mirrored left-right when flip: the layout change
+ * (and flip) after the resize: ~5 us at 224 x 224, where torch's or numpy's strided copy takes 35-45 us. */
+FAST_LOOP static void planes_from_rgb(const unsigned char *src, unsigned char *dst, size_t height, size_t width, int flip) {
+    size_t plane = height * width;
+    unsigned char *r = dst, *g = dst + plane, *b = dst + 2 * plane;
+    for (size_t y = 0; y < height; y++) {
+        const unsigned char *s = src + y * width * 3;
+        size_t row = y * width;
+        if (flip) {
+            for (size_t x = 0, d = row + width - 1; x < width; x++, d--) {
+                r[d] = s[3 * x], g[d] = s[3 * x + 1], b[d] = s[3 * x + 2];
+            }
+        } else {
+            for (size_t x = 0; x < width; x++) {
+                r[row + x] = s[3 * x], g[row + x] = s[3 * x + 1], b[row + x] = s[3 * x + 2];
+            }
+        }
+    }
+}
+
+static PyObject *region_to_planes(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer src, dst;
+    Py_ssize_t height, width;
+    int flip;
+    if (!PyArg_ParseTuple(args, "y*w*nnp", &src, &dst, &height, &width, &flip)) {
+        return NULL;
+    }
+    if (height < 0 || width < 0 || src.len != height * width * 3 || dst.len != src.len) {
+        PyErr_Format(PyExc_ValueError, "to_planes: %zd and %zd bytes for %zd x %zd x 3", src.len, dst.len, height, width);
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    planes_from_rgb((const unsigned char *)src.buf, (unsigned char *)dst.buf, (size_t)height, (size_t)width, flip);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"decode", region_decode, METH_VARARGS,
      "decode(data, denom, x0, y0, x1, y1[, scaled_w, scaled_h]) -> bytearray: the window's RGB rows"},
+    {"to_planes", region_to_planes, METH_VARARGS,
+     "to_planes(src, dst, height, width, flip): (H, W, 3) RGB bytes -> (3, H, W) planes in dst, mirrored if flip"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -108,6 +108,7 @@ class CpuDecoder:
         self.num_threads = num_threads
         self._use_simplejpeg = simplejpeg is not None and config.decoder != "pil"
         self._use_region = region.available() and config.decoder in ("auto", "region")
+        self._use_planes = self._use_region and region.has_planes()
         if config.decoder == "auto":
             region.warn_unavailable_once()
         std = np.asarray(config.std, dtype=np.float32).reshape(3, 1, 1)
@@ -168,6 +169,13 @@ class CpuDecoder:
             found = self._via_libjpeg(data, seed, key, url)  # any bytes-like input
         # None: not a JPEG, a JPEG libjpeg cannot or will not decode, or decoder="pil".
         crop, flip = found if found is not None else self._via_pil(data, seed, key, url)
+        if self._use_planes:  # the same pixels, ~60 us less per image: no strided copies in torch or numpy
+            plain = self.transform is None and not self.config.normalize
+            chw = out if plain else np.empty((3, self.config.size, self.config.size), dtype=np.uint8)
+            region.to_planes(_resize_hwc(crop, self.config.size), chw, flip=flip)
+            if not plain:
+                self._finish(chw, out, key)
+            return
         chw = _resize(crop, self.config.size)
         self._finish(chw[:, :, ::-1] if flip else chw, out, key)
 
@@ -268,6 +276,20 @@ def _resize(hwc: np.ndarray, size: int) -> np.ndarray:
     image = torch.from_numpy(hwc).permute(2, 0, 1).unsqueeze(0)
     out = F.interpolate(image, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
     return out[0].numpy()
+
+
+def _resize_hwc(hwc: np.ndarray, size: int) -> np.ndarray:
+    """(H, W, 3) uint8 -> (size, size, 3) uint8: _resize's pixels, left interleaved.
+
+    F.interpolate returns (3, size, size) planes, converting from its channels-last result through a
+    strided copy (~45 us of its ~120); the `out=` form writes the channels-last result straight into
+    an interleaved array.
+    """
+    result = torch.empty((size, size, 3), dtype=torch.uint8)
+    image = torch.from_numpy(hwc).permute(2, 0, 1).unsqueeze(0)
+    torch.ops.aten._upsample_bilinear2d_aa.out(image, [size, size], False, None, None,
+                                               out=result.permute(2, 0, 1).unsqueeze(0))
+    return result.numpy()
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:

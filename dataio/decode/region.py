@@ -57,3 +57,16 @@ def decode_window(data: bytes, *, denom: int, window: tuple[int, int, int, int],
         return None
     # (y1 - y0, x1 - x0, 3) view of the bytearray: writable, so torch.from_numpy accepts it.
     return np.frombuffer(buf, dtype=np.uint8).reshape(y1 - y0, x1 - x0, 3)
+
+
+def has_planes() -> bool:
+    """True when the loaded extension has to_planes (a build older than it decodes regions only:
+    `make setup` rebuilds it)."""
+    return hasattr(_region, "to_planes")
+
+
+def to_planes(hwc: np.ndarray, out: np.ndarray, *, flip: bool) -> None:
+    """Contiguous (H, W, 3) uint8 -> the contiguous (3, H, W) uint8 `out`, mirrored left-right if
+    flip: the layout change after the resize, in C (5 us; torch's or numpy's strided copy ~35-45)."""
+    height, width = hwc.shape[:2]
+    _region.to_planes(hwc, out, height, width, flip)

@@ -64,6 +64,46 @@ def test_decoder_gives_todays_crops(layout, train):
 
 
 @needs_region
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("shape", [(224, 224), (7, 5), (1, 33)])
+def test_to_planes_is_the_transpose_and_flip(shape, flip):
+    """The C layout change after the resize: (H, W, 3) -> (3, H, W), mirrored left-right if flip."""
+    hwc = np.random.default_rng(3).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    out = np.empty((3, *shape), dtype=np.uint8)
+    region.to_planes(hwc, out, flip=flip)
+    want = hwc.transpose(2, 0, 1)
+    assert np.array_equal(out, want[:, :, ::-1] if flip else want)
+    with pytest.raises(ValueError, match="bytes for"):
+        region.to_planes(hwc, np.empty((3, shape[0] + 1, shape[1]), dtype=np.uint8), flip=flip)
+
+
+@needs_region
+@pytest.mark.parametrize("variant", ["uint8", "normalize", "transform", "eval"])
+def test_region_path_tensors_equal_todays_bit_for_bit(variant):
+    """Crop, flip, resize, normalization and the user transform: the region path's tensors equal
+    today's (simplejpeg + F.interpolate + numpy flip) exactly, not only within a tolerance."""
+    data = _noisy_jpeg("420")
+    kw = {"normalize": variant == "normalize", "train": variant != "eval"}
+    transform = (lambda t: t.flip(1)) if variant == "transform" else None  # noqa: E731 - a user's vertical flip
+    today = CpuDecoder(DecodeConfig(size=40, decoder="simplejpeg", **kw), transform=transform)
+    ours = CpuDecoder(DecodeConfig(size=40, decoder="region", **kw), transform=transform)
+    seeds = list(range(16))  # both flips drawn
+    got = ours.decode_batch([data] * len(seeds), seeds=seeds)
+    assert torch.equal(got, today.decode_batch([data] * len(seeds), seeds=seeds))
+
+
+@needs_region
+def test_an_older_build_without_to_planes_still_decodes_the_same(monkeypatch):
+    """An extension built before to_planes existed decodes regions and leaves the layout to torch."""
+    data, seeds = _noisy_jpeg("420"), list(range(8))
+    want = CpuDecoder(DecodeConfig(size=40, decoder="region")).decode_batch([data] * 8, seeds=seeds)
+    monkeypatch.setattr(region, "_region", type("OldBuild", (), {"decode": staticmethod(region._region.decode)}))
+    older = CpuDecoder(DecodeConfig(size=40, decoder="region"))
+    assert older._use_region and not older._use_planes
+    assert torch.equal(older.decode_batch([data] * 8, seeds=seeds), want)
+
+
+@needs_region
 @pytest.mark.parametrize("mode", ["CMYK", None])
 def test_cmyk_and_other_formats_keep_todays_decode(mode):
     """CMYK/YCCK JPEGs (libjpeg cannot make RGB of them) and PNGs decode exactly as before."""
