@@ -17,6 +17,7 @@ import numpy as np
 from dataio.plan.types import PlanState
 from dataio.readers.tar import zero_copy
 from dataio.storage.prefetch import Prefetcher
+from dataio.stream.by_sample import BatchRead, batch_ids, batch_reads, reads_by_sample
 from dataio.stream.collate import HEDGES_KEY, assemble, hedges_since_last_batch
 from dataio.stream.job import OpenJob
 
@@ -42,7 +43,11 @@ class WorkerStream:
         self.head = batches[0]
         self._select(*batches)
         self._last = int(self._numbers[-1]) if len(self._numbers) else -1
-        self._window_iter = self._windows()
+        # Local tar shards: each batch's samples read in its turn (by_sample.py), not whole windows.
+        self.by_sample = reads_by_sample(opened.job)
+        if self.by_sample:
+            self.reads_only_its_batches = bool(len(self._numbers))
+        self._window_iter = self._batch_reads() if self.by_sample else self._windows()
         self._batches = self._generate()
         self._warm: threading.Thread | None = None
         self._head: list[Any] = []  # the first window (or its exception), read by warm_up
@@ -132,7 +137,14 @@ class WorkerStream:
                 read_s += fetch_s + time.perf_counter() - start
             yield window, by_id, read_s
 
-    def _all_windows(self) -> Iterator[tuple[Any, dict[int, dict[str, Any]], float]]:
+    def _batch_reads(self) -> Iterator[BatchRead]:
+        """((ids, pads), samples, seconds reading them) per batch to make, read ahead (by_sample.py)."""
+        batches = batch_ids(self._kept, start=self._start, skip=self._skip, stop=self._stop,
+                            batch_size=self.opened.job.batch_size)
+        self._prefetcher, reads = batch_reads(self.opened, batches)
+        yield from reads
+
+    def _all_windows(self) -> Iterator[Any]:
         self._join()
         head, self._head = self._head, []
         if head and isinstance(head[0], BaseException):
@@ -142,6 +154,9 @@ class WorkerStream:
         yield from self._window_iter
 
     def _generate(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        if self.by_sample:
+            yield from self._generate_by_batch()
+            return
         job = self.opened.job
         numbers = self._numbers.tolist()
         pending: list[tuple[dict[str, Any], bool]] = []
@@ -167,6 +182,17 @@ class WorkerStream:
             # their views keep alive) now, not after the next window has been read beside it.
             by_id.clear()
         assert not pending and produced == len(numbers), "plan windows must hold whole batches"
+
+    def _generate_by_batch(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        numbers = self._numbers.tolist()
+        produced = 0
+        for (_, pads), samples, read_s in self._all_windows():
+            number = numbers[produced]
+            pending = list(zip(samples, pads))
+            del samples  # the batch's bytes go with `pending` once it is assembled
+            yield number, self._assemble(pending, self.numbers_before + number, read_s)
+            produced += 1
+        assert produced == len(numbers), "plan windows must hold whole batches"
 
     def _assemble(self, pending: list[tuple[dict[str, Any], bool]], number: int, read_s: float) -> dict[str, Any]:
         samples = [s for s, _ in pending]
