@@ -11,17 +11,20 @@ keeps reading whole windows: per-sample requests there would break DESIGN.md's p
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from dataio.plan.plan import Window
 from dataio.plan.types import Segment
-from dataio.readers.mixed import MixedReader, SourcePiece
-from dataio.readers.tar import zero_copy
+from dataio.readers.mixed import SourcePiece
+from dataio.errors import ShardFormatError
+from dataio.readers.tar import TarPayload, TarReader, zero_copy
 from dataio.storage.prefetch import Prefetcher
 from dataio.stream.job import OpenJob, WorkerJob
+from dataio.stream.raw_direct import ShardFiles, will_need
 
 BatchRead = tuple[tuple[list[int], list[bool]], list[dict[str, Any]], float]  # ((ids, pads), samples, read_s)
 
@@ -34,14 +37,17 @@ def reads_by_sample(job: WorkerJob) -> bool:
     return all(d.manifest.format == "tar" and d.store.is_local for d in job.datasets)
 
 
-def batch_ids(windows: Sequence[Window], *, start: int, skip: int, stop: int,
-              batch_size: int) -> Iterator[tuple[list[int], list[bool]]]:
+def batch_ids(windows: Sequence[Window], *, start: int, skip: int, stop: int, batch_size: int,
+              entering: Callable[[Window], None] = lambda w: None) -> Iterator[tuple[list[int], list[bool]]]:
     """(sample ids, is_pad) of each batch made from the slot's delivery positions (skip, stop], the
-    windows' first sample being at position start + 1: the order the window stream makes them in."""
+    windows' first sample being at position start + 1: the order the window stream makes them in.
+    `entering(window)` runs as the first batch holding one of its samples is asked for."""
     position = start
     ids: list[int] = []
     pads: list[bool] = []
     for window in windows:
+        if position + len(window.sample_ids) > skip and position < stop:
+            entering(window)
         for sample_id, is_pad in zip(window.sample_ids.tolist(), window.is_pad.tolist()):
             position += 1
             if not skip < position <= stop:
@@ -54,13 +60,52 @@ def batch_ids(windows: Sequence[Window], *, start: int, skip: int, stop: int,
     assert not ids, "plan windows must hold whole batches"
 
 
-def read_samples(opened: OpenJob, ids: list[int]) -> list[dict[str, Any]]:
-    """The samples of global `ids`, in order: one ranged read each (a sample's own bytes)."""
-    reader = opened.reader
-    out: list[dict[str, Any]] = []
-    for piece in _pieces(opened, ids):
-        out.extend(reader.parse(piece, zero_copy(reader.fetch(piece))))
-    return out
+class SampleReads:
+    """One stream's reads of single samples: one pread each on the shard's kept-open file, checked
+    like TarReader.fetch (its index's span, the sample's checksum). Used by one thread at a time
+    (the stream's one read-ahead thread); close() after that thread has stopped."""
+
+    def __init__(self, opened: OpenJob) -> None:
+        self.opened = opened
+        self.files = ShardFiles()
+
+    def samples(self, ids: list[int]) -> list[dict[str, Any]]:
+        """The samples of global `ids`, in order."""
+        reader = self.opened.reader
+        return [s for piece in _pieces(self.opened, ids) for s in reader.parse(piece, self._read(piece))]
+
+    def _read(self, piece: SourcePiece) -> TarPayload:
+        reader: TarReader = self.opened.reader.readers[piece.source]  # type: ignore[assignment]
+        seg = piece.seg
+        index = reader.index(seg.shard)
+        begin, end = index.span(seg.start, seg.stop)
+        rel = reader.manifest.shard_paths[seg.shard]
+        try:
+            data = os.pread(self.files.fd(reader.store.path(rel)), end - begin, begin)
+        except OSError:
+            return zero_copy(reader.fetch(seg))  # the store's read: its retries, its error naming the URL
+        if len(data) != end - begin:
+            raise ShardFormatError(
+                f"{reader.store.url_of(rel)}: sample {index.samples[seg.start].key!r} (number {seg.start}) ends past "
+                f"the end of the file ({len(data)} of {end - begin} bytes read): the shard was truncated after "
+                "it was written; rewrite the dataset")
+        if reader.verify_checksums:
+            data = reader.verified(seg, begin, data)
+        return zero_copy(TarPayload(begin, data, index.samples[seg.start:seg.stop]))
+
+    def will_need(self, window: Window) -> None:
+        """Ask the kernel to read the window's spans into the page cache in the background (its
+        samples are then read in shuffled order, each of which would otherwise wait for the disk)."""
+        reader = self.opened.reader
+        for seg in window.segments:
+            for piece in self.opened.split(seg):
+                tar: TarReader = reader.readers[piece.source]  # type: ignore[assignment]
+                if piece.seg.stop > piece.seg.start:
+                    span = tar.index(piece.seg.shard).span(piece.seg.start, piece.seg.stop)
+                    will_need(tar.store.path(tar.manifest.shard_paths[piece.seg.shard]), *span)
+
+    def close(self) -> None:
+        self.files.close()
 
 
 def _pieces(opened: OpenJob, ids: list[int]) -> list[SourcePiece]:
@@ -69,16 +114,16 @@ def _pieces(opened: OpenJob, ids: list[int]) -> list[SourcePiece]:
             for s, sh, p in zip(source.tolist(), shard.tolist(), position.tolist())]
 
 
-def batch_bytes(reader: MixedReader, opened: OpenJob, ids: list[int]) -> int:
+def batch_bytes(opened: OpenJob, ids: list[int]) -> int:
     """The bytes a batch's reads return (exact once the shards' indexes are loaded)."""
-    return sum(reader.payload_bytes(p) for p in _pieces(opened, ids))
+    return sum(opened.reader.payload_bytes(p) for p in _pieces(opened, ids))
 
 
-def batch_reads(opened: OpenJob, batches: Iterator[tuple[list[int], list[bool]]]) -> tuple[Prefetcher, Iterator[BatchRead]]:
-    """(its Prefetcher, each batch's samples) read ahead in background threads within the job's
-    prefetch_bytes, the batch being decoded counted against it; closing the Prefetcher stops them."""
-    job = opened.job
-    prefetcher = Prefetcher(lambda b: read_samples(opened, b[0]),
-                            size_of=lambda b: batch_bytes(opened.reader, opened, b[0]),
-                            budget_bytes=job.prefetch_bytes, max_in_flight=job.max_in_flight)
+def batch_reads(reads: SampleReads, batches: Iterator[tuple[list[int], list[bool]]]) -> tuple[Prefetcher, Iterator[BatchRead]]:
+    """(its Prefetcher, each batch's samples) read ahead in one background thread (a batch's reads
+    take milliseconds, its decode seconds) within the job's prefetch_bytes, the batch being decoded
+    counted against it; closing the Prefetcher stops the thread."""
+    opened = reads.opened
+    prefetcher = Prefetcher(lambda b: reads.samples(b[0]), size_of=lambda b: batch_bytes(opened, b[0]),
+                            budget_bytes=opened.job.prefetch_bytes, max_in_flight=1)
     return prefetcher, prefetcher.run(batches)

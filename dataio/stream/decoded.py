@@ -17,7 +17,7 @@ import numpy as np
 from dataio.plan.types import PlanState
 from dataio.readers.tar import zero_copy
 from dataio.storage.prefetch import Prefetcher
-from dataio.stream.by_sample import BatchRead, batch_ids, batch_reads, reads_by_sample
+from dataio.stream.by_sample import BatchRead, SampleReads, batch_ids, batch_reads, reads_by_sample
 from dataio.stream.collate import HEDGES_KEY, assemble, hedges_since_last_batch
 from dataio.stream.job import OpenJob
 
@@ -139,10 +139,15 @@ class WorkerStream:
 
     def _batch_reads(self) -> Iterator[BatchRead]:
         """((ids, pads), samples, seconds reading them) per batch to make, read ahead (by_sample.py)."""
+        reads = SampleReads(self.opened)
         batches = batch_ids(self._kept, start=self._start, skip=self._skip, stop=self._stop,
-                            batch_size=self.opened.job.batch_size)
-        self._prefetcher, reads = batch_reads(self.opened, batches)
-        yield from reads
+                            batch_size=self.opened.job.batch_size, entering=reads.will_need)
+        self._prefetcher, batch_samples = batch_reads(reads, batches)
+        try:
+            yield from batch_samples
+        finally:
+            self._prefetcher.close()  # its thread joined: the files are no longer read
+            reads.close()
 
     def _all_windows(self) -> Iterator[Any]:
         self._join()
