@@ -20,6 +20,7 @@ from dataio.loader.config import (
 from dataio.plan.types import PlanState
 from dataio.readers.tar import TarReader
 from dataio.stream import decoded
+from dataio.stream.by_sample import SampleReads
 from dataio.stream.decoded import WorkerStream
 from dataio.stream.job import OpenJob
 from tests.dataio.loader_helpers import TOTAL, batch_summary
@@ -76,13 +77,18 @@ def test_batch_by_batch_reads_make_the_batches_whole_windows_make(
 
 def test_local_shards_are_read_one_sample_per_read_and_only_for_batches(dataset, monkeypatch) -> None:
     sizes: list[int] = []
-    fetch = TarReader.fetch
+    read, fetch = SampleReads._read, TarReader.fetch
 
-    def counting(self, seg):
+    def counting(self, piece):
+        sizes.append(piece.seg.stop - piece.seg.start)
+        return read(self, piece)
+
+    def whole(self, seg):
         sizes.append(seg.stop - seg.start)
         return fetch(self, seg)
 
-    monkeypatch.setattr(TarReader, "fetch", counting)
+    monkeypatch.setattr(SampleReads, "_read", counting)
+    monkeypatch.setattr(TarReader, "fetch", whole)  # window reads (none expected)
     with make_loader(dataset, batch_size=4, image_size=8, shuffle_window=4096, tail="pad", num_workers=0) as loader:
         delivered = sum(len(b["__key__"]) for b in loader)
     assert set(sizes) == {1}  # no window read whole
@@ -92,7 +98,9 @@ def test_local_shards_are_read_one_sample_per_read_and_only_for_batches(dataset,
 def test_a_worker_decodes_into_the_shared_memory_the_batch_travels_in(dataset, monkeypatch) -> None:
     with make_loader(dataset, batch_size=4, image_size=8) as loader:
         job = loader._worker_job()
-    here = WorkerStream(OpenJob(job), 0, PlanState(epoch=0)).batch(0)
+    stream = WorkerStream(OpenJob(job), 0, PlanState(epoch=0))
+    here = stream.batch(0)
+    stream.close()
     assert not here["image"].is_shared()  # the main process (num_workers=0): the heap
     # What a DataLoader worker does (in this process, so the tensor is seen before any pickling):
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
