@@ -61,37 +61,49 @@ def batch_ids(windows: Sequence[Window], *, start: int, skip: int, stop: int, ba
 
 
 class SampleReads:
-    """One stream's reads of single samples: one pread each on the shard's kept-open file, checked
-    like TarReader.fetch (its index's span, the sample's checksum). Used by one thread at a time
-    (the stream's one read-ahead thread); close() after that thread has stopped."""
+    """One stream's reads of single samples into one buffer per batch: one preadv each on the
+    shard's kept-open file, checked like TarReader.fetch (its index's span, the sample's checksum).
+    A batch's buffer is one allocation (mmap-sized), freed whole with the batch's samples; a
+    hundred-KB `bytes` per sample would fill malloc's arenas, which keep what they held. Used by
+    one thread at a time (the stream's read-ahead thread); close() after that thread has stopped."""
 
     def __init__(self, opened: OpenJob) -> None:
         self.opened = opened
         self.files = ShardFiles()
 
     def samples(self, ids: list[int]) -> list[dict[str, Any]]:
-        """The samples of global `ids`, in order."""
+        """The samples of global `ids`, in order; their fields are views of the batch's buffer."""
         reader = self.opened.reader
-        return [s for piece in _pieces(self.opened, ids) for s in reader.parse(piece, self._read(piece))]
+        pieces = _pieces(self.opened, ids)
+        spans = [self._tar(p).index(p.seg.shard).span(p.seg.start, p.seg.stop) for p in pieces]
+        sizes = [end - begin for begin, end in spans]
+        ends = np.cumsum(sizes).tolist()
+        buffer = memoryview(np.empty(ends[-1] if ends else 0, dtype=np.uint8)).cast("B")
+        out: list[dict[str, Any]] = []
+        for piece, (begin, _), size, stop in zip(pieces, spans, sizes, ends):
+            out.extend(reader.parse(piece, self._read(piece, begin, buffer[stop - size : stop])))
+        return out
 
-    def _read(self, piece: SourcePiece) -> TarPayload:
-        reader: TarReader = self.opened.reader.readers[piece.source]  # type: ignore[assignment]
-        seg = piece.seg
-        index = reader.index(seg.shard)
-        begin, end = index.span(seg.start, seg.stop)
+    def _tar(self, piece: SourcePiece) -> TarReader:
+        return self.opened.reader.readers[piece.source]  # type: ignore[return-value]
+
+    def _read(self, piece: SourcePiece, begin: int, into: memoryview) -> TarPayload:
+        reader, seg = self._tar(piece), piece.seg
         rel = reader.manifest.shard_paths[seg.shard]
         try:
-            data = os.pread(self.files.fd(reader.store.path(rel)), end - begin, begin)
+            got = os.preadv(self.files.fd(reader.store.path(rel)), [into], begin)
         except OSError:
             return zero_copy(reader.fetch(seg))  # the store's read: its retries, its error naming the URL
-        if len(data) != end - begin:
+        index = reader.index(seg.shard)
+        if got != len(into):
             raise ShardFormatError(
                 f"{reader.store.url_of(rel)}: sample {index.samples[seg.start].key!r} (number {seg.start}) ends past "
-                f"the end of the file ({len(data)} of {end - begin} bytes read): the shard was truncated after "
-                "it was written; rewrite the dataset")
+                f"the end of the file ({got} of {len(into)} bytes read): the shard was truncated after it was "
+                "written; rewrite the dataset")
+        data: Any = into
         if reader.verify_checksums:
             data = reader.verified(seg, begin, data)
-        return zero_copy(TarPayload(begin, data, index.samples[seg.start:seg.stop]))
+        return TarPayload(begin, data, index.samples[seg.start:seg.stop])
 
     def will_need(self, window: Window) -> None:
         """Ask the kernel to read the window's spans into the page cache in the background (its

@@ -193,9 +193,12 @@ class WorkerStream:
         produced = 0
         for (_, pads), samples, read_s in self._all_windows():
             number = numbers[produced]
-            pending = list(zip(samples, pads))
-            del samples  # the batch's bytes go with `pending` once it is assembled
-            yield number, self._assemble(pending, self.numbers_before + number, read_s)
+            batch = self._assemble(list(zip(samples, pads)), self.numbers_before + number, read_s)
+            # Free the batch's bytes now, not when the next batch is asked for: the read-ahead's
+            # generator holds this list until then (while the batch travels and the next is read).
+            samples.clear()
+            yield number, batch
+            del batch
             produced += 1
         assert produced == len(numbers), "plan windows must hold whole batches"
 
