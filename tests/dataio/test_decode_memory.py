@@ -5,10 +5,13 @@ only the budget arithmetic and what the code reads and allocates."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
 from dataio import make_loader
+from dataio.errors import ShardFormatError
 from dataio.loader.config import (
     DECODE_PREFETCH_BATCHES,
     DECODE_PREFETCH_FLOOR_BYTES,
@@ -109,3 +112,14 @@ def test_a_worker_decodes_into_the_shared_memory_the_batch_travels_in(dataset, m
     stream.close()
     assert batch["image"].is_shared()  # decoded there: sending it copies nothing
     assert torch.equal(batch["image"], here["image"])
+
+
+def test_a_shard_cut_short_after_it_was_written_is_named(dataset, tmp_path) -> None:
+    copy = tmp_path / "ds"
+    shutil.copytree(dataset, copy)
+    shard = sorted((copy / "shards").glob("*.tar"))[0]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 2048)  # tar's end blocks and the last sample's tail
+    with make_loader(str(copy), batch_size=4, image_size=8, num_workers=0, tail="pad", check_shards=False) as loader:
+        with pytest.raises(ShardFormatError, match=rf"{shard.name}: .*rewrite the dataset"):  # never a hang
+            list(loader)
