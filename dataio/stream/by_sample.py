@@ -3,8 +3,8 @@
 A decoded stream consumes ~100-300 samples/s per worker, ~100x slower than the page cache serves
 them, so holding a whole shuffle window of bytes (plus the next one read ahead) buys nothing but
 memory. Here the plan and its order are unchanged: the same windows, shuffled the same way, make
-the same batches; only what is read when changes. Each batch's samples are read (one ranged read
-each, checked against the sample's checksum) a batch or two ahead within the read-ahead budget,
+the same batches; only what is read when changes. Each batch's samples are read (one preadv each
+into the batch's buffer, checked against the sample's checksum) a batch ahead within the read-ahead budget,
 so a worker holds a few batches of bytes whatever the window or the dataset size. Object storage
 keeps reading whole windows: per-sample requests there would break DESIGN.md's property 5.
 """
@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from dataio.errors import ShardFormatError
 from dataio.plan.plan import Window
 from dataio.plan.types import Segment
 from dataio.readers.mixed import SourcePiece
-from dataio.errors import ShardFormatError
 from dataio.readers.tar import TarPayload, TarReader, zero_copy
 from dataio.storage.prefetch import Prefetcher
 from dataio.stream.job import OpenJob, WorkerJob
@@ -131,7 +131,8 @@ def batch_bytes(opened: OpenJob, ids: list[int]) -> int:
     return sum(opened.reader.payload_bytes(p) for p in _pieces(opened, ids))
 
 
-def batch_reads(reads: SampleReads, batches: Iterator[tuple[list[int], list[bool]]]) -> tuple[Prefetcher, Iterator[BatchRead]]:
+def batch_reads(reads: SampleReads,
+                batches: Iterator[tuple[list[int], list[bool]]]) -> tuple[Prefetcher, Iterator[BatchRead]]:
     """(its Prefetcher, each batch's samples) read ahead in one background thread (a batch's reads
     take milliseconds, its decode seconds) within the job's prefetch_bytes, the batch being decoded
     counted against it; closing the Prefetcher stops the thread."""
