@@ -127,11 +127,12 @@ class CpuDecoder:
 
     def decode_batch(
         self, items: Sequence[bytes], *, seeds: Sequence[int], keys: Sequence[str] | None = None,
-        url: str | Sequence[str] = "",
+        url: str | Sequence[str] = "", out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """N images -> one (N, 3, size, size) tensor, filled in place; the first bad sample raises.
 
-        `url` is the shard of every item, or one URL per item when a batch spans shards.
+        `url` is the shard of every item, or one URL per item when a batch spans shards; `out`, when
+        given, is that tensor (e.g. in shared memory, where the batch travels from), returned filled.
         """
         urls = [url] * len(items) if isinstance(url, str) else url
         lengths = {len(items), len(seeds), len(urls), len(keys) if keys is not None else len(items)}
@@ -139,7 +140,10 @@ class CpuDecoder:
             raise ValueError(f"items, seeds, keys and urls must have the same length: {len(items)}, {len(seeds)}, "
                              f"{len(keys) if keys is not None else None}, {len(urls)}")
         size = self.config.size
-        out = np.empty((len(items), 3, size, size), dtype=self.dtype)
+        shape = (len(items), 3, size, size)
+        if out is not None and (tuple(out.shape) != shape or out.numpy().dtype != self.dtype):
+            raise ValueError(f"out must be a {shape} tensor of {self.dtype}, got {tuple(out.shape)} {out.dtype}")
+        pixels = out.numpy() if out is not None else np.empty(shape, dtype=self.dtype)
         todo = iter(range(len(items)))  # shared by the threads: next() on a range iterator is atomic
         errors: dict[int, BaseException] = {}
 
@@ -148,7 +152,7 @@ class CpuDecoder:
                 if errors:  # every lower index was taken before this one: the first error is known
                     return
                 try:
-                    self._decode_into(items[i], seeds[i], keys[i] if keys is not None else "", urls[i], out[i])
+                    self._decode_into(items[i], seeds[i], keys[i] if keys is not None else "", urls[i], pixels[i])
                 except BaseException as exc:  # noqa: BLE001 - the lowest index is raised below
                     errors[i] = exc
 
@@ -161,7 +165,7 @@ class CpuDecoder:
             thread.join()
         if errors:
             raise errors[min(errors)]  # the first bad sample, whichever thread met it
-        return torch.from_numpy(out)
+        return out if out is not None else torch.from_numpy(pixels)
 
     def _decode_into(self, data: bytes, seed: int, key: str, url: str, out: np.ndarray) -> None:
         found = None

@@ -21,6 +21,11 @@ START_METHODS = (None, "fork", "spawn", "forkserver")
 WORKER_MODES = ("auto", "threads", "processes")
 LABEL_SPACES = ("same", "union")  # or a mapping: see dataio/loader/labels.py
 MiB = 1 << 20
+RAW_PREFETCH_BYTES = 128 * MiB  # RAW (and token) read-ahead: a window or more, measured fastest
+# Decoding reads ahead this many batches (the one being decoded counts): decode is ~100x slower than
+# reading, so more only sits in memory; the floor keeps several requests in flight on object storage.
+DECODE_PREFETCH_BATCHES = 2
+DECODE_PREFETCH_FLOOR_BYTES = 16 * MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +72,10 @@ class LoaderConfig:
     transform: Callable[..., Any] | None = None  # cpu: per image (3,H,W) uint8 tensor; else per sample dict
     collate: Callable[[list[dict[str, Any]]], Any] | None = None
     on_corrupt: str = "raise"
-    prefetch_bytes: int = 128 * MiB  # read ahead of use: per worker process; one budget for all reader threads
+    # Read ahead of use, per worker process (one budget for all reader threads). None: by task
+    # (read_ahead_bytes): RAW and tokens 128 MiB; decoding a few batches' bytes, since decode
+    # consumes ~100-300 samples/s per worker and anything read further ahead only sits in memory.
+    prefetch_bytes: int | None = None
     max_in_flight: int = 8
     cache_dir: str | None = None
     cache_limit_bytes: int | None = None
@@ -113,9 +121,11 @@ class LoaderConfig:
     mix_schedule: tuple[Any, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "image_size", "shuffle_window", "prefetch_bytes", "max_in_flight",
+        for name in ("batch_size", "image_size", "shuffle_window", "max_in_flight",
                      "prefetch_factor", "max_pixels", "dali_threads"):
             check_int(name, getattr(self, name), minimum=1)
+        if self.prefetch_bytes is not None:
+            check_int("prefetch_bytes", self.prefetch_bytes, minimum=1)
         check_int("seed", self.seed, minimum=0)
         if self.seq_len is not None:
             check_int("seq_len", self.seq_len, minimum=1)
@@ -168,6 +178,23 @@ def window_samples(manifest: Manifest, config: LoaderConfig) -> int:
         return config.shuffle_window
     mean_bytes = max(1.0, manifest.num_bytes / total_samples)
     return max(1, min(config.shuffle_window, int(config.shuffle_window_bytes // mean_bytes)))
+
+
+def read_ahead_bytes(config: LoaderConfig, *, decoding: bool, mean_sample_bytes: float = 0.0) -> int:
+    """The read-ahead budget per worker process: prefetch_bytes when given; else RAW_PREFETCH_BYTES
+    without decoding, and DECODE_PREFETCH_BATCHES batches of `mean_sample_bytes` with decoding (at
+    least DECODE_PREFETCH_FLOOR_BYTES, which keeps max_in_flight reads going; at most the RAW budget)."""
+    if config.prefetch_bytes is not None:
+        return config.prefetch_bytes
+    if not decoding:
+        return RAW_PREFETCH_BYTES
+    batches = int(DECODE_PREFETCH_BATCHES * config.batch_size * max(0.0, mean_sample_bytes))
+    return min(RAW_PREFETCH_BYTES, max(DECODE_PREFETCH_FLOOR_BYTES, batches))
+
+
+def mean_sample_bytes(manifests: Sequence[Manifest]) -> float:
+    """The datasets' mean sample size in bytes (0.0 when they hold none)."""
+    return sum(m.num_bytes for m in manifests) / max(1, sum(m.num_samples for m in manifests))
 
 
 def check_label_space(value: Any) -> None:

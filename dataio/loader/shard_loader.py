@@ -22,7 +22,7 @@ from dataio.batch import ViewGuard
 from dataio.decode.cpu import DecodeConfig
 from dataio.errors import StateError, UnverifiedDataWarning
 from dataio.format.manifest import Manifest
-from dataio.loader.config import LoaderConfig, Source
+from dataio.loader.config import LoaderConfig, Source, mean_sample_bytes, read_ahead_bytes
 from dataio.loader.facts import dataset_facts, where
 from dataio.loader.first_batch import FirstBatch, first_batch_in_main
 from dataio.loader.history import HistoryKeeper
@@ -298,7 +298,9 @@ class ShardLoader(PlanPosition):
             verify_index=c.verify_index, decode=c.decode, decode_config=self._decode_config(),
             verify_checksums=c.verify_checksums,
             image_fields=self.image_fields, transform=c.transform, collate=c.collate, on_corrupt=c.on_corrupt,
-            prefetch_bytes=c.prefetch_bytes, max_in_flight=c.max_in_flight, cache_dir=c.cache_dir,
+            prefetch_bytes=read_ahead_bytes(c, decoding=c.decode is not None,
+                                            mean_sample_bytes=mean_sample_bytes(opened.manifests)),
+            max_in_flight=c.max_in_flight, cache_dir=c.cache_dir,
             cache_limit_bytes=c.cache_limit_bytes, slice_bytes=c.shuffle_window_bytes, reuse_buffers=c.reuse_buffers,
         )
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from dataio.errors import StateError
 from dataio.format.manifest import Manifest
-from dataio.loader.config import LoaderConfig, Source
+from dataio.loader.config import LoaderConfig, Source, read_ahead_bytes
 from dataio.loader.history import HistoryKeeper
 from dataio.loader.position import PlanPosition
 from dataio.loader.protocol import DatasetFacts
@@ -97,7 +97,7 @@ class TokenLoader(PlanPosition):
                                      schedule=config.mix_schedule)  # pieces last a number of sequences
         self.job = TokenJob(reader=reader, config=plan, doc_lengths=doc_lengths, mixture=self.mixture,
                             with_docs=config.fields is None or "doc_ids" in config.fields,
-                            pad_id=info.tokenizer.eos_id, prefetch_bytes=config.prefetch_bytes,
+                            pad_id=info.tokenizer.eos_id, prefetch_bytes=read_ahead_bytes(config, decoding=False),
                             max_in_flight=config.max_in_flight)
         self.num_classes = info.tokenizer.vocab_size  # TrainLoader: a model's output is a vocabulary
         self._state, self._delivered, self._finished = PlanState(epoch=0), 0, False

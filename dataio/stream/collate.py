@@ -223,7 +223,7 @@ def decode_images(
         try:  # the common case: one call filling one preallocated batch tensor
             images = opened.decoder.decode_batch(
                 [p[1] for p in picked], seeds=seeds, keys=[str(s["__key__"]) for s in samples],  # type: ignore[index]
-                url=url_of(samples[0]),
+                url=url_of(samples[0]), out=_images_out(opened, len(samples)),
             )
             return samples, mask, [], images
         except CorruptSampleError:
@@ -241,6 +241,22 @@ def decode_images(
             decoded.append(None)
     samples, mask, skipped = substitute(opened, samples, decoded, mask)
     return samples, mask, skipped, torch.from_numpy(np.stack(decoded))  # type: ignore[arg-type]
+
+
+def _images_out(opened: OpenJob, n: int) -> torch.Tensor | None:
+    """In a DataLoader worker, the (n, 3, size, size) batch tensor allocated in shared memory, where
+    it travels from: decoded there, it is not built in the heap and then copied into shared memory
+    as it is sent (twice the batch's bytes at once). Elsewhere None: the decoder allocates."""
+    if n == 0 or torch.utils.data.get_worker_info() is None:
+        return None
+    decoder = opened.decoder
+    size = decoder.config.size
+    dtype = torch.from_numpy(np.empty(0, dtype=decoder.dtype)).dtype
+    try:
+        storage = torch.UntypedStorage._new_shared(n * 3 * size * size * dtype.itemsize)
+    except (AttributeError, RuntimeError):  # private API (torch's collate uses it): the decoder allocates
+        return None
+    return torch.empty(0, dtype=dtype).set_(storage, 0, (n, 3, size, size))
 
 
 def decode_one(opened: OpenJob, sample: dict[str, Any], seed: int) -> np.ndarray:

@@ -17,6 +17,7 @@ import numpy as np
 from dataio.plan.types import PlanState
 from dataio.readers.tar import zero_copy
 from dataio.storage.prefetch import Prefetcher
+from dataio.stream.by_sample import BatchRead, SampleReads, batch_ids, batch_reads, reads_by_sample
 from dataio.stream.collate import HEDGES_KEY, assemble, hedges_since_last_batch
 from dataio.stream.job import OpenJob
 
@@ -42,7 +43,11 @@ class WorkerStream:
         self.head = batches[0]
         self._select(*batches)
         self._last = int(self._numbers[-1]) if len(self._numbers) else -1
-        self._window_iter = self._windows()
+        # Local tar shards: each batch's samples read in its turn (by_sample.py), not whole windows.
+        self.by_sample = reads_by_sample(opened.job)
+        if self.by_sample:
+            self.reads_only_its_batches = bool(len(self._numbers))
+        self._window_iter = self._batch_reads() if self.by_sample else self._windows()
         self._batches = self._generate()
         self._warm: threading.Thread | None = None
         self._head: list[Any] = []  # the first window (or its exception), read by warm_up
@@ -132,7 +137,19 @@ class WorkerStream:
                 read_s += fetch_s + time.perf_counter() - start
             yield window, by_id, read_s
 
-    def _all_windows(self) -> Iterator[tuple[Any, dict[int, dict[str, Any]], float]]:
+    def _batch_reads(self) -> Iterator[BatchRead]:
+        """((ids, pads), samples, seconds reading them) per batch to make, read ahead (by_sample.py)."""
+        reads = SampleReads(self.opened)
+        batches = batch_ids(self._kept, start=self._start, skip=self._skip, stop=self._stop,
+                            batch_size=self.opened.job.batch_size, entering=reads.will_need)
+        self._prefetcher, batch_samples = batch_reads(reads, batches)
+        try:
+            yield from batch_samples
+        finally:
+            self._prefetcher.close()  # its thread joined: the files are no longer read
+            reads.close()
+
+    def _all_windows(self) -> Iterator[Any]:
         self._join()
         head, self._head = self._head, []
         if head and isinstance(head[0], BaseException):
@@ -142,6 +159,9 @@ class WorkerStream:
         yield from self._window_iter
 
     def _generate(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        if self.by_sample:
+            yield from self._generate_by_batch()
+            return
         job = self.opened.job
         numbers = self._numbers.tolist()
         pending: list[tuple[dict[str, Any], bool]] = []
@@ -167,6 +187,20 @@ class WorkerStream:
             # their views keep alive) now, not after the next window has been read beside it.
             by_id.clear()
         assert not pending and produced == len(numbers), "plan windows must hold whole batches"
+
+    def _generate_by_batch(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        numbers = self._numbers.tolist()
+        produced = 0
+        for (_, pads), samples, read_s in self._all_windows():
+            number = numbers[produced]
+            batch = self._assemble(list(zip(samples, pads)), self.numbers_before + number, read_s)
+            # Free the batch's bytes now, not when the next batch is asked for: the read-ahead's
+            # generator holds this list until then (while the batch travels and the next is read).
+            samples.clear()
+            yield number, batch
+            del batch
+            produced += 1
+        assert produced == len(numbers), "plan windows must hold whole batches"
 
     def _assemble(self, pending: list[tuple[dict[str, Any], bool]], number: int, read_s: float) -> dict[str, Any]:
         samples = [s for s, _ in pending]

@@ -11,6 +11,7 @@ import torch
 
 from dataio import CorruptSampleError, ManifestError, Source, StateError, make_loader
 from dataio.format.manifest import Field, read_manifest, write_manifest
+from dataio.loader.config import read_ahead_bytes
 from dataio.storage.store import Store
 from dataio.stream.raw import raw_fast_path
 from tests.dataio.loader_helpers import batch_summary, take
@@ -232,7 +233,7 @@ def test_one_window_and_one_prefetch_budget_for_all_sources(sources) -> None:
         mean = sum(c / total * m.num_bytes / m.num_samples for c, m in zip(counts, manifests))
         assert loader.plan_config.shuffle_window == int(budget // mean)
         job = loader._worker_job()
-        assert job.prefetch_bytes == loader.config.prefetch_bytes  # one budget, whatever the sources
+        assert job.prefetch_bytes == read_ahead_bytes(loader.config, decoding=False)  # one budget, whatever the sources
         assert [d.manifest.num_samples for d in job.datasets] == [48, 16]
 
 
