@@ -15,6 +15,13 @@ FOLDER_PEERS = ("imagefolder", "plain")
 PER_SAMPLE = ("views", "to_list", "to_list, before")  # loader_child.FORMS after "packed"
 
 
+
+def _quiet_or_not(load_start: tuple[float, float, float]) -> str:
+    """A quiet machine: under one runnable process a minute before the run began."""
+    if load_start[0] < 1.0:
+        return "a quiet machine (nothing else ran; the load column is this benchmark's own processes)."
+    return "shared with other work while this ran (the load column): read the ratios."
+
 def _split(name: str) -> tuple[str, str, str, str]:
     loader, torch_version, task, variant = name.split("/")
     return loader, torch_version, task, variant
@@ -183,8 +190,8 @@ def write_results(path: Path, res: dict[str, Any], args: argparse.Namespace, loa
         "runs once per round, rounds interleaved, each run in a fresh process.",
         "",
         machine_markdown(),
-        f" Load average at the start: {', '.join(f'{x:.1f}' for x in load_start)} on {os.cpu_count()} cores "
-        "shared with other engineers' work (tests, benchmarks) while this ran.",
+        f" Load average at the start: {', '.join(f'{x:.1f}' for x in load_start)} on {os.cpu_count()} cores: "
+        + _quiet_or_not(load_start),
         "",
         "| loader | torch | task | source | epoch 1 samples/s | later epochs samples/s | views samples/s "
         "| to_list samples/s | to_list before samples/s | MB/s | samples per CPU-s "
@@ -252,8 +259,8 @@ NOTES = """
   VM's memory manager evicts files between runs, so a first epoch would otherwise be partly a disk
   benchmark, unequally across loaders). "epoch 1" is then the loader's own first-pass cost.
 - Peak PSS is the whole process tree (main + workers), sampled every 0.25 s.
-- 2 cores shared with other engineers' jobs (load column): wall-clock rates move with that load,
-  ratios less because runs are interleaved; "samples per CPU-s" divides by the CPU time of the
+- The load column is the load average around each run: where other jobs shared the cores, wall-clock
+  rates move with that load, ratios less because runs are interleaved; "samples per CPU-s" divides by the CPU time of the
   loader's own process tree.
 """
 
@@ -274,8 +281,8 @@ def write_mix_results(path: Path, res: dict[str, Any], args: argparse.Namespace,
         f"{args.repeats} runs, rows interleaved round by round, each run in a fresh process.",
         "",
         machine_markdown(),
-        f" Load average at the start: {', '.join(f'{x:.1f}' for x in load_start)} on {os.cpu_count()} cores "
-        "shared with other engineers' work while this ran.",
+        f" Load average at the start: {', '.join(f'{x:.1f}' for x in load_start)} on {os.cpu_count()} cores: "
+        + _quiet_or_not(load_start),
         "",
         f"Data: {args.num_images} synthetic ImageNet-like JPEGs as one tar dataset, and the same images as two "
         "datasets (half the class folders each) mixed 1:1 (`make_loader([a, b], weights=[1, 1])`): every "
