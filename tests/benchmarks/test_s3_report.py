@@ -57,6 +57,7 @@ def test_targets_are_judged_per_sample_and_on_webdatasets_first_batch(tmp_path):
     assert _target(text, "first batch, 0 workers").endswith("| NO |")  # 0.5 > 0.3
     assert "| shardify RAW, 2 workers | 4500 | 9000 | 8500 | 6000 |" in text
     assert "| webdataset RAW, 0 workers | 1000 | 2000 | - | - |" in text
+    assert "| 9000; to_list 6000 |" in text  # each run's judged rate beside the packed one
     assert "a quiet machine" in text and "start-up requests before the first batch, 64MB shards" in text
 
 
