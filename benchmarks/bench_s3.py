@@ -1,16 +1,18 @@
 """Object storage in one interleaved run: the local SeaweedFS server's own ceiling, shardify RAW and
-WebDataset reading the same tar shards over S3 with 2 workers, and each one's time to first batch,
-at 64 MB and 256 MB shards.
+WebDataset reading the same tar shards over S3 with 0 and 2 workers, and each one's time to first
+batch, at 64 MB and 256 MB shards.
 
-    python -m benchmarks.bench_s3 [--num-images 10000] [--repeats 3] [--epochs 2]
+    python -m benchmarks.bench_s3 [--num-images 10000] [--repeats 3] [--epochs 2] [--workers 0,2]
 
 The ceiling is parallel whole-object GETs (a thread pool, boto3, bodies streamed and dropped):
 what the server delivers to one client process on this machine. The loaders run in fresh child
 processes (benchmarks.bench_loader's runner: batch 256, persistent workers, PSS sampled); the
-rows of a round run one after another, rounds interleaved, medians reported. The start-up
-requests (what reaches the server before shardify's first batch) are counted through
-tools.delay_proxy in a separate, untimed run. Results go to benchmarks/results_s3.md. Not part
-of the tests or CI.
+rows of a round run one after another, rounds interleaved, medians reported. Every shardify row
+is measured in the packed form and per sample (zero-copy views, and to_list copies), by
+loader_child's form runner, since webdataset delivers per-sample bytes. The start-up requests
+(what reaches the server before shardify's first batch) are counted through tools.delay_proxy in
+a separate, untimed run. Results go to benchmarks/results_s3.md (--results). Not part of the
+tests or CI.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -28,6 +29,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARD_SIZES = ("64MB", "256MB")
+# The forms a shardify RAW row is consumed in (loader_child.FORMS without "to_list, before", the
+# local benchmark's measure of that change): packed, then per sample as the peers deliver it.
+FORMS = ("packed", "views", "to_list")
 
 
 def prepare(work: Path, num_images: int) -> dict[str, Path]:
@@ -69,8 +73,8 @@ def ceiling(client: Any, bucket: str, keys: list[str], *, threads: int, passes: 
     return {"bytes_per_s": total / seconds, "seconds": seconds, "bytes": total}
 
 
-def count_startup_requests(url: str, endpoint: str, env: dict[str, str]) -> dict[str, Any]:
-    """Requests that reach the server before shardify's first batch (2 workers), through a counting proxy."""
+def count_startup_requests(url: str, endpoint: str, env: dict[str, str], num_workers: int) -> dict[str, Any]:
+    """Requests that reach the server before shardify's first batch, through a counting proxy."""
     code = (
         "import json, os, sys, dataclasses\n"
         "from tools.delay_proxy import DelayProxy\n"
@@ -78,13 +82,14 @@ def count_startup_requests(url: str, endpoint: str, env: dict[str, str]) -> dict
         "from dataio.storage.store import StorageOptions\n"
         "with DelayProxy(sys.argv[2], delay_s=0.0) as proxy:\n"
         "    opts = dataclasses.replace(StorageOptions.resolve(env=os.environ), endpoint_url=proxy.url)\n"
-        "    with make_loader(sys.argv[1], batch_size=256, num_workers=2, decode=None, tail='pad', storage=opts) as ld:\n"
+        "    with make_loader(sys.argv[1], batch_size=256, num_workers=int(sys.argv[3]), decode=None, tail='pad',\n"
+        "                     storage=opts) as ld:\n"
         "        it = iter(ld); next(it); before = list(proxy.stats.requests)\n"
         "        for _ in it: pass\n"
         "    print(json.dumps({'before': before, 'epoch': len(proxy.stats.requests)}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, url, endpoint], check=True, capture_output=True, text=True,
-                         env={**os.environ, **env}, cwd=ROOT, timeout=600).stdout
+    out = subprocess.run([sys.executable, "-c", code, url, endpoint, str(num_workers)], check=True,
+                         capture_output=True, text=True, env={**os.environ, **env}, cwd=ROOT, timeout=600).stdout
     got = json.loads(out.strip().splitlines()[-1])
     lines = got["before"]
     kinds = {"manifest": sum("manifest.json" in x for x in lines), "index": sum(".idx" in x for x in lines),
@@ -93,18 +98,52 @@ def count_startup_requests(url: str, endpoint: str, env: dict[str, str]) -> dict
     return {"before_first_batch": len(lines), "kinds": kinds, "epoch": got["epoch"]}
 
 
-def main(argv: list[str] | None = None) -> int:
+def row_names(size: str, workers: tuple[int, ...]) -> list[str]:
+    """One round's row names for a shard size, in the order they run: the ceiling, then each loader."""
+    return [f"ceiling/{size}", *(f"{kind}/{size}/{w}" for w in workers for kind in ("shardify", "webdataset"))]
+
+
+def loader_specs(url: str, tars: list[str], size: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The loader rows of one shard size: shardify (every form) and webdataset, at each worker count."""
+    specs = {}
+    for w in args.workers:
+        base = {"epochs": args.epochs, "batch_size": args.batch_size, "num_workers": w, "url": url, "tars": tars,
+                "task": "raw", "source": f"s3, {size} shards, {w} workers"}
+        specs[f"shardify/{size}/{w}"] = {**base, "loader": "shardify", "forms": list(FORMS)}
+        specs[f"webdataset/{size}/{w}"] = {**base, "loader": "webdataset"}  # its batches are per sample already
+    return specs
+
+
+def run_ceiling(client: Any, bucket: str, keys: list[str], bytes_per_sample: float,
+                args: argparse.Namespace) -> dict[str, float]:
+    """One ceiling measurement, with the load around it."""
+    load = os.getloadavg()[0]
+    r = ceiling(client, bucket, keys, threads=args.ceiling_threads, passes=args.epochs)
+    r["load"] = (load + os.getloadavg()[0]) / 2
+    r["samples_per_s"] = r["bytes_per_s"] / bytes_per_sample
+    print(f"  ceiling: {r['bytes_per_s'] / 1e6:7.0f} MB/s ({r['samples_per_s']:6.0f} samples/s)  load {r['load']:.1f}",
+          flush=True)
+    return r
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-images", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=2,
+                        help="epochs per run: the first packed, then epochs - 1 per form for shardify")
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--workers", default="0,2", help="comma-separated worker counts, one row each")
     parser.add_argument("--ceiling-threads", type=int, default=8)
     parser.add_argument("--work", default="out/bench")
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results_s3.md"))
     args = parser.parse_args(argv)
+    args.workers = tuple(int(w) for w in args.workers.split(","))
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from benchmarks.bench_loader import TORCH, run_config, tar_urls
     from tools.s3_server import S3Server
 
@@ -126,21 +165,14 @@ def main(argv: list[str] | None = None) -> int:
             tars = tar_urls(url)
             keys[size] = [t.split(f"s3://{bucket}/", 1)[1] for t in tars]
             info[size] = _dataset_info(path, len(tars))
-            base = {"epochs": args.epochs, "batch_size": args.batch_size, "num_workers": args.num_workers,
-                    "url": url, "tars": tars, "task": "raw", "source": f"s3, {size} shards"}
-            specs[f"shardify/{size}"] = {**base, "loader": "shardify"}
-            specs[f"webdataset/{size}"] = {**base, "loader": "webdataset"}
-            counts[size] = count_startup_requests(url, server.endpoint_url, env)
-        for round_ in range(args.repeats):
+            specs |= loader_specs(url, tars, size, args)
+            for w in args.workers:
+                counts[f"{size}/{w}"] = count_startup_requests(url, server.endpoint_url, env, w)
+        for _ in range(args.repeats):
             for size in local:
-                for name in (f"ceiling/{size}", f"shardify/{size}", f"webdataset/{size}"):
+                for name in row_names(size, args.workers):
                     if name.startswith("ceiling"):
-                        load = os.getloadavg()[0]
-                        r = ceiling(client, bucket, keys[size], threads=args.ceiling_threads, passes=args.epochs)
-                        r["load"] = (load + os.getloadavg()[0]) / 2
-                        r["samples_per_s"] = r["bytes_per_s"] / info[size]["bytes_per_sample"]
-                        print(f"  ceiling      {size:>6}: {r['bytes_per_s'] / 1e6:7.0f} MB/s "
-                              f"({r['samples_per_s']:6.0f} samples/s)  load {r['load']:.1f}", flush=True)
+                        r = run_ceiling(client, bucket, keys[size], info[size]["bytes_per_sample"], args)
                     else:
                         r = run_config(specs[name], env)
                     runs.setdefault(name, []).append(r)
@@ -158,10 +190,6 @@ def _dataset_info(path: Path, num_shards: int) -> dict[str, float]:
     m = read_manifest(Store(str(path)))
     return {"num_samples": m.num_samples, "num_bytes": m.num_bytes, "num_shards": num_shards,
             "bytes_per_sample": m.num_bytes / max(1, m.num_samples)}
-
-
-def medians(rs: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(r[key] for r in rs)
 
 
 if __name__ == "__main__":

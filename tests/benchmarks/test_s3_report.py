@@ -1,0 +1,69 @@
+"""bench_s3's report (s3_report.py) from synthetic runs: a table per worker count with every form of
+shardify's rows, targets judged in the per-sample form (to_list) and on the first batch against
+webdataset's own, the load stated, and the headline still reading the 2-worker table."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from benchmarks import headline
+from benchmarks.s3_report import write_results
+
+INFO = {"64MB": {"num_samples": 1000, "num_bytes": 1e8, "num_shards": 2, "bytes_per_sample": 1e5}}
+
+
+@pytest.fixture(autouse=True)
+def _machine(monkeypatch):
+    """A fixed Machine line: describing the real one runs `uname` (a subprocess, slow tier only)."""
+    monkeypatch.setattr("benchmarks.s3_report.machine_markdown", lambda: "Machine: AMD EPYC, 2 cores, 24 GiB RAM.")
+
+
+def _run(rate: float, ttfb: float, forms: tuple[float, float] | None = None) -> dict:
+    r = {"first_epoch_samples_per_s": rate / 2, "samples_per_s": rate, "mb_per_s": rate / 10, "ttfb_s": ttfb,
+         "peak_pss_mib": 500.0, "load": 0.5}
+    if forms:
+        r |= {"samples_per_s views": forms[0], "samples_per_s to_list": forms[1]}
+    return r
+
+
+def _write(tmp_path: Path, load: float) -> str:
+    runs = {"ceiling/64MB": [{"samples_per_s": 20000.0, "bytes_per_s": 2e9, "load": 0.5}],
+            # 2 workers: packed 9000 and views 8500 pass 2x webdataset (8000), to_list 6000 does not
+            "shardify/64MB/2": [_run(9000, 0.4, (8500, 6000))], "webdataset/64MB/2": [_run(4000, 0.9)],
+            "shardify/64MB/0": [_run(7000, 0.5, (7000, 5000))], "webdataset/64MB/0": [_run(2000, 0.3)]}
+    counts = {f"64MB/{w}": {"before_first_batch": 9, "epoch": 40, "kinds": {"manifest": 1, "index": 2, "listing": 0,
+                                                                           "head": 0, "shard and checksum reads": 6}}
+              for w in (0, 2)}
+    args = argparse.Namespace(num_images=1000, repeats=1, epochs=2, workers=(0, 2), batch_size=256,
+                              ceiling_threads=8)
+    path = tmp_path / "results_s3.md"
+    write_results(path, runs, counts, INFO, args, (load, 1.0, 1.0), "2.13.0")
+    return path.read_text()
+
+
+def _target(text: str, start: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"| {start}"))
+
+
+def test_targets_are_judged_per_sample_and_on_webdatasets_first_batch(tmp_path):
+    text = _write(tmp_path, load=0.4)
+    assert _target(text, "RAW, 2 workers, 64MB shards, per sample").endswith("| NO |")  # to_list 6000 < 8000
+    assert "views 8500 (2.12x)" in _target(text, "RAW, 2 workers, 64MB shards, per sample")
+    assert _target(text, "RAW, 0 workers, 64MB shards, per sample").endswith("| yes |")  # 5000 >= 4000
+    assert _target(text, "first batch, 2 workers").endswith("| yes |")  # 0.4 <= 0.9, no allowance
+    assert _target(text, "first batch, 0 workers").endswith("| NO |")  # 0.5 > 0.3
+    assert "| shardify RAW, 2 workers | 4500 | 9000 | 8500 | 6000 |" in text
+    assert "| webdataset RAW, 0 workers | 1000 | 2000 | - | - |" in text
+    assert "| 9000; to_list 6000 |" in text  # each run's judged rate beside the packed one
+    assert "a quiet machine" in text and "start-up requests before the first batch, 64MB shards" in text
+
+
+def test_a_loaded_machine_is_said_and_the_headline_reads_the_two_worker_table(tmp_path):
+    text = _write(tmp_path, load=3.5)
+    assert "**not a quiet machine**" in text
+    (h,) = headline.HEADLINES["s3"](tmp_path / "results_s3.md")
+    assert (h.ours, h.peer_value) == (9000, 4000)  # the 2-worker rows, not the 0-worker ones
+    assert h.load.startswith("3.5")
