@@ -216,17 +216,29 @@ def _first(text: str, file: str) -> list[Headline]:
 
 
 def _s3(text: str, file: str) -> list[Headline]:
-    _, rows = first_table(text, "shards", "what", "later epochs samples/s")
-    out, size = [], ""
-    for r in rows:
-        size = r["shards"].split(" ")[0] or size
-        r["size"] = size
-    for size in dict.fromkeys(r["size"] for r in rows):
-        ours = [r for r in rows if r["size"] == size and r["what"].startswith("shardify")]
-        peer, value = _best(rows, lambda r, s=size: r["size"] == s and r["what"].startswith("webdataset"),
-                            "later epochs samples/s")
-        out.append(_h(text, file, f"Read raw bytes from S3, {size} shards, 2 workers", peer.split(" RAW")[0],
-                      value, number(ours[0]["later epochs samples/s"]), "samples/s"))
+    """RAW from S3 at each shard size, per worker count (one table each, or one 2-worker table in
+    runs before the 0-worker rows), with shardify's per-sample forms where the run measured them."""
+    section = newest_section(text)
+    out = []
+    for _, rows in tables(section):
+        if not rows or not all(c in rows[0] for c in ("shards", "what", "later epochs samples/s")):
+            continue
+        size = ""
+        for r in rows:
+            size = r["shards"].split(" ")[0] or size
+            r["size"] = size
+        workers = next((m.group(1) for r in rows if (m := re.search(r"(\d+) workers?", r["what"]))), "2")
+        for size in dict.fromkeys(r["size"] for r in rows):
+            ours = [r for r in rows if r["size"] == size and r["what"].startswith("shardify")]
+            peer, value = _best(rows, lambda r, s=size: r["size"] == s and r["what"].startswith("webdataset"),
+                                "later epochs samples/s")
+            label = "no workers" if workers == "0" else f"{workers} workers"
+            h = _h(text, file, f"Read raw bytes from S3, {size} shards, {label}", peer.split(" RAW")[0],
+                   value, number(ours[0]["later epochs samples/s"]), "samples/s")
+            forms = [ours[0].get(f"{form} samples/s", "-") for form in ("views", "to_list")]
+            if "-" not in forms:
+                h = replace(h, per_sample=(number(forms[0]), number(forms[1])))
+            out.append(h)
     return out
 
 
