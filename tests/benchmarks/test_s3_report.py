@@ -61,9 +61,13 @@ def test_targets_are_judged_per_sample_and_on_webdatasets_first_batch(tmp_path):
     assert "a quiet machine" in text and "start-up requests before the first batch, 64MB shards" in text
 
 
-def test_a_loaded_machine_is_said_and_the_headline_reads_the_two_worker_table(tmp_path):
+def test_a_loaded_machine_is_said_and_the_headline_reads_each_worker_table(tmp_path):
     text = _write(tmp_path, load=3.5)
     assert "**not a quiet machine**" in text
-    (h,) = headline.HEADLINES["s3"](tmp_path / "results_s3.md")
-    assert (h.ours, h.peer_value) == (9000, 4000)  # the 2-worker rows, not the 0-worker ones
-    assert h.load.startswith("3.5")
+    rows = {h.task: h for h in headline.HEADLINES["s3"](tmp_path / "results_s3.md")}
+    two = next(h for task, h in rows.items() if task.endswith(", 2 workers"))
+    assert (two.ours, two.peer_value) == (9000, 4000)  # the 2-worker rows
+    assert two.per_sample == (8500, 6000)  # views, to_list: the per-sample forms beside the packed rate
+    none = next(h for task, h in rows.items() if task.endswith(", no workers"))
+    assert none.peer_value == 2000  # webdataset's 0-worker row, not its 2-worker one
+    assert two.load.startswith("3.5")
