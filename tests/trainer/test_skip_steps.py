@@ -1,5 +1,6 @@
 """--skip-steps past a planted bad batch: a learnable table trained to a low loss at 2 ranks, one step
-of epoch 2 with labels scrambled by the test (placed by the plan) is named in spikes.jsonl; resumed
+of epoch 2 with labels scrambled by the test (placed by the plan) is named in spikes.jsonl (its keys,
+its worst samples, the worst spike of the run, in the summary; this run is also the spike test); resumed
 from a checkpoint before it at 3 ranks with --skip-steps, the run never sees those samples and
 delivers every other sample of the epoch exactly once (checked with --record-keys)."""
 
@@ -56,11 +57,9 @@ def test_skip_steps_past_a_planted_bad_batch_at_another_world_size(tmp_path):
     args = ["--data", url, "--model", "mlp", "--features", ",".join(FEATURES), "--batch-size", str(B),
             "--optimizer", "adamw", "--lr", "0.01", "--epochs", "3", "--num-workers", "0", "--no-live",
             "--log-every", "20", "--record-keys", "--dist-timeout-s", "60"]
-    ok(run_trainer([*args, "--out", str(first), "--checkpoint-every", "10", "--keep-checkpoints", "20"],
-                   nproc=WORLD, timeout_s=200))
-    rows = [json.loads(x) for x in (first / "spikes.jsonl").read_text().splitlines()]
-    row = next(r for r in rows if r["step"] == STEP)
-    assert sorted(k for keys in row["keys"].values() for k in keys) == sorted(planted)
+    ok(run_trainer([*args, "--out", str(first), "--checkpoint-every", "10", "--keep-checkpoints", "20",
+                    "--spike-sample-losses"], nproc=WORLD, timeout_s=200))
+    _assert_the_planted_step_is_the_worst_spike(first, planted)
     resume_at = STEP // 10 * 10  # 80: the newest checkpoint before the spike, in epoch 2
     ckpt = first / "checkpoints" / f"ckpt-{resume_at:09d}.pt"
     result = ok(run_trainer([*args, "--out", str(second), "--resume", str(ckpt), "--skip-steps", f"{STEP}:{STEP}"],
@@ -76,6 +75,19 @@ def test_skip_steps_past_a_planted_bad_batch_at_another_world_size(tmp_path):
     assert f"skipped: steps {STEP}:{STEP}" in result.stdout
     events = [json.loads(x) for x in (second / "metrics.jsonl").read_text().splitlines()]
     assert any(e.get("kind") == "skip" and e["steps"] == f"{STEP}:{STEP}" for e in events)
+
+
+def _assert_the_planted_step_is_the_worst_spike(out: Path, planted: set[str]) -> None:
+    """spikes.jsonl names the planted step on both ranks with exactly its keys and, per rank, its worst
+    samples among them; it is the run's worst spike, and the summary lists it."""
+    rows = [json.loads(x) for x in (out / "spikes.jsonl").read_text().splitlines()]
+    row = next(r for r in rows if r["step"] == STEP)
+    assert row["ranks"] == list(range(WORLD))  # the planted batch spans both ranks' micro-batches
+    assert sorted(k for keys in row["keys"].values() for k in keys) == sorted(planted)
+    for rank, worst in row["worst"].items():
+        assert worst and {w["key"] for w in worst} <= set(row["keys"][rank])
+    assert max(rows, key=lambda r: max(r["loss"].values()))["step"] == STEP  # the worst spike of the run
+    assert STEP in [r["step"] for r in summary(out)["spikes"]]
 
 
 @pytest.mark.timeout(120)
