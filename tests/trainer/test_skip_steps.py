@@ -84,6 +84,7 @@ def _assert_the_planted_step_is_the_worst_spike(out: Path, planted: set[str]) ->
     row = next(r for r in rows if r["step"] == STEP)
     assert row["ranks"] == list(range(WORLD))  # the planted batch spans both ranks' micro-batches
     assert sorted(k for keys in row["keys"].values() for k in keys) == sorted(planted)
+    assert set(row["worst"]) == set(row["keys"]) == {str(r) for r in range(WORLD)}
     for rank, worst in row["worst"].items():
         assert worst and {w["key"] for w in worst} <= set(row["keys"][rank])
     assert max(rows, key=lambda r: max(r["loss"].values()))["step"] == STEP  # the worst spike of the run
