@@ -47,7 +47,7 @@ lint: $(STAMP)
 
 test: $(STAMP) region lint
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # The documentation site, built and served on http://127.0.0.1:8000 (rebuilt on every edit).
 docs: $(STAMP)

@@ -103,7 +103,7 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
     identity = {"model": cfg.model, "num_classes": num_classes, "dataset": data.fingerprint_of(loader),
                 "image_size": cfg.image_size, "features": cfg.features}
     options = data.storage_options(cfg)
-    store = Store(cfg.checkpoint_url, options, checkpoint_retry(cfg))
+    store = Store(cfg.checkpoint_url, options, checkpoint_retry(cfg, options.retry))
     comm_hooks.check(cfg.comm_hook, device=rt.device.type, gradient_bytes=comm_hooks.grad_bytes(model),
                      bucket_cap_mb=cfg.bucket_cap_mb)
     recorder = Recorder(cfg, rt, secrets=options.secrets)
@@ -122,10 +122,10 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
     return run
 
 
-def checkpoint_retry(cfg: TrainConfig) -> RetryPolicy:
-    """The checkpoint store's retries end within half of --dist-timeout-s: the other ranks wait for rank
-    0's save in a collective, which must not time out (and name rank 0 as stopped) first."""
-    policy = RetryPolicy()
+def checkpoint_retry(cfg: TrainConfig, policy: RetryPolicy) -> RetryPolicy:
+    """The storage options' retries (the storage config's retry_budget_s), ended within half of
+    --dist-timeout-s: the other ranks wait for rank 0's save in a collective, which must not time out
+    (and name rank 0 as stopped) first."""
     budget = cfg.dist_timeout_s / 2
     return replace(policy, deadline_s=budget if policy.deadline_s is None else min(policy.deadline_s, budget))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
@@ -160,22 +161,31 @@ def test_retry_budget_bounds_all_tries_together():
 
 
 @pytest.mark.slow  # waits out read timeouts: seconds
-def test_stuck_endpoint_fails_the_loader_within_its_budget():
-    with stuck_endpoint() as endpoint:
+@pytest.mark.timeout(120)
+def test_stuck_endpoint_fails_the_loader_and_shardify_within_30_s_by_default(capsys):
+    """The loader (in a thread) and `shardify inspect` wait out the first request's budget side by side,
+    each against the same endpoint that never answers: two waits of 30 s in the time of one."""
+    failed: list[tuple[BaseException, float]] = []
+
+    def load(endpoint: str) -> None:
         start = time.monotonic()
-        with pytest.raises(StorageError, match=r"manifest.json: gave up after \d+ attempts in .* s \(budget 30 s\).*Timeout"):
+        try:
             make_loader("s3://bucket/ds", batch_size=2, num_workers=0, decode=None,
                         storage=StorageOptions(endpoint_url=endpoint, key="k", secret="s", read_timeout_s=2.0))
-        assert time.monotonic() - start < 30 + 5  # the budget, not minutes of retries
+        except BaseException as exc:  # noqa: BLE001 - the assertions below say what was expected
+            failed.append((exc, time.monotonic() - start))
 
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_stuck_endpoint_fails_shardify_within_30_s_by_default(capsys):
     with stuck_endpoint() as endpoint:
+        loader = threading.Thread(target=load, args=(endpoint,), name="stuck-loader")
+        loader.start()
         start = time.monotonic()
         assert shardify(["inspect", "s3://bucket/ds", "--endpoint-url", endpoint, "--access-key", "k",
                          "--secret-key", "secret"]) == 2
         elapsed_s = time.monotonic() - start
+        loader.join(timeout=60)
     assert "Timeout" in capsys.readouterr().err
     assert elapsed_s < 30 + 5  # the stated bound (30 s), with a margin for a loaded machine
+    (error, loader_s), = failed
+    assert isinstance(error, StorageError), repr(error)
+    assert re.search(r"manifest.json: gave up after \d+ attempts in .* s \(budget 30 s\).*Timeout", str(error)), error
+    assert loader_s < 30 + 5  # the budget, not minutes of retries

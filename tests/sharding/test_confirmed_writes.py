@@ -133,6 +133,7 @@ def test_trainer_reports_failed_checkpoints_keeps_training_and_records_none(s3_s
     failed = [r for r in records if r["kind"] == "checkpoint_failed"]
     assert [r["step"] for r in failed] == [2, 4]  # each interval tried again
     assert all(f"{url}/ckpt-" in r["error"] and s3_server.secret not in r["error"] for r in failed)
+    assert all("(budget 1 s)" in r["error"] for r in failed)  # the storage config's budget (before: 60 s)
     assert not [r for r in records if r["kind"] == "checkpoint"]
     assert any(r["kind"] == "note" and "FAILED and was not recorded" in r["text"] for r in records)
     assert records[-1]["kind"] == "summary"  # training went on to the end

@@ -17,7 +17,7 @@ from dataio.format.tokens import (
     read_shard,
     read_token_range,
 )
-from dataio.storage.store import Store
+from dataio.storage.store import RetryPolicy, Store
 from sharding.write.tokens import TokenShardWriter
 
 INFO = TokensInfo(tokenizer=TokenizerInfo(name="t", kind="hf", vocab_size=1000, eos_id=0), dtype="uint16",
@@ -33,7 +33,10 @@ def _write(tmp_path, docs: list[list[int]]) -> tuple[Store, np.ndarray, np.ndarr
     (tmp_path / "s.tokens").write_bytes(f.getvalue())
     (tmp_path / "s.idx").write_bytes(offsets.tobytes())
     (tmp_path / "s.sums").write_bytes(sums.tobytes())
-    return Store(str(tmp_path)), offsets, sums
+    # Two tries, no back-off: a cut shard's short read is retried (as for object storage) until the policy
+    # gives up, which with the default policy is its 120 s budget later.
+    return Store(str(tmp_path), retry=RetryPolicy(max_attempts=2, deadline_s=None, base_delay_s=0.0,
+                                                  max_delay_s=0.0)), offsets, sums
 
 
 def test_every_range_reads_back_checked(tmp_path) -> None:

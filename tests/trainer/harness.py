@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,3 +91,25 @@ def committed_keys(out: Path) -> dict[int, list[str]]:
             rec = json.loads(line)
             steps.setdefault(rec["step"], []).extend(rec["keys"])
     return steps
+
+
+SHARDS = [60, 45, 75]  # 180 real images in uneven shards
+
+
+def resumable_args(data: str, out: Path, *extra: str) -> list[str]:
+    """The flags of the shared run (a sleeping model, 1 loader worker, --record-keys) and `extra`."""
+    return ["--data", data, "--num-classes", "10", "--model", "tests.trainer.fakes:sleepy", "--batch-size", "4",
+            "--image-size", "8", "--num-workers", "1", "--log-every", "5", "--out", str(out), "--record-keys",
+            "--dist-timeout-s", "60", *extra]
+
+
+class FiveSteps:
+    """The dataset, and a 2-rank run's first 5 steps of it (--max-steps 5 --epochs 1) with its checkpoint."""
+
+    def __init__(self, data: str, out: Path) -> None:
+        self.data, self._out = data, out
+
+    def copy_to(self, out: Path) -> Path:
+        """The run's --out (checkpoints, keys, metrics), copied for one test to resume and append to."""
+        shutil.copytree(self._out, out)
+        return out

@@ -171,12 +171,15 @@ def test_s3_refusing_every_checkpoint_is_reported_and_the_run_exits_nonzero(s3_s
     env = {"AWS_ACCESS_KEY_ID": s3_server.key, "AWS_SECRET_ACCESS_KEY": s3_server.secret}
     with DelayProxy(s3_server.endpoint_url, 0.0, error_rate=1.0, methods=("PUT",)) as proxy:
         result = run_trainer(["--data", SYNTH, *SLEEPY, "--out", str(tmp_path), "--checkpoint-dir", url,
-                              "--s3-endpoint-url", proxy.url, "--max-steps", "4", "--dist-timeout-s", "60"],
+                              "--s3-endpoint-url", proxy.url, "--max-steps", "4", "--dist-timeout-s", "20"],
                              nproc=2, env=env, timeout_s=150)
         assert proxy.stats.num_errors > 0
     said = result.stdout + result.stderr
     assert result.returncode != 0, said[-3000:]
     assert f"no checkpoint could be stored in {url}" in result.stderr, result.stderr[-3000:]
+    # Rank 0 retried for half of --dist-timeout-s (20 s) while rank 1 waited in the collective, which
+    # did not time out first (the default budget, 60 s, would have ended the job).
+    assert "(budget 10 s)" in said and "timed out" not in said, said[-3000:]
     assert max(r["step"] for r in _records(tmp_path) if r["kind"] == "train") == 4  # trained to the end
     facts = summary(tmp_path)["checkpoints"]
     assert (facts["stored"], facts["failed"], facts["last_stored_step"]) == (0, 1, None)

@@ -12,28 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from dataio.storage.store import Store
-from tests.dataio.shardgen import write_tar_dataset
-from tests.trainer.harness import committed_keys, finish, ok, run_trainer, start
+from tests.trainer.harness import SHARDS, committed_keys, finish, ok, resumable_args, run_trainer, start
 from tools.faults import rank_pid
 
 pytestmark = [pytest.mark.slow]
 
-SHARDS = [60, 45, 75]  # 180 samples, uneven shards
 FAKE = {"FAKE_COMPUTE_S": "0.08"}  # a known minimum step time, so a kill lands mid-epoch (~1 s of margin)
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> str:
-    root = tmp_path_factory.mktemp("ds") / "train"
-    write_tar_dataset(Store(str(root)), SHARDS, real_images=True)
-    return str(root)
+def dataset(resumable_dataset: str) -> str:
+    return resumable_dataset  # SHARDS real images (tests/trainer/conftest.py)
 
 
 def _args(data: str, out: Path, *extra: str) -> list[str]:
-    return ["--data", data, "--num-classes", "10", "--model", "tests.trainer.fakes:sleepy", "--batch-size", "4",
-            "--image-size", "8", "--num-workers", "1", "--log-every", "5", "--out", str(out), "--record-keys",
-            "--dist-timeout-s", "60", *extra]
+    return resumable_args(data, out, *extra)
 
 
 def _assert_exactly_once(out: Path, *, max_global_batch: int) -> dict[int, list[str]]:
@@ -78,9 +71,9 @@ def test_sigkill_of_a_rank_restarts_the_group_and_resumes_exactly_once(tmp_path,
 
 
 @pytest.mark.timeout(180)
-def test_resume_on_another_world_size_continues_the_epoch(tmp_path, dataset):
-    out = tmp_path / "out"
-    ok(run_trainer(_args(dataset, out, "--max-steps", "5", "--epochs", "1"), nproc=2, timeout_s=120))
+def test_resume_on_another_world_size_continues_the_epoch(tmp_path, five_steps_at_two_ranks):
+    dataset = five_steps_at_two_ranks.data
+    out = five_steps_at_two_ranks.copy_to(tmp_path / "out")  # 5 steps at 2 ranks (--max-steps 5 --epochs 1)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [  # with its loader-state sidecar
         "ckpt-000000005.loader-state.json", "ckpt-000000005.pt"]
     ok(run_trainer(_args(dataset, out, "--epochs", "1", "--resume", "auto"), nproc=None, timeout_s=120))

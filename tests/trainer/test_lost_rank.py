@@ -1,4 +1,5 @@
-"""Issue 19: a stopped rank is named within --dist-timeout-s, and the job ends soon after, not 30 s later.
+"""Issue 19: a stopped rank is named within --dist-timeout-s (its message naming that flag), and the job
+ends soon after, not 30 s later.
 
 torchrun ends a failed job with SIGTERM, which a stopped process does not act on, then (torch 2.13)
 waits a fixed 30 s before SIGKILL whatever --shutdown-timeout says; the job used to exit at the
@@ -73,6 +74,7 @@ def test_a_stopped_rank_is_named_and_the_job_exits_within_timeout_plus_shutdown(
     # Before: torchrun's SIGTERM waited 30 s on the stopped rank (exit at about the timeout + 30 s).
     assert exited_at - stop < TIMEOUT_S + SLACK_S + SHUTDOWN_S + SLACK_S, (exited_at - stop, err[-3000:])
     assert "ended by this rank as it exits" in err
+    assert f"--dist-timeout-s ({TIMEOUT_S} s)" in err  # the message names the flag that bounds the wait
 
 
 @pytest.mark.slow  # starts and stops a child process

@@ -1,5 +1,6 @@
 """--skip-steps past a planted bad batch: a learnable table trained to a low loss at 2 ranks, one step
-of epoch 2 with labels scrambled by the test (placed by the plan) is named in spikes.jsonl; resumed
+of epoch 2 with labels scrambled by the test (placed by the plan) is named in spikes.jsonl (its keys,
+its worst samples, the worst spike of the run, in the summary; this run is also the spike test); resumed
 from a checkpoint before it at 3 ranks with --skip-steps, the run never sees those samples and
 delivers every other sample of the epoch exactly once (checked with --record-keys)."""
 
@@ -56,11 +57,9 @@ def test_skip_steps_past_a_planted_bad_batch_at_another_world_size(tmp_path):
     args = ["--data", url, "--model", "mlp", "--features", ",".join(FEATURES), "--batch-size", str(B),
             "--optimizer", "adamw", "--lr", "0.01", "--epochs", "3", "--num-workers", "0", "--no-live",
             "--log-every", "20", "--record-keys", "--dist-timeout-s", "60"]
-    ok(run_trainer([*args, "--out", str(first), "--checkpoint-every", "10", "--keep-checkpoints", "20"],
-                   nproc=WORLD, timeout_s=200))
-    rows = [json.loads(x) for x in (first / "spikes.jsonl").read_text().splitlines()]
-    row = next(r for r in rows if r["step"] == STEP)
-    assert sorted(k for keys in row["keys"].values() for k in keys) == sorted(planted)
+    ok(run_trainer([*args, "--out", str(first), "--checkpoint-every", "10", "--keep-checkpoints", "20",
+                    "--spike-sample-losses"], nproc=WORLD, timeout_s=200))
+    _assert_the_planted_step_is_the_worst_spike(first, planted)
     resume_at = STEP // 10 * 10  # 80: the newest checkpoint before the spike, in epoch 2
     ckpt = first / "checkpoints" / f"ckpt-{resume_at:09d}.pt"
     result = ok(run_trainer([*args, "--out", str(second), "--resume", str(ckpt), "--skip-steps", f"{STEP}:{STEP}"],
@@ -78,11 +77,26 @@ def test_skip_steps_past_a_planted_bad_batch_at_another_world_size(tmp_path):
     assert any(e.get("kind") == "skip" and e["steps"] == f"{STEP}:{STEP}" for e in events)
 
 
+def _assert_the_planted_step_is_the_worst_spike(out: Path, planted: set[str]) -> None:
+    """spikes.jsonl names the planted step on both ranks with exactly its keys and, per rank, its worst
+    samples among them; it is the run's worst spike, and the summary lists it."""
+    rows = [json.loads(x) for x in (out / "spikes.jsonl").read_text().splitlines()]
+    row = next(r for r in rows if r["step"] == STEP)
+    assert row["ranks"] == list(range(WORLD))  # the planted batch spans both ranks' micro-batches
+    assert sorted(k for keys in row["keys"].values() for k in keys) == sorted(planted)
+    assert set(row["worst"]) == set(row["keys"]) == {str(r) for r in range(WORLD)}
+    for rank, worst in row["worst"].items():
+        assert worst and {w["key"] for w in worst} <= set(row["keys"][rank])
+    assert max(rows, key=lambda r: max(r["loss"].values()))["step"] == STEP  # the worst spike of the run
+    assert STEP in [r["step"] for r in summary(out)["spikes"]]
+
+
 @pytest.mark.timeout(120)
 def test_skip_samples_by_key_from_the_first_step(tmp_path):
-    url = str(tmp_path / "train")
-    write_table_dataset(Store(url), SIZES, seed=0)
-    bad = [f"0-{i:06d}" for i in range(0, 1200, 37)]
+    # 290 rows (SIZES' shape, a quarter the size): 8 skipped keys take each epoch from 9 steps of 32 to 8
+    url, sizes = str(tmp_path / "train"), [100, 75, 115]
+    write_table_dataset(Store(url), sizes, seed=0)
+    bad = [f"0-{i:06d}" for i in range(0, sum(sizes), 37)]
     (tmp_path / "bad.txt").write_text("# found by hand\n" + "\n".join(bad) + "\n")
     out = tmp_path / "out"
     from trainer.__main__ import main
@@ -92,5 +106,6 @@ def test_skip_samples_by_key_from_the_first_step(tmp_path):
                  "--skip-samples", str(tmp_path / "bad.txt")]) == 0
     seen = _keys(out, 1, 10**6)
     assert not set(bad) & set(seen)
-    assert len(seen) == 2 * ((1200 - len(bad)) // 32 * 32)  # each epoch shrinks by the skipped samples
+    # each epoch shrinks by the skipped samples
+    assert len(seen) == 2 * ((sum(sizes) - len(bad)) // 32 * 32) == 2 * 8 * 32
     assert summary(out)["skipped"][0]["file_samples"] == len(bad)

@@ -1,54 +1,14 @@
-"""A planted bad batch is named: a learnable table trained to a low loss, then one batch of epoch 2
-whose labels the test scrambled (placed by the plan) shows up in spikes.jsonl with its keys and
-its worst samples; the running median's rule on its own."""
+"""The running median's rule on its own, and how a test plants a bad batch (labels scrambled in
+place). The planted batch named in spikes.jsonl (its keys, its worst samples, the worst spike of the
+run) is checked on the 2-rank torchrun run of tests/trainer/test_skip_steps.py, which trains once for
+both: spikes and --skip-steps past them."""
 
 from __future__ import annotations
 
-import json
-
-import numpy as np
-import pytest
-
-from dataio.loader.make import make_loader
-from dataio.plan.which import batch_ids
 from dataio.storage.store import Store
-from tests.trainer.test_tabular import FEATURES, write_table_dataset
-from trainer.__main__ import main
 from trainer.spikes import MIN_STEPS, SpikeWatch, merge
 
-SIZES, B, STEPS_PER_EPOCH, PLANTED = [400, 300, 500], 32, 1200 // 32, 10  # epoch 2's 11th step
-
-
-def _planted_ids(url: str) -> list[int]:
-    """The global ids of epoch 2's batch PLANTED, as the trainer's one-rank loader delivers them."""
-    with make_loader(url, batch_size=B, num_workers=0, decode=None, fields=(*FEATURES, "cls"), rank=0,
-                     world_size=1) as loader:
-        config = loader.plan_config
-    got = batch_ids(np.asarray(SIZES), config=config, epoch=2, before=(), world_size=1, num_workers=1, rank=0,
-                    batch=PLANTED)
-    return got.ids.tolist()
-
-
-@pytest.mark.slow  # ~35 s of training in this process
-@pytest.mark.timeout(180)
-def test_a_planted_bad_batch_is_named_in_spikes_jsonl(tmp_path):
-    url = str(tmp_path / "train")
-    write_table_dataset(Store(url), SIZES, seed=0)
-    planted = set(_planted_ids(url))
-    _write_scrambled(url, planted)
-    out = tmp_path / "out"
-    assert main(["--data", url, "--model", "mlp", "--features", ",".join(FEATURES), "--batch-size", str(B),
-                 "--optimizer", "adamw", "--lr", "0.01", "--epochs", "3", "--num-workers", "0", "--out", str(out),
-                 "--no-live", "--log-every", "20", "--spike-sample-losses"]) == 0
-    rows = [json.loads(x) for x in (out / "spikes.jsonl").read_text().splitlines()]
-    step = 2 * STEPS_PER_EPOCH + PLANTED + 1
-    row = next(r for r in rows if r["step"] == step)
-    assert row["ranks"] == [0]
-    assert sorted(row["keys"]["0"]) == sorted(f"0-{i:06d}" for i in planted)
-    assert {w["key"] for w in row["worst"]["0"]} <= set(row["keys"]["0"])
-    assert max(rows, key=lambda r: r["loss"]["0"])["step"] == step  # the worst spike of the run
-    summary = json.loads((out / "summary.json").read_text())
-    assert step in [r["step"] for r in summary["spikes"]]
+SIZES = [400, 300, 500]  # the table tests/trainer/test_skip_steps.py writes and plants a bad batch in
 
 
 def _write_scrambled(url: str, planted: set[int]) -> None:

@@ -240,7 +240,7 @@ def test_mixture_report_shows_observed_vs_requested_shares():
 
 @pytest.mark.parametrize("timeout_s", [1.0, 15.0, 120.0])
 def test_a_stopped_rank_is_named_within_the_dist_timeout_by_construction(timeout_s):
-    # The promise as arithmetic (the 2-rank run in test_hostile_training checks it happens): the
+    # The promise as arithmetic (the 2-rank run in test_lost_rank checks it happens): the
     # collective gives up, the heartbeats are watched and the message written, all within the timeout.
     from trainer.runtime import Watch
 

@@ -14,7 +14,7 @@ import pytest
 from dataio.loader.which import run_which
 from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
-from tests.trainer.harness import REPO, env_for, ok, run_trainer
+from tests.trainer.harness import REPO, env_for, ok, resumable_args, run_trainer
 
 pytestmark = [pytest.mark.slow]
 
@@ -40,13 +40,9 @@ def _named(where: str, step: int) -> dict[tuple[int, int], list[str]]:
 
 
 @pytest.mark.timeout(300)
-def test_which_matches_the_recorded_keys_of_every_step_across_a_resume(tmp_path):
-    data, out = tmp_path / "train", tmp_path / "out"
-    write_tar_dataset(Store(str(data)), [60, 45, 75], real_images=True)
-    args = ["--data", str(data), "--num-classes", "10", "--model", "tests.trainer.fakes:sleepy", "--batch-size", "4",
-            "--image-size", "8", "--num-workers", "1", "--log-every", "5", "--out", str(out), "--record-keys",
-            "--dist-timeout-s", "60", "--epochs", "2"]
-    ok(run_trainer([*args, "--max-steps", "5"], nproc=2, timeout_s=120))
+def test_which_matches_the_recorded_keys_of_every_step_across_a_resume(tmp_path, five_steps_at_two_ranks):
+    out = five_steps_at_two_ranks.copy_to(tmp_path / "out")  # 5 steps at 2 ranks of [60, 45, 75] real images
+    args = resumable_args(five_steps_at_two_ranks.data, out, "--epochs", "2")
     ok(run_trainer([*args, "--grad-accum", "2", "--resume", "auto"], nproc=3, timeout_s=150))
     recorded = _recorded(out)
     steps = sorted({s for s, _ in recorded})
