@@ -17,7 +17,7 @@ import numpy as np
 
 from dataio.format.tar_index import TarIndex
 from dataio.readers.base import cached_read
-from dataio.storage.retry import ShortReadError
+from dataio.storage.retry import TruncatedFileError
 from dataio.storage.store import Store
 
 if TYPE_CHECKING:
@@ -123,8 +123,9 @@ def read_span_into(store: Store, cache: DiskCache | None, rel: str, start: int, 
                     got += n
             finally:
                 os.close(fd)
-            if got != want:
-                raise ShortReadError(f"got {got} bytes, expected {want}")
+            if got != want:  # a local file does not grow by asking again (Store.read says the same)
+                raise TruncatedFileError(f"got {got} bytes, expected {want}: the file is shorter than the dataset "
+                                         "says (cut short or changed after it was written)")
 
         store._retry(once, f"reading {store.url_of(rel)} bytes {start}-{end}")
         return

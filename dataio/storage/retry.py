@@ -73,6 +73,10 @@ class ShortReadError(OSError):
     """Fewer bytes arrived than the index or manifest promised; transient until proven otherwise."""
 
 
+class TruncatedFileError(OSError):
+    """A local file is shorter than the index or manifest promised: no later try reads more of it."""
+
+
 class UnconfirmedWriteError(OSError):
     """After an upload the store does not show the object as written (absent, other size or ETag)."""
 
@@ -108,7 +112,7 @@ _TRANSIENT_4XX = (408, 429)
 
 def is_transient(exc: BaseException) -> bool:
     """True for errors worth retrying: timeouts, resets, 5xx and throttling, short reads."""
-    if isinstance(exc, (StorageError, *_PERMANENT)):
+    if isinstance(exc, (StorageError, TruncatedFileError, *_PERMANENT)):
         return False  # a StorageError is what an inner call's own retries ended with
     if isinstance(exc, (ShortReadError, UnconfirmedWriteError, ConnectionError, TimeoutError)):
         return True

@@ -30,6 +30,7 @@ from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co.
     FIRST_REQUEST_UNREACHABLE_ATTEMPTS,
     RetryPolicy,
     ShortReadError,
+    TruncatedFileError,
     UnconfirmedWriteError,
     is_transient,
     safe_cause,
@@ -192,6 +193,9 @@ class Store(ConditionalWrites):
             else:
                 data = self.fs.cat_file(path, start=start, end=end)
             if want is not None and len(data) != want:
+                if self.is_local:  # a file on disk does not grow by asking again: fail now, not after the budget
+                    raise TruncatedFileError(f"got {len(data)} bytes, expected {want}: the file is shorter than "
+                                             "the dataset says (cut short or changed after it was written)")
                 raise ShortReadError(f"got {len(data)} bytes, expected {want}")
             return data, total
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import time
 import uuid
 
 import pytest
@@ -265,13 +266,23 @@ def test_local_round_trip_ranges_and_listing(tmp_path):
 
 
 def test_short_read_is_detected(tmp_path):
-    store = Store(str(tmp_path), retry=RetryPolicy(max_attempts=2, base_delay_s=0.0))
+    """An object store's short read is retried (another try may get it all); a local file's fails at
+    once: it does not grow by asking again (a cut shard failed only after the 120 s budget before)."""
+    store = Store(f"memory://{tmp_path.name}", retry=RetryPolicy(max_attempts=2, base_delay_s=0.0))
     store.write_bytes("x.bin", b"12345")
     with pytest.raises(StorageError, match=r"x.bin.*gave up after 2 attempts.*ShortReadError.*got 5 bytes, expected 9"):
         store.read("x.bin", expect_size=9)
     with pytest.raises(StorageError, match="ShortReadError"):
         store.read("x.bin", 2, 9)  # a range past the end is short too
     assert store.read("x.bin", expect_size=5) == b"12345"
+    local = Store(str(tmp_path), retry=RetryPolicy(max_attempts=5, base_delay_s=10.0, max_delay_s=10.0))
+    local.write_bytes("x.bin", b"12345")
+    began = time.monotonic()
+    with pytest.raises(StorageError, match=r"x.bin: TruncatedFileError: got 5 bytes, expected 9: the file is shorter"):
+        local.read("x.bin", expect_size=9)  # would take 40 s if it were retried
+    with pytest.raises(StorageError, match="TruncatedFileError"):
+        local.read("x.bin", 2, 9)
+    assert time.monotonic() - began < 5 + 5  # no back-off was waited (a deadline of ours: 10 s per try)
 
 
 def test_missing_local_file_fails_fast(tmp_path):
