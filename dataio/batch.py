@@ -123,6 +123,7 @@ class PackedBytes:
 
     def to_list(self) -> list[bytes]:
         """Every item copied into its own `bytes` (one copy each), for code that needs bytes."""
+        keep_freed_heap()
         offs = self.offsets.tolist()
         whole = memoryview(self.data.numpy())
         return [bytes(whole[start:end]) for start, end in zip(offs, offs[1:])]
@@ -130,3 +131,29 @@ class PackedBytes:
     @property
     def num_bytes(self) -> int:
         return int(self.data.numel())
+
+
+_HEAP_KEPT = False
+
+
+def keep_freed_heap() -> None:
+    """Once per process (glibc only): let malloc keep freed heap for reuse instead of giving it back
+    to the OS after every batch.
+
+    A batch's `bytes` items (to_list) are freed together; with glibc's default trim threshold
+    (128 KiB) that memory returns to the OS at once and the next batch page-faults it in again:
+    measured ~30 µs per 108 KB item, 7x the copy itself (4 µs). The settings are those glibc's own
+    dynamic thresholds reach after one 32 MiB block is freed (mmap threshold 32 MiB, trim threshold
+    twice that), so a process keeps at most ~64 MiB of freed heap for reuse."""
+    global _HEAP_KEPT
+    if _HEAP_KEPT:
+        return
+    _HEAP_KEPT = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass  # not glibc: its allocator decides

@@ -133,3 +133,31 @@ def test_what_is_derived_from_a_view_is_not_guarded_and_a_guarded_batch_pickles(
     assert held.tobytes() == b"de"  # still mapped, but the slab's: the documented limit (copy to keep)
     copy = pickle.loads(pickle.dumps(packed))  # a copy starts with a fresh, unreleased guard
     assert [bytes(v) for v in copy] == [b"abc", b"de"]
+
+
+def test_to_list_lets_malloc_keep_a_batchs_freed_bytes_once_per_process(monkeypatch):
+    """glibc gives freed heap above 128 KiB back at once: each batch's items then page-faulted in again
+    (~30 µs per 108 KB item against a 4 µs copy). to_list sets the thresholds glibc itself reaches after
+    freeing a 32 MiB block, once per process; the items are the same bytes."""
+    import ctypes
+
+    import numpy as np
+    import torch
+
+    import dataio.batch as batch_mod
+    from dataio.batch import PackedBytes
+
+    calls = []
+
+    class FakeLibc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(batch_mod, "_HEAP_KEPT", False)
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLibc())
+    items = [b"a" * 5, b"", b"xyz" * 1000]
+    packed = PackedBytes(torch.from_numpy(np.frombuffer(b"".join(items), dtype=np.uint8).copy()),
+                         torch.tensor(np.cumsum([0, *map(len, items)]), dtype=torch.int64))
+    assert packed.to_list() == items and packed.to_list() == items
+    assert calls == [(-3, 32 << 20), (-1, 64 << 20)]  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD: once
