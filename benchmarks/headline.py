@@ -112,7 +112,7 @@ def first_table(text: str, *columns: str) -> tuple[str, Table]:
 def title_of(text: str) -> str:
     """The file's title, without the work-item references bench scripts put in some."""
     title = next((ln[2:].strip() for ln in text.splitlines() if ln.startswith("# ")), "untitled")
-    return re.sub(r"\s*\(issue [^)]*\)", "", title)
+    return re.sub(r"\s*\(issues? [^)]*\)", "", title)
 
 
 def machine_of(text: str) -> str:
