@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from dataio.batch import M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES, glibc_mallopt
 from dataio.plan.types import PlanState
 from dataio.stream.decoded import WorkerStream
 from dataio.stream.job import OpenJob, Ticket, WorkerJob
@@ -38,12 +39,7 @@ def return_freed_buffers() -> None:
     if _MALLOC_TUNED or torch.utils.data.get_worker_info() is None:
         return
     _MALLOC_TUNED = True
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD, fixed (no adaptive raise)
-    except (OSError, AttributeError):
-        pass  # not glibc: its allocator decides
+    glibc_mallopt((M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))  # fixed (no adaptive raise)
 
 
 class BatchDataset(torch.utils.data.Dataset):
