@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from dataio.errors import StateError
 from dataio.loader.config import check_int
 from dataio.loader.history import HISTORY_KEY, HistoryKeeper
-from dataio.loader.state import added_sources
+from dataio.loader.state import added_sources, check_state
 from dataio.plan.types import PlanConfig, PlanState, Topology
 
 
 class PlanPosition:
     """Mixin: the position (`_state`, `_delivered`, `_finished`) and history of a loader whose class
-    sets `topology`, `fingerprint`, `plan_config` and `history` when it is built."""
+    sets `topology`, `fingerprint`, `plan_config` and `history` when it is built, and replays a saved
+    position with its own `_steps_from(state)` (ValueError or IndexError past the epoch)."""
 
     topology: Topology
     fingerprint: str
@@ -24,6 +26,7 @@ class PlanPosition:
     _state: PlanState
     _delivered: int
     _finished: bool
+    _active_steps: Any  # the epoch's step plan while an iteration runs, else None
 
     @property
     def rank(self) -> int:
@@ -49,6 +52,19 @@ class PlanPosition:
         """A scheduled mixture's requested shares at the run's sample `samples_seen`; None for fixed weights."""
         shares_at = getattr(self.mixture, "shares_at", None)  # only a ScheduledMixture has a schedule
         return list(shares_at(samples_seen)) if shares_at is not None else None
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
+        if self._active_steps is not None:
+            raise RuntimeError("load_state_dict during an iteration; call it between epochs")
+        state = check_state(state_dict, fingerprint=self.fingerprint, plan_config=self.plan_config,
+                            mixture=self.mixture)
+        try:
+            self._steps_from(state)  # replays the saved progress: refuses positions past the epoch
+        except (ValueError, IndexError) as exc:
+            raise StateError(f"loader state does not fit this dataset: {exc}") from None
+        self.history.load(state_dict, state, fingerprint=self.fingerprint, plan=self.plan_config)
+        self._state, self._delivered, self._finished = state, 0, False
 
     def sources_added_since(self, state_dict: dict[str, Any]) -> int:
         """Sources this loader's scheduled mixture appends to those `state_dict` was saved with (it

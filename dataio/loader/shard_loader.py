@@ -20,7 +20,7 @@ import torch
 
 from dataio.batch import ViewGuard
 from dataio.decode.cpu import DecodeConfig
-from dataio.errors import StateError, UnverifiedDataWarning
+from dataio.errors import UnverifiedDataWarning
 from dataio.format.manifest import Manifest
 from dataio.loader.config import LoaderConfig, Source, mean_sample_bytes, read_ahead_bytes
 from dataio.loader.facts import dataset_facts, where
@@ -38,7 +38,7 @@ from dataio.loader.mixing import (
 from dataio.loader.position import PlanPosition
 from dataio.loader.protocol import DatasetFacts
 from dataio.loader.startup import ShardCheck, agree_on_dataset
-from dataio.loader.state import check_state, make_state, saved_skips
+from dataio.loader.state import make_state, saved_skips
 from dataio.loader.stats import LoaderStats
 from dataio.loader.threads import ReaderThreads
 from dataio.loader.tickets import TicketSampler
@@ -331,19 +331,6 @@ class ShardLoader(PlanPosition):
         if ranges and self._active_steps is None:
             self._state = self._next_start().skipping(ranges)
             self._delivered, self._finished = 0, False
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
-        if self._active_steps is not None:
-            raise RuntimeError("load_state_dict during an iteration; call it between epochs")
-        state = check_state(state_dict, fingerprint=self.fingerprint, plan_config=self.plan_config,
-                            mixture=self.mixture)
-        try:
-            self._steps_from(state)  # replays the saved progress: refuses positions past the epoch
-        except (ValueError, IndexError) as exc:
-            raise StateError(f"loader state does not fit this dataset: {exc}") from None
-        self.history.load(state_dict, state, fingerprint=self.fingerprint, plan=self.plan_config)
-        self._state, self._delivered, self._finished = state, 0, False
 
     def close(self) -> None:
         """Stop the worker processes or reader threads now (processes also stop when the loader is

@@ -29,7 +29,7 @@ from dataio.loader.history import HistoryKeeper
 from dataio.loader.position import PlanPosition
 from dataio.loader.protocol import DatasetFacts
 from dataio.loader.startup import agree_on_dataset
-from dataio.loader.state import check_state, make_state
+from dataio.loader.state import make_state
 from dataio.loader.token_batches import TokenJob, worker_batches
 from dataio.loader.token_open import open_token_sources, token_facts
 from dataio.loader.token_procs import TokenProcesses
@@ -211,14 +211,7 @@ class TokenLoader(PlanPosition):
         if saved is None or json.loads(saved) != mine:
             raise StateError(f"cannot resume: the state was saved by a loader of {saved or 'samples, not tokens'}, "
                              f"this one reads {mine}; build the loader with the same seq_len and packing")
-        state = check_state(state_dict, fingerprint=self.fingerprint, plan_config=self.plan_config,
-                            mixture=self.mixture)
-        try:
-            self._steps_from(state)  # replays the saved progress: refuses positions past the epoch
-        except (ValueError, IndexError) as exc:
-            raise StateError(f"loader state does not fit this dataset: {exc}") from None
-        self.history.load(state_dict, state, fingerprint=self.fingerprint, plan=self.plan_config)
-        self._state, self._delivered, self._finished = state, 0, False
+        super().load_state_dict(state_dict)
 
     def close(self) -> None:
         """Stop the reader threads now."""
