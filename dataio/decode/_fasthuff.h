@@ -16,10 +16,12 @@
  * are bit for bit libjpeg's (tests/dataio/test_decode_region.py).
  *
  * Only where that is simple: sequential Huffman, 8-bit samples, one scan with every component,
- * no restart interval, every table present; anything else keeps libjpeg's own decoder.
- * Corrupt data behaves as in libjpeg: running into a marker or the end of data, or an invalid
- * code, raises libjpeg's warning (JWRN_HIT_MARKER / JWRN_HUFF_BAD_CODE), which the strict error
- * manager turns into an error.
+ * every table present (restart intervals included); anything else keeps libjpeg's own decoder.
+ * Corrupt data: running into a marker, an invalid code, a wrong restart marker raise libjpeg's
+ * warnings (JWRN_HIT_MARKER, JWRN_HUFF_BAD_CODE, JWRN_MUST_RESYNC), which the strict error manager
+ * turns into errors; data without an EOI marker is refused before any decoding (JWRN_JPEG_EOF),
+ * whatever the window. Where both decode a damaged file the pixels are libjpeg's; which damaged
+ * files each refuses can differ (libjpeg reads ahead differently, and only as far as a window needs).
  */
 #ifndef DATAIO_FASTHUFF_H
 #define DATAIO_FASTHUFF_H
@@ -63,6 +65,7 @@ typedef struct {
     uint64_t buf;           /* bit buffer, MSB first: its top `bits` bits are valid */
     int bits, pad;          /* pad: zero bits appended at a marker or the end of data (at the bottom) */
     int marker;             /* a marker (or the end) was met: no more data bytes */
+    int restarts_to_go, next_restart; /* MCUs left in this restart interval; the next RSTn's n */
     j_decompress_ptr cinfo;
     int last_dc[MAX_COMPS_IN_SCAN];
     int blocks;
@@ -279,8 +282,33 @@ static inline void fh_block(j_decompress_ptr cinfo, fh_state *st, const fh_table
     st->buf = buf, st->bits = bits;
 }
 
+/* At a restart interval's end: the next bytes must be the expected RSTn marker (only fill 0xFFs
+ * before it, fewer than 8 bits left unused); then a fresh bit buffer and DC predictions. Anything
+ * else is libjpeg's JWRN_MUST_RESYNC, which the strict error manager turns into an error. */
+static void fh_restart(j_decompress_ptr cinfo, fh_state *st) {
+    const uint8_t *q = st->p;
+    while (q < st->end && *q == 0xFF) {
+        q++;
+    }
+    int found = q < st->end ? *q : -1;
+    if (q == st->p || found != 0xD0 + st->next_restart || st->bits - st->pad >= 8) {
+        WARNMS2(cinfo, JWRN_MUST_RESYNC, found, st->next_restart);
+    }
+    st->p = q < st->end ? q + 1 : st->end;
+    st->buf = 0, st->bits = 0, st->pad = 0, st->marker = 0;
+    memset(st->last_dc, 0, sizeof st->last_dc);
+    st->next_restart = (st->next_restart + 1) & 7;
+    st->restarts_to_go = (int)cinfo->restart_interval;
+}
+
 static boolean fh_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
     fh_state *st = (fh_state *)cinfo->client_data;
+    if (cinfo->restart_interval) {
+        if (st->restarts_to_go == 0) {
+            fh_restart(cinfo, st);
+        }
+        st->restarts_to_go--;
+    }
     for (int b = 0; b < st->blocks; b++) {
         fh_block(cinfo, st, st->dc[b], st->ac[b], &st->last_dc[st->comp[b]], MCU_data ? MCU_data[b][0] : NULL);
     }
@@ -294,10 +322,20 @@ static boolean fh_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
     return TRUE;
 }
 
+/* Whether an EOI marker follows p (searched from the end: the last bytes, unless a trailer follows). */
+static int fh_has_eoi(const uint8_t *p, const uint8_t *end) {
+    for (const uint8_t *q = end - 2; q >= p; q--) {
+        if (q[0] == 0xFF && q[1] == 0xD9) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Take over the entropy decoding of a decompressor started on a jpeg_mem_src buffer; 1 if it did,
  * 0 where libjpeg's decoder stays (see the conditions at the top). */
 static int fh_install(j_decompress_ptr cinfo, fh_state *st) {
-    if (cinfo->progressive_mode || cinfo->arith_code || cinfo->data_precision != 8 || cinfo->restart_interval ||
+    if (cinfo->progressive_mode || cinfo->arith_code || cinfo->data_precision != 8 ||
         cinfo->Ss != 0 || cinfo->Se != 63 || cinfo->Ah != 0 || cinfo->Al != 0 ||
         cinfo->comps_in_scan != cinfo->num_components || cinfo->blocks_in_MCU > D_MAX_BLOCKS_IN_MCU ||
         cinfo->comps_in_scan > MAX_COMPS_IN_SCAN || cinfo->entropy == NULL || cinfo->src == NULL) {
@@ -321,7 +359,14 @@ static int fh_install(j_decompress_ptr cinfo, fh_state *st) {
     }
     st->p = cinfo->src->next_input_byte;
     st->end = st->p + cinfo->src->bytes_in_buffer;
+    if (!fh_has_eoi(st->p, st->end)) {
+        /* Cut short: refused whatever the window (libjpeg reads only as far as the window needs, so
+         * whether it noticed depended on the crop); the strict error manager does not return. */
+        WARNMS(cinfo, JWRN_JPEG_EOF);
+        return 0;
+    }
     st->buf = 0, st->bits = 0, st->pad = 0, st->marker = 0;
+    st->restarts_to_go = (int)cinfo->restart_interval, st->next_restart = 0;
     st->cinfo = cinfo;
     cinfo->client_data = st;
     ((fh_entropy_head *)(void *)cinfo->entropy)->decode_mcu = fh_decode_mcu;
