@@ -201,19 +201,19 @@ static inline void fh_refill(fh_state *st, uint64_t *buf, int *bits) {
     *buf = st->buf, *bits = st->bits;
 }
 
-/* A code longer than the table's lookahead: the symbol. At least 32 bits in the buffer. */
-static int fh_slow_symbol(j_decompress_ptr cinfo, const fh_table *t, uint64_t *buf, int *bits) {
+/* A code longer than the table's lookahead, at the top of buf (at least 32 valid bits): its length
+ * << 8 | its symbol. The buffer goes by value so that the caller's stays in registers. */
+static int fh_slow_symbol(j_decompress_ptr cinfo, const fh_table *t, uint64_t buf) {
     int l = t->built + 1;
-    int32_t code = (int32_t)(*buf >> (64 - l));
+    int32_t code = (int32_t)(buf >> (64 - l));
     while (code > t->maxcode[l]) {
         if (++l > 16) {
             WARNMS(cinfo, JWRN_HUFF_BAD_CODE); /* the strict error manager does not return */
-            return 0;
+            return 16 << 8;
         }
-        code = (int32_t)(*buf >> (64 - l));
+        code = (int32_t)(buf >> (64 - l));
     }
-    *buf <<= l, *bits -= l;
-    return t->huffval[(t->valoffset[l] + code) & 0xFF];
+    return l << 8 | t->huffval[(t->valoffset[l] + code) & 0xFF];
 }
 
 /* The extra bits of a size-s coefficient (s >= 1), sign-extended. */
@@ -244,7 +244,9 @@ static inline void fh_block(j_decompress_ptr cinfo, fh_state *st, const fh_table
             buf <<= e.len & 0x7f, bits -= e.len & 0x7f;
             s = e.run & 15;
         } else {
-            s = fh_slow_symbol(cinfo, dc, &buf, &bits) & 15;
+            int got = fh_slow_symbol(cinfo, dc, buf);
+            buf <<= got >> 8, bits -= got >> 8;
+            s = got & 15;
         }
         v = s ? fh_extra(&buf, &bits, s) : 0;
     }
@@ -269,7 +271,9 @@ static inline void fh_block(j_decompress_ptr cinfo, fh_state *st, const fh_table
                 buf <<= e.len & 0x7f, bits -= e.len & 0x7f;
                 rs = e.run;
             } else {
-                rs = fh_slow_symbol(cinfo, ac, &buf, &bits);
+                int got = fh_slow_symbol(cinfo, ac, buf);
+                buf <<= got >> 8, bits -= got >> 8;
+                rs = got & 0xFF;
             }
             int s = rs & 15;
             k += s ? rs >> 4 : (rs == 0xF0 ? 15 : FH_EOB);
