@@ -17,7 +17,7 @@ setup: $(STAMP) region
 # the decoders use simplejpeg (they say so once per process).
 region: $(REGION_STAMP)
 
-$(REGION_STAMP): $(STAMP) setup.py dataio/decode/_region.c
+$(REGION_STAMP): $(STAMP) setup.py dataio/decode/_region.c dataio/decode/_fasthuff.h
 	test -f /usr/include/jpeglib.h || $(APT) || sudo -n sh -c '$(APT)' \
 		|| echo "libjpeg-turbo headers missing (apt-get install libjpeg62-turbo-dev): JPEG region decode not built"
 	$(PY) -c "import setuptools" 2>/dev/null || $(PY) -m pip install -q setuptools

@@ -8,4 +8,5 @@ built, `pip install -e .` still succeeds and the decoder uses simplejpeg, saying
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("dataio.decode._region", ["dataio/decode/_region.c"], libraries=["jpeg"],
+                             depends=["dataio/decode/_fasthuff.h"],
                              extra_compile_args=["-O2"], optional=True)])

@@ -5,7 +5,8 @@
 Part 1, one core, bytes in memory, images per CPU-second of this process (torch and DALI on one
 thread), candidates interleaved, medians: the full-size decode alone (this machine's full-decode
 limit), today's path (simplejpeg's DCT-scaled decode + crop), PIL (draft + crop), DALI's CPU
-`decoders.image_slice`, and region decode; on baseline and progressive ~500x375 JPEGs.
+`decoders.image_slice`, and region decode (with the extension's entropy decoder, and with
+libjpeg's own); on baseline and progressive ~500x375 JPEGs.
 Then where one image's time goes on the region path (decode, entropy floor, resize, layout).
 Part 2, the loader: DECODE (2 workers, batch 256, 10k ImageNet-like JPEGs from tools.make_synthetic)
 with region decode, with it switched off (today's code), and webdataset, each run in a fresh
@@ -34,7 +35,7 @@ import torch
 from PIL import Image
 
 from benchmarks.bench_decode import make_jpegs, webdataset_style
-from benchmarks.region_report import FULL, LOADER_SET, OURS, PEER, TODAY, prepend_report
+from benchmarks.region_report import FULL, LOADER_SET, OURS, OURS_LIBJPEG, PEER, TODAY, prepend_report
 from dataio.decode import region
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.rand import sample_seed
@@ -55,6 +56,17 @@ def _per_image(fn: Callable[[bytes, int], object]) -> Batch:
 def _ours(decoder: str, train: bool = True) -> Batch:
     dec = CpuDecoder(DecodeConfig(size=SIZE, decoder=decoder, train=train))
     return lambda blobs, start: dec.decode_batch(blobs, seeds=[sample_seed(0, 0, start + i) for i in range(len(blobs))])
+
+
+def _libjpeg_entropy(fn: Batch) -> Batch:
+    """fn with libjpeg's own entropy decoder in place of the extension's (region.set_fast_entropy)."""
+    def run(blobs: Sequence[bytes], start: int) -> None:
+        before = region.set_fast_entropy(False)
+        try:
+            fn(blobs, start)
+        finally:
+            region.set_fast_entropy(before)
+    return run
 
 
 def _dali_cpu() -> Batch | None:
@@ -79,6 +91,7 @@ def candidates() -> dict[str, Batch]:
     rng = np.random.default_rng(0)
     rows = {FULL: _per_image(lambda d, i: simplejpeg.decode_jpeg(d)),
             TODAY: _ours("simplejpeg"), "RRC: PIL (draft + crop)": _ours("pil"), OURS: _ours("region"),
+            OURS_LIBJPEG: _libjpeg_entropy(_ours("region")),
             PEER: _per_image(lambda d, i: webdataset_style(d, rng)),
             "centre crop: today": _ours("simplejpeg", train=False), "centre crop: region decode": _ours("region", False)}
     dali = _dali_cpu()
@@ -158,6 +171,9 @@ def parts(blobs: Sequence[bytes], repeats: int) -> dict[str, float]:
         "  of which entropy decoding down to the window's bottom": lambda: [
             region.decode_window(d, denom=n, window=(w[0], w[3] - 1, w[0] + 1, w[3]), scaled_hw=hw)
             for d, n, w, hw, _ in jobs],
+        "  the same with libjpeg's own entropy decoder": lambda: _libjpeg_entropy(lambda b, s: [
+            region.decode_window(d, denom=n, window=(w[0], w[3] - 1, w[0] + 1, w[3]), scaled_hw=hw)
+            for d, n, w, hw, _ in jobs])(blobs, 0),
         "antialiased resize to 224 (interleaved out)": lambda: [_resize_hwc(c, SIZE) for c in crops],
         "planes + flip (C)": lambda: [region.to_planes(r, slot, flip=j[4]) for r, j in zip(resized, jobs)],
         "whole decode_batch, per image": lambda: dec.decode_batch(blobs, seeds=seeds),

@@ -13,6 +13,7 @@ from tools.machine import machine_markdown
 FULL = "decode only: simplejpeg, full size"
 LOADER_SET = "loader's (tools.make_synthetic)"
 TODAY, OURS, PEER = "RRC: today (simplejpeg scaled decode + crop)", "RRC: region decode", "RRC: webdataset-style"
+OURS_LIBJPEG = "RRC: region decode, libjpeg's entropy decoder"  # the region path before _fasthuff.h
 
 MARK = "<!-- runs above: bench_region.py; below: bench_decode.py -->"
 

@@ -6,6 +6,9 @@
  *
  *   to_planes(src, dst, height, width, flip): (H, W, 3) RGB -> (3, H, W) planes, mirrored if flip
  *
+ * The entropy decoding of baseline JPEGs goes through _fasthuff.h (~22% less time than libjpeg's own,
+ * the same coefficients); set_fast_huffman(False) keeps libjpeg's, for comparison.
+ *
  * The window [x0, x1) x [y0, y1) is in pixels of the image scaled by 1/denom (libjpeg rounds the
  * scaled size up). Any libjpeg warning (corrupt or truncated data) is an error, like simplejpeg's
  * strict mode, so the caller can fall back to its usual decoder and its usual error. The GIL is
@@ -18,6 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <jpeglib.h>
+#include <pthread.h>
+
+#include "_fasthuff.h"
 
 #if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 1005000
 #error "libjpeg-turbo >= 1.5 is needed (jpeg_crop_scanline, jpeg_skip_scanlines)"
@@ -39,6 +45,24 @@ static void on_message(j_common_ptr cinfo, int level) {
     if (level < 0) { /* a warning: corrupt data that libjpeg would paper over */
         on_error(cinfo);
     }
+}
+
+/* The fast Huffman decoder's state (~36 KB with its tables), one per thread: decodes run in parallel
+ * with the GIL released, and a thread's tables are reused while the images' tables are the same. */
+static pthread_key_t fh_key;
+static int fh_enabled = 1, fh_key_ok = 0;
+static long fh_decodes = 0; /* decodes that took the fast entropy decoder (atomic), for tests */
+
+static fh_state *fh_thread_state(void) {
+    if (!fh_key_ok) {
+        return NULL;
+    }
+    fh_state *st = (fh_state *)pthread_getspecific(fh_key);
+    if (st == NULL && (st = (fh_state *)calloc(1, sizeof *st)) != NULL && pthread_setspecific(fh_key, st) != 0) {
+        free(st);
+        st = NULL;
+    }
+    return st;
 }
 
 typedef struct {
@@ -74,6 +98,12 @@ static int run_region(struct jpeg_decompress_struct *cinfo, strict_error_mgr *er
     int right = job->x1 < (int)cinfo->output_width ? job->x1 + 1 : job->x1;
     JDIMENSION xoff = (JDIMENSION)left, width = (JDIMENSION)(right - left);
     jpeg_crop_scanline(cinfo, &xoff, &width); /* widens to iMCU columns: xoff <= left, end >= right */
+    fh_state *fast = fh_enabled ? fh_thread_state() : NULL;
+    if (fast != NULL) {
+        if (fh_install(cinfo, fast)) { /* where it applies; else libjpeg's own entropy decoder */
+            __atomic_add_fetch(&fh_decodes, 1, __ATOMIC_RELAXED);
+        }
+    }
     job->row = (JSAMPLE *)malloc((size_t)width * 3);
     if (job->row == NULL) {
         snprintf(err->message, sizeof err->message, "out of memory");
@@ -187,11 +217,32 @@ static PyObject *region_to_planes(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *region_set_fast_huffman(PyObject *self, PyObject *args) {
+    (void)self;
+    int flag;
+    if (!PyArg_ParseTuple(args, "p", &flag)) {
+        return NULL;
+    }
+    int before = fh_enabled && fh_key_ok;
+    fh_enabled = flag;
+    return PyBool_FromLong(before);
+}
+
+static PyObject *region_fast_huffman_decodes(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    return PyLong_FromLong(__atomic_load_n(&fh_decodes, __ATOMIC_RELAXED));
+}
+
 static PyMethodDef methods[] = {
     {"decode", region_decode, METH_VARARGS,
      "decode(data, denom, x0, y0, x1, y1[, scaled_w, scaled_h]) -> bytearray: the window's RGB rows"},
     {"to_planes", region_to_planes, METH_VARARGS,
      "to_planes(src, dst, height, width, flip): (H, W, 3) RGB bytes -> (3, H, W) planes in dst, mirrored if flip"},
+    {"set_fast_huffman", region_set_fast_huffman, METH_VARARGS,
+     "set_fast_huffman(flag) -> bool: use the fast entropy decoder (default True; False: libjpeg's own), "
+     "returning whether it was used before (benchmarks and parity tests compare the two)"},
+    {"fast_huffman_decodes", region_fast_huffman_decodes, METH_NOARGS,
+     "fast_huffman_decodes() -> int: decodes in this process that took the fast entropy decoder"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -199,6 +250,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_region",
                                     "JPEG region decode over libjpeg-turbo", -1, methods};
 
 PyMODINIT_FUNC PyInit__region(void) {
+    fh_key_ok = pthread_key_create(&fh_key, free) == 0;
     PyObject *mod = PyModule_Create(&module);
     if (mod != NULL) {
         PyModule_AddIntConstant(mod, "LIBJPEG_TURBO_VERSION", LIBJPEG_TURBO_VERSION_NUMBER);
