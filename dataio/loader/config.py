@@ -135,9 +135,9 @@ class LoaderConfig:
         check_choice("on_corrupt", self.on_corrupt, ON_CORRUPT)
         check_choice("multiprocessing_context", self.multiprocessing_context, START_METHODS)
         check_choice("worker_mode", self.worker_mode, WORKER_MODES)
-        if self.worker_mode == "threads" and self.decode is not None:
-            raise ValueError(f"worker_mode='threads' is for raw bytes (decode=None); decode={self.decode!r} "
-                             "needs worker processes (worker_mode='processes' or 'auto')")
+        if self.worker_mode == "threads" and self.decode == "dali":
+            raise ValueError("worker_mode='threads' is for decode=None or 'cpu'; decode='dali' reads its bytes "
+                             "in worker processes (worker_mode='processes' or 'auto')")
         if isinstance(self.fields, str):
             raise TypeError(f"fields must be a sequence of names, not the string {self.fields!r}")
         if self.fields is not None:
