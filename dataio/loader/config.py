@@ -98,14 +98,13 @@ class LoaderConfig:
     # RAW bytes packed into reused slabs (dataio/stream/slabs.py): a batch's PackedBytes stay valid
     # until the caller asks for the next batch; False: fresh tensors the caller may keep.
     reuse_buffers: bool = False
-    # Who runs the num_workers plan workers: "threads" (reader threads in this process; decode=None or
-    # "cpu"), "processes" (DataLoader workers), "auto": threads for decode=None or "cpu" on tar shards
-    # (one dataset or a mixture of tar sources) without a transform/collate hook (loader/threads.py
-    # threads_fit), processes otherwise.
+    # Who runs the num_workers plan workers: "threads" (reader threads in this process, RAW only),
+    # "processes" (DataLoader workers), "auto": threads for decode=None on tar shards (one dataset or a
+    # mixture of tar sources) without a transform/collate hook (loader/threads.py), processes otherwise.
     worker_mode: str = "auto"
     # Worker processes start when the loader is built (each reading its first window), not at the
-    # first next(); with decode="cpu" in worker processes (no transform/collate hook, no reuse_buffers)
-    # each iteration's first batch is decoded in this process with num_workers threads while they start
+    # first next(); with decode="cpu" (no transform/collate hook, no reuse_buffers) each iteration's
+    # first batch is decoded in this process with num_workers threads while they start
     # (loader/first_batch.py). With num_workers=0 (RAW from local files) the first window is laid
     # out in a thread while the loader is built. The batches and their order are the same either
     # way; False: workers start at the first iteration and make every batch.

@@ -40,13 +40,14 @@ from dataio.loader.protocol import DatasetFacts
 from dataio.loader.startup import ShardCheck, agree_on_dataset
 from dataio.loader.state import make_state, saved_skips
 from dataio.loader.stats import LoaderStats
-from dataio.loader.threads import ReaderThreads, threads_fit
+from dataio.loader.threads import ReaderThreads
 from dataio.loader.tickets import TicketSampler
 from dataio.plan.skip import ids_to_ranges, in_ranges
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.storage.store import Store
 from dataio.stream.collate import HEDGES_KEY, SKIPPED_KEY
 from dataio.stream.job import JobDataset, WorkerJob
+from dataio.stream.raw import raw_fast_path
 from dataio.stream.slabs import SlabKeeper, release_pooled
 from dataio.stream.worker import BatchDataset
 
@@ -104,7 +105,7 @@ class ShardLoader(PlanPosition):
         self._dataloader: torch.utils.data.DataLoader | None = None
         self._threads: ReaderThreads | None = None
         self.uses_threads = self.num_workers > 0 and (
-            config.worker_mode == "threads" or (config.worker_mode == "auto" and threads_fit(self._worker_job())))
+            config.worker_mode == "threads" or (config.worker_mode == "auto" and raw_fast_path(self._worker_job())))
         # Worker processes' slabs stay mapped in this process while it holds them (slabs.py).
         self._slab_keeper = (SlabKeeper(max_storages=4 * max(1, self.num_workers) * (config.prefetch_factor + 2))
                              if config.reuse_buffers and not self.uses_threads else None)

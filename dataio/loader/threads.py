@@ -37,18 +37,6 @@ THREAD_PREFIX = "dataio-reader"
 _POLL_S = 0.1  # how often a blocked thread or the caller looks whether the iteration stopped
 
 
-def threads_fit(job: WorkerJob) -> bool:
-    """worker_mode='auto': whether reader threads run the plan's workers. RAW tar batches
-    (raw_fast_path), and decode='cpu' of tar shards: every stage releases the GIL (measured: ~10-17%
-    more samples per CPU-s than worker processes; docs/guides). A user transform or collate hook is
-    Python that holds the GIL per sample, and decoding Parquet shards was not measured: those keep
-    worker processes (worker_mode='threads' runs them in threads all the same)."""
-    if raw_fast_path(job):
-        return True
-    return (job.decode == "cpu" and job.transform is None and job.collate is None
-            and all(d.manifest.format == "tar" for d in job.datasets))
-
-
 class ReaderThreads:
     """Batches of one loader from `num_workers` threads; `iterate` once per iteration."""
 

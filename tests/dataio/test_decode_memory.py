@@ -70,7 +70,7 @@ def epoch_summaries(url: str, **options) -> list[tuple]:
 def test_batch_by_batch_reads_make_the_batches_whole_windows_make(
         dataset, monkeypatch, num_workers, batch_size, shuffle_window, tail) -> None:
     options = dict(num_workers=num_workers, batch_size=batch_size, shuffle_window=shuffle_window, tail=tail,
-                   multiprocessing_context="fork" if num_workers else None, worker_mode="processes")
+                   multiprocessing_context="fork" if num_workers else None)
     by_batch = epoch_summaries(dataset, **options)
     monkeypatch.setattr(decoded, "reads_by_sample", lambda job: False)
     whole_windows = epoch_summaries(dataset, **options)
@@ -104,7 +104,7 @@ def test_a_worker_decodes_into_the_shared_memory_the_batch_travels_in(dataset, m
     stream = WorkerStream(OpenJob(job), 0, PlanState(epoch=0))
     here = stream.batch(0)
     stream.close()
-    assert not here["image"].is_shared()  # the main process (threads, num_workers=0): the StoragePool
+    assert not here["image"].is_shared()  # the main process (num_workers=0): the heap
     # What a DataLoader worker does (in this process, so the tensor is seen before any pickling):
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
     stream = WorkerStream(OpenJob(job), 0, PlanState(epoch=0))

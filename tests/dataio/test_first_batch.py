@@ -12,19 +12,13 @@ import psutil
 import pytest
 from PIL import Image
 
-import dataio
+from dataio import make_loader
 from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.errors import CorruptSampleError
 from tests.dataio.loader_helpers import ALL_KEYS, batch_summary, real_keys, take
 from tests.dataio.resume_harness import check_save_load_state
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def make_loader(url, **options):
-    """With worker processes, whose start-up the first batch made in the main process hides
-    (reader threads, worker_mode "auto" for decode="cpu" on tar, have none to hide)."""
-    return dataio.make_loader(url, **{"worker_mode": "processes", **options})
 
 
 def summaries(url: str, epochs: int = 2, **options) -> tuple[list[list[tuple]], int]:

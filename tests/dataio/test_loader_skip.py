@@ -108,8 +108,7 @@ def test_skipping_what_is_skipped_already_changes_nothing(sources) -> None:
 def test_decoded_batches_in_worker_processes_skip_too(tmp_path) -> None:
     url = str(tmp_path / "images")
     write_tar_dataset(Store(url), [13, 7, 22, 5], real_images=True)
-    options = dict(batch_size=4, image_size=16, seed=2, shuffle_window=8, num_workers=2,  # decode="cpu"
-                   worker_mode="processes")
+    options = dict(batch_size=4, image_size=16, seed=2, shuffle_window=8, num_workers=2)  # decode="cpu"
     with make_loader(url, **options) as loader:
         it = iter(loader)
         first = ids_of([next(it) for _ in range(2)])
