@@ -98,9 +98,10 @@ class LoaderConfig:
     # RAW bytes packed into reused slabs (dataio/stream/slabs.py): a batch's PackedBytes stay valid
     # until the caller asks for the next batch; False: fresh tensors the caller may keep.
     reuse_buffers: bool = False
-    # Who runs the num_workers plan workers: "threads" (reader threads in this process, RAW only),
-    # "processes" (DataLoader workers), "auto": threads for decode=None on tar shards (one dataset or a
-    # mixture of tar sources) without a transform/collate hook (loader/threads.py), processes otherwise.
+    # Who runs the num_workers plan workers: "threads" (reader threads in this process; decode=None or
+    # "cpu"), "processes" (DataLoader workers), "auto": threads for decode=None on tar shards (one dataset
+    # or a mixture of tar sources) without a transform/collate hook (loader/threads.py), processes
+    # otherwise (decoding threads take the GIL from the training loop's own ops: docs/guides/loading.md).
     worker_mode: str = "auto"
     # Worker processes start when the loader is built (each reading its first window), not at the
     # first next(); with decode="cpu" (no transform/collate hook, no reuse_buffers) each iteration's

@@ -31,7 +31,7 @@ from dataio.plan.types import PlanState
 from dataio.stream.job import Ticket, WorkerJob
 from dataio.stream.raw import raw_fast_path
 from dataio.stream.raw_io import process_io
-from dataio.stream.worker import BatchDataset
+from dataio.stream.worker import BatchDataset, return_freed_buffers
 
 THREAD_PREFIX = "dataio-reader"
 _POLL_S = 0.1  # how often a blocked thread or the caller looks whether the iteration stopped
@@ -44,6 +44,8 @@ class ReaderThreads:
         # RAW streams share one process's I/O threads and window buffers; decoding streams read
         # through their own Prefetcher (each its read-ahead budget, as each worker process has).
         self.io = process_io(job, num_streams=num_workers) if raw_fast_path(job) else None
+        if self.io is None:
+            return_freed_buffers(in_threads=True)  # the worker processes' malloc tuning, here
         self.datasets = [BatchDataset(job, io=self.io) for _ in range(num_workers)]
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory and torch.cuda.is_available()
