@@ -215,9 +215,10 @@ class SlabKeeper:
     def keep(self, batch: Any) -> None:
         if not isinstance(batch, dict):
             return
-        for value in batch.values():
-            if isinstance(value, PackedBytes):  # only these live on slabs (never images or labels)
-                storage = value.data.untyped_storage()
+        for name, value in batch.items():
+            # PackedBytes and decoded images live on slabs (never labels or masks)
+            if isinstance(value, PackedBytes) or (name == "image" and isinstance(value, torch.Tensor)):
+                storage = (value.data if isinstance(value, PackedBytes) else value).untyped_storage()
                 key = storage.data_ptr()
                 self._storages[key] = storage
                 self._storages.move_to_end(key)

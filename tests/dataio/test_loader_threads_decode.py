@@ -8,7 +8,10 @@ JPEG raises naming its shard and key, or is substituted as in processes.
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import torch
 
 from dataio import make_loader
 from dataio.errors import CorruptSampleError
@@ -126,3 +129,26 @@ def test_threads_refuse_dali_and_accept_cpu_decode():
     LoaderConfig(batch_size=4, decode="cpu", worker_mode="threads")
     with pytest.raises(ValueError, match="decode='dali'.*worker_mode='processes'"):
         LoaderConfig(batch_size=4, decode="dali", worker_mode="threads")
+
+
+@pytest.mark.parametrize("num_workers,mode", [(0, "processes"), (2, "processes"), (2, "threads")])
+def test_decoded_images_on_reused_slabs_are_the_fresh_ones(dataset, num_workers, mode):
+    """reuse_buffers=True: the images too are decoded into the worker's reused slabs (shared memory
+    with processes), read as each batch arrives: the same pixels as fresh tensors."""
+    options = dict(batch_size=3, shuffle_window=5, num_workers=num_workers, worker_mode=mode,
+                   multiprocessing_context="fork" if num_workers else None)
+    assert summaries(dataset, reuse_buffers=True, **options) == summaries(dataset, **options)
+
+
+def test_a_slab_image_is_kept_while_the_caller_holds_the_batch(dataset):
+    options = dict(batch_size=2, num_workers=2, worker_mode="processes", multiprocessing_context="fork",
+                   prefetch_factor=1)
+    expected = summaries(dataset, epochs=1, **options)[0]
+    with make_loader(dataset, rank=0, world_size=1, reuse_buffers=True, **DECODE, **options) as loader:
+        got = []
+        for batch in loader:
+            before = batch["image"].clone()
+            time.sleep(0.02)  # the workers run ahead meanwhile
+            assert torch.equal(batch["image"], before)
+            got.append(batch_summary(batch))
+    assert got == expected
