@@ -95,8 +95,9 @@ class LoaderConfig:
     # The epoch's samples (None: the sum of the sources' sizes); one dataset given another size is
     # resampled as a mixture of one (plan/mix.py).
     epoch_samples: int | None = None
-    # RAW bytes packed into reused slabs (dataio/stream/slabs.py): a batch's PackedBytes stay valid
-    # until the caller asks for the next batch; False: fresh tensors the caller may keep.
+    # RAW bytes and decoded images packed into reused slabs (dataio/stream/slabs.py): a batch's
+    # PackedBytes and images stay valid until the caller asks for the next batch; False: tensors the
+    # caller may keep.
     reuse_buffers: bool = False
     # Who runs the num_workers plan workers: "threads" (reader threads in this process; decode=None or
     # "cpu"), "processes" (DataLoader workers), "auto": threads for decode=None on tar shards (one dataset
@@ -165,7 +166,7 @@ class LoaderConfig:
         if not isinstance(self.reuse_buffers, bool):
             raise TypeError(f"reuse_buffers must be True or False, got {self.reuse_buffers!r}")
         if self.reuse_buffers and self.decode == "dali":
-            raise ValueError("reuse_buffers=True is for raw bytes (decode=None or 'cpu'); DALI holds batches ahead")
+            raise ValueError("reuse_buffers=True is for decode=None or 'cpu'; DALI holds batches ahead")
         check_label_space(self.label_space)
         if self.decode == "dali" and (self.transform is not None or self.collate is not None):
             raise ValueError("decode='dali' decodes in the main process: transform/collate hooks need decode='cpu' or None")
