@@ -11,16 +11,16 @@ of shared storages hits while a reference lives), so nothing is mapped per batch
 Decoded images (decode="cpu") go on the same slabs: a fresh 38.5 MB shared batch of 256 images
 costs ~85 us of page faults per image, a slab written before a few us.
 
-Lifetime: a batch's PackedBytes (and images) are views of a slab. They stay valid until the caller asks for
-the next batch (the loop moves on); after that the worker may write another batch there. Each
-ticket the main process sends carries `released_below`: the number of batches of the iteration
+Lifetime: a batch's PackedBytes (and images) are views of a slab. They stay valid until the
+caller asks for the next batch (the loop moves on); after that the worker may write another
+batch there. Each ticket the main process sends carries `released_below`: the number of batches of the iteration
 the caller has moved past. A slab is rewritten only once the batch that filled it is below that
 mark (or belongs to an earlier iteration), so nothing still in the DataLoader's queues, its
 reordering buffer or the caller's hands is ever overwritten. Keep a batch's bytes beyond that
 with `.clone()` (or leave `reuse_buffers=False`, the default: fresh tensors per batch).
 `pin_memory=True` pins the tensors torch knows how to pin (labels, mask, images: pinned copies,
-independent of the slab); PackedBytes fields stay in their slab and follow the rule above. Reader threads (threads.py) keep one ring
-per thread, in ordinary memory, under the same rule.
+independent of the slab); PackedBytes fields stay in their slab and follow the rule above.
+Reader threads (threads.py) keep one ring per thread, in ordinary memory, under the same rule.
 
 Without reuse_buffers, batches built in the caller's process (reader threads, num_workers=0)
 still avoid fresh pages: StoragePool reuses a storage only once nothing but the pool refers to
