@@ -131,12 +131,15 @@ def test_threads_refuse_dali_and_accept_cpu_decode():
         LoaderConfig(batch_size=4, decode="dali", worker_mode="threads")
 
 
-@pytest.mark.parametrize("num_workers,mode", [(0, "processes"), (2, "processes"), (2, "threads")])
-def test_decoded_images_on_reused_slabs_are_the_fresh_ones(dataset, num_workers, mode):
+@pytest.mark.parametrize("num_workers,mode,context", [
+    (0, "processes", None), (2, "processes", "fork"), (2, "threads", None),
+    pytest.param(2, "processes", "spawn", marks=pytest.mark.slow),  # spawned workers import torch: seconds
+])
+def test_decoded_images_on_reused_slabs_are_the_fresh_ones(dataset, num_workers, mode, context):
     """reuse_buffers=True: the images too are decoded into the worker's reused slabs (shared memory
     with processes), read as each batch arrives: the same pixels as fresh tensors."""
     options = dict(batch_size=3, shuffle_window=5, num_workers=num_workers, worker_mode=mode,
-                   multiprocessing_context="fork" if num_workers else None)
+                   multiprocessing_context=context)
     assert summaries(dataset, reuse_buffers=True, **options) == summaries(dataset, **options)
 
 
