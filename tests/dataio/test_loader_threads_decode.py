@@ -154,4 +154,6 @@ def test_a_slab_image_is_kept_while_the_caller_holds_the_batch(dataset):
             time.sleep(0.02)  # the workers run ahead meanwhile
             assert torch.equal(batch["image"], before)
             got.append(batch_summary(batch))
+        kept = loader._slab_keeper._storages  # the slabs this process keeps mapped (slabs.py SlabKeeper)
+        assert 0 < len(kept) < len(got)  # the images came on a few reused slabs, not a fresh one each
     assert got == expected
