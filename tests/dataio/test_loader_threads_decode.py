@@ -39,6 +39,7 @@ def summaries(url: str, epochs: int = 2, **options) -> list[list[tuple]]:
 @pytest.mark.parametrize("options", [
     dict(batch_size=4, shuffle_window=6, num_workers=2),  # processes: the first batch made in main
     dict(batch_size=3, shuffle_window=5, num_workers=3, reuse_buffers=True, train=False),
+    dict(batch_size=4, num_workers=2, transform=lambda image: 255 - image),  # a hook runs in the threads too
 ])
 def test_decoding_threads_deliver_what_worker_processes_deliver(dataset, options):
     threads = summaries(dataset, worker_mode="threads", **options)
