@@ -95,12 +95,14 @@ class LoaderConfig:
     # The epoch's samples (None: the sum of the sources' sizes); one dataset given another size is
     # resampled as a mixture of one (plan/mix.py).
     epoch_samples: int | None = None
-    # RAW bytes packed into reused slabs (dataio/stream/slabs.py): a batch's PackedBytes stay valid
-    # until the caller asks for the next batch; False: fresh tensors the caller may keep.
+    # RAW bytes and decoded images packed into reused slabs (dataio/stream/slabs.py): a batch's
+    # PackedBytes and images stay valid until the caller asks for the next batch; False: tensors the
+    # caller may keep.
     reuse_buffers: bool = False
-    # Who runs the num_workers plan workers: "threads" (reader threads in this process, RAW only),
-    # "processes" (DataLoader workers), "auto": threads for decode=None on tar shards (one dataset or a
-    # mixture of tar sources) without a transform/collate hook (loader/threads.py), processes otherwise.
+    # Who runs the num_workers plan workers: "threads" (reader threads in this process; decode=None or
+    # "cpu"), "processes" (DataLoader workers), "auto": threads for decode=None on tar shards (one dataset
+    # or a mixture of tar sources) without a transform/collate hook (loader/threads.py), processes
+    # otherwise (decoding threads take the GIL from the training loop's own ops: docs/guides/loading.md).
     worker_mode: str = "auto"
     # Worker processes start when the loader is built (each reading its first window), not at the
     # first next(); with decode="cpu" (no transform/collate hook, no reuse_buffers) each iteration's
@@ -135,9 +137,9 @@ class LoaderConfig:
         check_choice("on_corrupt", self.on_corrupt, ON_CORRUPT)
         check_choice("multiprocessing_context", self.multiprocessing_context, START_METHODS)
         check_choice("worker_mode", self.worker_mode, WORKER_MODES)
-        if self.worker_mode == "threads" and self.decode is not None:
-            raise ValueError(f"worker_mode='threads' is for raw bytes (decode=None); decode={self.decode!r} "
-                             "needs worker processes (worker_mode='processes' or 'auto')")
+        if self.worker_mode == "threads" and self.decode == "dali":
+            raise ValueError("worker_mode='threads' is for decode=None or 'cpu'; decode='dali' reads its bytes "
+                             "in worker processes (worker_mode='processes' or 'auto')")
         if isinstance(self.fields, str):
             raise TypeError(f"fields must be a sequence of names, not the string {self.fields!r}")
         if self.fields is not None:
@@ -164,7 +166,7 @@ class LoaderConfig:
         if not isinstance(self.reuse_buffers, bool):
             raise TypeError(f"reuse_buffers must be True or False, got {self.reuse_buffers!r}")
         if self.reuse_buffers and self.decode == "dali":
-            raise ValueError("reuse_buffers=True is for raw bytes (decode=None or 'cpu'); DALI holds batches ahead")
+            raise ValueError("reuse_buffers=True is for decode=None or 'cpu'; DALI holds batches ahead")
         check_label_space(self.label_space)
         if self.decode == "dali" and (self.transform is not None or self.collate is not None):
             raise ValueError("decode='dali' decodes in the main process: transform/collate hooks need decode='cpu' or None")

@@ -15,6 +15,11 @@ The order never changes: the main process runs slot 0's own stream limited to ba
 those of the workers alone. The hand-over is at a fixed position, batch 0 of each iteration, and
 only when slot 0's first windows hold that batch alone (a fresh epoch; not a resume inside a
 larger window, which would be read twice): otherwise the workers make every batch, as before.
+
+Reader threads (worker_mode="threads") do not take this path: it exists to hide the worker
+processes' start-up, and threads have none (no fork, no imports, no pipe); thread 0 decodes batch
+0 on one core while thread 1 decodes batch 1 (measured: 0.27-0.30 s to the first batch of 256,
+as with processes and this path, 0.23-0.29 s, on 2 shared cores).
 """
 
 from __future__ import annotations

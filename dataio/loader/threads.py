@@ -1,12 +1,16 @@
-"""num_workers reader threads in the main process, in place of DataLoader worker processes (RAW).
+"""num_workers reader threads in the main process, in place of DataLoader worker processes.
 
 Thread i runs exactly the WorkerSlot stream that DataLoader worker i would run (its own
-BatchDataset, so its own reader), on the tickets worker i would get: batches i, i + n, i + 2n...
-The caller takes them round robin, batch k from thread k % n, which is the order the DataLoader
-delivers; so the sample order, state_dict and resume are those of the process mode, bit for bit.
-Why threads: a RAW batch is file reads and large copies, which release the GIL; one process
-spares the batch's trip through shared memory, the workers' start-up and their memory, and lets
-the threads share one prefetch budget (stream/raw_io.py).
+BatchDataset, so its own reader and decoder), on the tickets worker i would get: batches i, i + n,
+i + 2n... The caller takes them round robin, batch k from thread k % n, which is the order the
+DataLoader delivers; so the sample order, the pixels, state_dict and resume are those of the
+process mode, bit for bit.
+Why threads: a RAW batch is file reads and large copies, and a decode="cpu" batch is libjpeg,
+torch's resize and the planes copy, all of which release the GIL (~12 us of Python per image
+holds it). One process spares the batch's trip through shared memory, a fresh shared-memory
+batch per batch (its page faults: ~85 us per 224x224 image; threads take the images from the
+StoragePool, slabs.py), the workers' start-up and their memory, and lets RAW threads share one
+prefetch budget (stream/raw_io.py).
 
 A thread's error is raised in the caller, as the same exception (its message names the URL and
 sample key); stopping the iteration (its end, `break`, an error, `close()`) stops and joins
@@ -25,8 +29,9 @@ import torch
 
 from dataio.plan.types import PlanState
 from dataio.stream.job import Ticket, WorkerJob
+from dataio.stream.raw import raw_fast_path
 from dataio.stream.raw_io import process_io
-from dataio.stream.worker import BatchDataset
+from dataio.stream.worker import BatchDataset, return_freed_buffers
 
 THREAD_PREFIX = "dataio-reader"
 _POLL_S = 0.1  # how often a blocked thread or the caller looks whether the iteration stopped
@@ -36,7 +41,11 @@ class ReaderThreads:
     """Batches of one loader from `num_workers` threads; `iterate` once per iteration."""
 
     def __init__(self, job: WorkerJob, *, num_workers: int, prefetch_factor: int, pin_memory: bool) -> None:
-        self.io = process_io(job, num_streams=num_workers)
+        # RAW streams share one process's I/O threads and window buffers; decoding streams read
+        # through their own Prefetcher (each its read-ahead budget, as each worker process has).
+        self.io = process_io(job, num_streams=num_workers) if raw_fast_path(job) else None
+        if self.io is None:
+            return_freed_buffers(in_threads=True)  # the worker processes' malloc tuning, here
         self.datasets = [BatchDataset(job, io=self.io) for _ in range(num_workers)]
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory and torch.cuda.is_available()
@@ -94,7 +103,8 @@ class ReaderThreads:
         self._threads = []
         for ds in self.datasets:
             ds.close()
-        self.io.close()
+        if self.io is not None:
+            self.io.close()
 
     close = stop
 

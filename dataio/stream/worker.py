@@ -26,17 +26,19 @@ from dataio.stream.slabs import SlabRing
 _MALLOC_TUNED = False
 
 
-def return_freed_buffers() -> None:
-    """In a DataLoader worker, make glibc give multi-MB read buffers back to the system when freed.
+def return_freed_buffers(*, in_threads: bool = False) -> None:
+    """In a DataLoader worker (or, `in_threads`, a process whose reader threads decode: the same
+    reads and decodes, moved there), make glibc give multi-MB read buffers back when freed.
 
     Every ranged read returns a fresh bytes object of several MB, allocated in the prefetch
     threads' arenas. glibc's adaptive threshold soon serves such sizes from those arenas, which
     then fragment and keep growing over an epoch (measured: one reader's RSS crept ~350 MB above
     its window + prefetch budget on a 40k-sample epoch). A fixed 1 MB mmap threshold keeps memory
-    at the budget, for the price of page faults on each read.
+    at the budget, for the price of page faults on each read (measured with 2 decoding reader
+    threads: peak PSS 533 MiB instead of 597, the same CPU time).
     """
     global _MALLOC_TUNED
-    if _MALLOC_TUNED or torch.utils.data.get_worker_info() is None:
+    if _MALLOC_TUNED or (not in_threads and torch.utils.data.get_worker_info() is None):
         return
     _MALLOC_TUNED = True
     glibc_mallopt((M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))  # fixed (no adaptive raise)

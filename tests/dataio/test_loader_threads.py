@@ -176,8 +176,8 @@ def test_worker_mode_is_checked():
 
     with pytest.raises(ValueError, match="worker_mode"):
         LoaderConfig(batch_size=4, worker_mode="fibers")
-    with pytest.raises(ValueError, match="decode=None"):
-        LoaderConfig(batch_size=4, decode="cpu", worker_mode="threads")
+    with pytest.raises(ValueError, match="decode=None or 'cpu'"):
+        LoaderConfig(batch_size=4, decode="dali", worker_mode="threads")
 
 
 def test_decoding_and_parquet_keep_worker_processes(dataset, tmp_path):
