@@ -46,6 +46,7 @@ from dataio.plan.skip import ids_to_ranges, in_ranges
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.storage.store import Store
 from dataio.stream.collate import HEDGES_KEY, SKIPPED_KEY
+from dataio.stream.image_slots import SlotReleaser
 from dataio.stream.job import JobDataset, WorkerJob
 from dataio.stream.raw import raw_fast_path
 from dataio.stream.slabs import SlabKeeper, release_pooled
@@ -109,6 +110,8 @@ class ShardLoader(PlanPosition):
         # Worker processes' slabs stay mapped in this process while it holds them (slabs.py).
         self._slab_keeper = (SlabKeeper(max_storages=4 * max(1, self.num_workers) * (config.prefetch_factor + 2))
                              if config.reuse_buffers and not self.uses_threads else None)
+        self._slot_releaser = (SlotReleaser(max_storages=4 * self.num_workers * (config.prefetch_factor + 2))
+                               if self._pools_images() else None)
         self._dali: Any = None
         self._views: ViewGuard | None = None  # the per-sample views of the last reused-buffer batch
         in_main = first_batch_in_main(config, uses_threads=self.uses_threads, num_workers=self.num_workers)
@@ -246,6 +249,9 @@ class ShardLoader(PlanPosition):
                 self._delivered += 1  # counted as it leaves: the state is what the caller got
                 if self._slab_keeper is not None:
                     self._slab_keeper.keep(batch)
+                if self._slot_releaser is not None:  # the workers may reuse what the caller let go
+                    self._slot_releaser.track(batch)
+                    self._slot_releaser.release_unused()
                 guard = ViewGuard() if self.config.reuse_buffers and isinstance(batch, dict) else None
                 if guard is not None:  # per-sample views live as long as the slab (batch.py)
                     self._views, batch = guard, guard.attach(batch)
@@ -302,7 +308,17 @@ class ShardLoader(PlanPosition):
                                             mean_sample_bytes=mean_sample_bytes(opened.manifests)),
             max_in_flight=c.max_in_flight, cache_dir=c.cache_dir,
             cache_limit_bytes=c.cache_limit_bytes, slice_bytes=c.shuffle_window_bytes, reuse_buffers=c.reuse_buffers,
+            pooled_images=self._pools_images(),
         )
+
+    def _pools_images(self) -> bool:
+        """Whether worker processes decode into pooled storages this process releases (image_slots.py):
+        it must see each batch's own image tensor, so not with a collate hook, nor when the
+        DataLoader pins batches (the pinned copy replaces it)."""
+        c = self.config
+        return (c.decode == "cpu" and not c.reuse_buffers and c.collate is None and self.num_workers > 0
+                and not getattr(self, "uses_threads", True)  # undecided while the first job is built
+                and not (c.pin_memory and torch.cuda.is_available()))
 
     def _dali_decoder(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
         if self._dali is None:

@@ -31,6 +31,7 @@ from dataio.stream.fields import (
     label_field,
     parse_value,
 )
+from dataio.stream.image_slots import shared_slots
 from dataio.stream.job import OpenJob
 from dataio.stream.slabs import active_ring, recycled_uint8
 
@@ -247,9 +248,10 @@ def _images_out(opened: OpenJob, n: int) -> torch.Tensor | None:
     """The (n, 3, size, size) batch tensor the decoder fills in place; fresh pages cost ~85 us of
     page faults per 224x224 image (a 38.5 MB batch of 256), reused ones a few us. With
     reuse_buffers=True it is on the serving SlabRing (shared memory in a worker; valid until the
-    caller asks for the next batch). Else, in a DataLoader worker, fresh shared memory, where the
-    batch travels from (decoded there, it is not built in the heap and copied as it is sent); in
-    the caller's process (reader threads, num_workers=0, the first batch) from the StoragePool."""
+    caller asks for the next batch). Else, in a DataLoader worker, shared memory, where the batch
+    travels from (decoded there, it is not built in the heap and copied as it is sent), reused once
+    nothing in the main process refers to it (image_slots.py); in the caller's process (reader
+    threads, num_workers=0, the first batch) from the StoragePool."""
     if n == 0:
         return None
     decoder = opened.decoder
@@ -262,10 +264,13 @@ def _images_out(opened: OpenJob, n: int) -> torch.Tensor | None:
     if torch.utils.data.get_worker_info() is None:
         return recycled_uint8(num_bytes).view(dtype).view(n, 3, size, size)
     try:
-        storage = torch.UntypedStorage._new_shared(num_bytes)
+        if opened.job.pooled_images:  # reused once the main process let go (image_slots.py)
+            out = shared_slots().allocate(num_bytes)
+        else:
+            out = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(num_bytes), 0, (num_bytes,))
     except (AttributeError, RuntimeError):  # private API (torch's collate uses it): the decoder allocates
         return None
-    return torch.empty(0, dtype=dtype).set_(storage, 0, (n, 3, size, size))
+    return out.view(dtype).view(n, 3, size, size)
 
 
 def decode_one(opened: OpenJob, sample: dict[str, Any], seed: int) -> np.ndarray:

@@ -74,6 +74,9 @@ class WorkerJob:
     cache_limit_bytes: int | None
     slice_bytes: int | None = None  # Parquet row groups bigger than this (the window budget) are read in slices
     reuse_buffers: bool = False  # pack raw bytes into this process's SlabRing (slabs.py)
+    # Decoded images on the worker's pooled shared storages, which the main process releases
+    # (image_slots.py): only where it sees the batch's own image tensor (no collate hook, no pinning).
+    pooled_images: bool = False
 
     @property
     def batch_size(self) -> int:

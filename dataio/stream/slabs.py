@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import sys
 import threading
 from collections import OrderedDict
@@ -190,6 +191,18 @@ class StoragePool:
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 _POOL = StoragePool()
+
+
+def _pool_in_child() -> None:
+    """A forked child (a DataLoader worker) starts with a pool of its own: the parent's lock may
+    have been held by one of its threads at the fork (a read thread allocating), and the parent's
+    storages are the parent's."""
+    global _POOL
+    _POOL = StoragePool(_POOL.max_storages)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_pool_in_child)
 
 
 def recycled_uint8(num_bytes: int) -> torch.Tensor:
