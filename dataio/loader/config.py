@@ -99,6 +99,11 @@ class LoaderConfig:
     # PackedBytes and images stay valid until the caller asks for the next batch; False: tensors the
     # caller may keep.
     reuse_buffers: bool = False
+    # DECODE: batches' read buffers and, in worker processes, their decoded images stay allocated
+    # and are reused once nothing refers to them (stream/image_slots.py, slabs.StoragePool): no
+    # lifetime rule, ~110 us of page faults less per sample, for the peak memory kept resident
+    # (measured, 2 workers, batch 256, 224 px: 476 -> 662 MiB PSS). False: fresh memory per batch.
+    pooled_buffers: bool = True
     # Who runs the num_workers plan workers: "threads" (reader threads in this process; decode=None or
     # "cpu"), "processes" (DataLoader workers), "auto": threads for decode=None on tar shards (one dataset
     # or a mixture of tar sources) without a transform/collate hook (loader/threads.py), processes
@@ -163,6 +168,8 @@ class LoaderConfig:
             raise TypeError(f"verify_checksums must be True or False, got {self.verify_checksums!r}")
         if not isinstance(self.early_start, bool):
             raise TypeError(f"early_start must be True or False, got {self.early_start!r}")
+        if not isinstance(self.pooled_buffers, bool):
+            raise TypeError(f"pooled_buffers must be True or False, got {self.pooled_buffers!r}")
         if not isinstance(self.reuse_buffers, bool):
             raise TypeError(f"reuse_buffers must be True or False, got {self.reuse_buffers!r}")
         if self.reuse_buffers and self.decode == "dali":

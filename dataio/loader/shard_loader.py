@@ -308,7 +308,7 @@ class ShardLoader(PlanPosition):
                                             mean_sample_bytes=mean_sample_bytes(opened.manifests)),
             max_in_flight=c.max_in_flight, cache_dir=c.cache_dir,
             cache_limit_bytes=c.cache_limit_bytes, slice_bytes=c.shuffle_window_bytes, reuse_buffers=c.reuse_buffers,
-            pooled_images=self._pools_images(),
+            pooled_images=self._pools_images(), pooled_reads=c.pooled_buffers,
         )
 
     def _pools_images(self) -> bool:
@@ -316,7 +316,7 @@ class ShardLoader(PlanPosition):
         it must see each batch's own image tensor, so not with a collate hook, nor when the
         DataLoader pins batches (the pinned copy replaces it)."""
         c = self.config
-        return (c.decode == "cpu" and not c.reuse_buffers and c.collate is None and self.num_workers > 0
+        return (c.decode == "cpu" and c.pooled_buffers and not c.reuse_buffers and c.collate is None and self.num_workers > 0
                 and not getattr(self, "uses_threads", True)  # undecided while the first job is built
                 and not (c.pin_memory and torch.cuda.is_available()))
 

@@ -82,7 +82,9 @@ class SampleReads:
         # From this process's StoragePool: a buffer is reused once nothing refers to it (every
         # sample's view of it gone), so its pages are not faulted in afresh each batch (~60 us per
         # sample of ~100 KB here); anything kept longer keeps its buffer out of reuse.
-        buffer = memoryview(recycled_uint8(ends[-1] if ends else 0).numpy()).cast("B")
+        size = ends[-1] if ends else 0
+        pooled = self.opened.job.pooled_reads
+        buffer = memoryview(recycled_uint8(size).numpy() if pooled else np.empty(size, dtype=np.uint8)).cast("B")
         out: list[dict[str, Any]] = []
         for piece, (begin, _), size, stop in zip(pieces, spans, sizes, ends):
             out.extend(reader.parse(piece, self._read(piece, begin, buffer[stop - size : stop])))

@@ -77,6 +77,7 @@ class WorkerJob:
     # Decoded images on the worker's pooled shared storages, which the main process releases
     # (image_slots.py): only where it sees the batch's own image tensor (no collate hook, no pinning).
     pooled_images: bool = False
+    pooled_reads: bool = True  # batch-by-batch reads into StoragePool buffers (LoaderConfig.pooled_buffers)
 
     @property
     def batch_size(self) -> int:

@@ -131,3 +131,17 @@ def test_a_forked_child_starts_with_empty_pools():
     thread.join()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_pooled_buffers_false_gives_fresh_memory_and_the_same_batches(dataset):
+    """pooled_buffers=False: every batch on a fresh storage (the memory goes as batches are dropped),
+    and the same pixels; a non-bool is refused."""
+    options = dict(num_workers=2, worker_mode="processes", multiprocessing_context="fork")
+    pooled = _epochs(dataset, 1, **options)
+    with make_loader(dataset, pooled_buffers=False, **options, **OPTIONS) as loader:
+        assert not loader._worker_job().pooled_images and not loader._worker_job().pooled_reads
+        fresh = [b["image"].clone() for b in loader]
+        assert loader._slot_releaser is None
+    assert len(fresh) == len(pooled[0]) and all(torch.equal(a, b) for a, b in zip(fresh, pooled[0]))
+    with pytest.raises(TypeError, match="pooled_buffers"):
+        make_loader(dataset, pooled_buffers="yes", **OPTIONS)
