@@ -241,6 +241,8 @@ def loader_rows(args: argparse.Namespace) -> dict[str, Any]:
     base = {"task": "decode", "batch_size": 256, "num_workers": 2, "epochs": 2, "url": shards}
     specs = {"shardify, region decode": {**base, "loader": "shardify", "region": True},
              "shardify, today (region off)": {**base, "loader": "shardify", "region": False},
+             "shardify, region decode, fresh buffers": {**base, "loader": "shardify",
+                                                         "options": {"pooled_buffers": False}},
              "webdataset": {**base, "loader": "webdataset", "tars": tar_urls(shards)}}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in specs}
     for _ in range(args.loader_repeats):

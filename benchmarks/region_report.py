@@ -72,7 +72,8 @@ def render(single: dict[str, Any], loader: dict[str, Any] | None, args: argparse
                 "| step | us per image, one core |", "|---|---:|",
                 *[f"| {name.strip()} | {us:,.0f} |" for name, us in single["parts"].items()], "",
                 "Entropy (Huffman) decoding cannot skip a row above the window's bottom edge nor a column beside it "
-                "(no restart markers): it is the floor of any region decode of these files.", ""]
+                "(no restart markers): it is the floor of any region decode of these files; the extension's own "
+                "Huffman decoder (dataio/decode/_fasthuff.h) does it in less time than libjpeg's, same coefficients.", ""]
     count, mean, worst = single["scale parity"]
     out += ["### Pixels", "",
             "At DCT scale 1 the region-decoded window equals the full decode's window bit for bit (tests/dataio/"
@@ -90,7 +91,9 @@ def render(single: dict[str, Any], loader: dict[str, Any] | None, args: argparse
                 "Each run is a fresh process (benchmarks.bench_loader.run_child, 2 epochs, the second timed); samples "
                 "per CPU-s count the CPU time of the loader's whole process tree (workers included), which other "
                 "load on the machine changes much less than samples/s; "
-                "\"today\" is the same code with the extension switched off in that process. The peers that need "
+                "\"today\" is the same code with the extension switched off in that process; \"fresh buffers\" is "
+                "the region path with pooled_buffers=False (fresh memory per batch, as before the pooled DECODE "
+                "buffers). The peers that need "
                 "benchmarks/.peers-venv (ImageFolder, Streaming, LitData: PIL + torchvision, like webdataset's "
                 "DECODE) were not run here.", ""]
     out += ["### Targets (issue 23)", "", *_targets(single, loader), ""]
