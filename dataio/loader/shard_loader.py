@@ -252,6 +252,9 @@ class ShardLoader(PlanPosition):
                 if self._slot_releaser is not None:  # the workers may reuse what the caller let go
                     self._slot_releaser.track(batch)
                     self._slot_releaser.release_unused()
+                    # The first batch's buffers (made here) go back once it is dropped: the workers
+                    # make the rest, so here they would only sit until the next iteration's first.
+                    release_pooled()
                 guard = ViewGuard() if self.config.reuse_buffers and isinstance(batch, dict) else None
                 if guard is not None:  # per-sample views live as long as the slab (batch.py)
                     self._views, batch = guard, guard.attach(batch)
