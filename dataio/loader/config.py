@@ -102,7 +102,7 @@ class LoaderConfig:
     # DECODE: batches' read buffers and, in worker processes, their decoded images stay allocated
     # and are reused once nothing refers to them (stream/image_slots.py, slabs.StoragePool): no
     # lifetime rule, ~110 us of page faults less per sample, for the peak memory kept resident
-    # (measured, 2 workers, batch 256, 224 px: 476 -> 662 MiB PSS). False: fresh memory per batch.
+    # (measured, 2 workers, batch 256, 224 px: peak PSS 476 -> 621 MiB). False: fresh memory per batch.
     pooled_buffers: bool = True
     # Who runs the num_workers plan workers: "threads" (reader threads in this process; decode=None or
     # "cpu"), "processes" (DataLoader workers), "auto": threads for decode=None on tar shards (one dataset
