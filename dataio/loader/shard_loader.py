@@ -107,11 +107,11 @@ class ShardLoader(PlanPosition):
         self._threads: ReaderThreads | None = None
         self.uses_threads = self.num_workers > 0 and (
             config.worker_mode == "threads" or (config.worker_mode == "auto" and raw_fast_path(self._worker_job())))
-        # Worker processes' slabs stay mapped in this process while it holds them (slabs.py).
-        self._slab_keeper = (SlabKeeper(max_storages=4 * max(1, self.num_workers) * (config.prefetch_factor + 2))
-                             if config.reuse_buffers and not self.uses_threads else None)
-        self._slot_releaser = (SlotReleaser(max_storages=4 * self.num_workers * (config.prefetch_factor + 2))
-                               if self._pools_images() else None)
+        # Worker processes' slabs and pooled image storages stay mapped in this process while it
+        # holds them (slabs.py, image_slots.py): a few per worker and field.
+        kept = 4 * max(1, self.num_workers) * (config.prefetch_factor + 2)
+        self._slab_keeper = SlabKeeper(kept) if config.reuse_buffers and not self.uses_threads else None
+        self._slot_releaser = SlotReleaser(kept) if self._pools_images() else None
         self._dali: Any = None
         self._views: ViewGuard | None = None  # the per-sample views of the last reused-buffer batch
         in_main = first_batch_in_main(config, uses_threads=self.uses_threads, num_workers=self.num_workers)
@@ -250,7 +250,7 @@ class ShardLoader(PlanPosition):
                 if self._slab_keeper is not None:
                     self._slab_keeper.keep(batch)
                 if self._slot_releaser is not None:  # the workers may reuse what the caller let go
-                    self._slot_releaser.track(batch)
+                    self._slot_releaser.keep(batch)
                     self._slot_releaser.release_unused()
                     # The first batch's buffers (made here) go back once it is dropped: the workers
                     # make the rest, so here they would only sit until the next iteration's first.

@@ -33,7 +33,7 @@ from dataio.stream.fields import (
 )
 from dataio.stream.image_slots import shared_slots
 from dataio.stream.job import OpenJob
-from dataio.stream.slabs import active_ring, recycled_uint8
+from dataio.stream.slabs import active_ring, fresh_uint8, recycled_uint8
 
 SKIPPED_KEY = "__skipped__"  # worker -> main only: URL#key of corrupt samples replaced; popped in main
 HEDGES_KEY = "__hedges__"  # worker -> main only: the worker's hedged-read counters since its last batch
@@ -267,7 +267,7 @@ def _images_out(opened: OpenJob, n: int) -> torch.Tensor | None:
         if opened.job.pooled_images:  # reused once the main process let go (image_slots.py)
             out = shared_slots().allocate(num_bytes)
         else:
-            out = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(num_bytes), 0, (num_bytes,))
+            out = fresh_uint8(num_bytes, shared=True)
     except (AttributeError, RuntimeError):  # private API (torch's collate uses it): the decoder allocates
         return None
     return out.view(dtype).view(n, 3, size, size)

@@ -8,7 +8,7 @@ storage is written again only once nothing in the main process refers to it any 
 How: each pooled storage ends with a 64-byte tail: a magic, how many times the worker filled it,
 how many times the main process released it. The worker (SharedSlots, one per process) writes a
 batch only into a storage whose two counts agree, else makes a new one (at most `max_slots`; beyond,
-fresh storages that nobody pools). The main process (SlotReleaser) keeps each such storage it
+fresh storages that nobody pools). The main process (SlotReleaser, a SlabKeeper) keeps each such storage it
 receives (so torch maps it once: it rebuilds a received storage from its cache while a reference
 lives) with the fill count of the batch it received there and, at each batch it delivers, marks
 released, up to that count, every kept storage whose use count says its own reference is the
@@ -21,10 +21,11 @@ in the queue while nothing here refers to it yet. A batch handed on to another p
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from typing import Any
 
 import torch
+
+from dataio.stream.slabs import SlabKeeper
 
 TAIL_BYTES = 64
 _MAGIC = int.from_bytes(b"SHFYSLOT", "little") & (2**63 - 1)
@@ -93,32 +94,24 @@ def shared_slots() -> SharedSlots:
     return _SLOTS
 
 
-class SlotReleaser:
+class SlotReleaser(SlabKeeper):
     """Main process: keep the pooled storages of received image batches; release the unused ones."""
 
-    def __init__(self, max_storages: int) -> None:
-        self.max_storages = max_storages
-        # data_ptr -> (storage, the fill count its last received batch had)
-        self._kept: OrderedDict[int, tuple[torch.UntypedStorage, int]] = OrderedDict()
-
-    def track(self, batch: Any) -> None:
-        """Keep the storage of `batch['image']` if a worker pooled it (its tail has the magic)."""
+    def keep(self, batch: Any) -> None:
+        """Keep the storage of `batch['image']` if a worker pooled it (its tail has the magic), with
+        the fill count of this batch."""
         image = batch.get("image") if isinstance(batch, dict) else None
         if not isinstance(image, torch.Tensor) or image.device.type != "cpu" or _use_count is None:
             return
         storage = image.untyped_storage()
         if storage.nbytes() < 2 * TAIL_BYTES or storage.nbytes() % TAIL_BYTES or int(_tail(storage)[_MAGIC_AT]) != _MAGIC:
             return
-        key = storage.data_ptr()
-        self._kept[key] = (storage, int(_tail(storage)[_FILLED_AT]))
-        self._kept.move_to_end(key)
-        while len(self._kept) > self.max_storages:  # unmapped here; the worker stops reusing it
-            self._kept.popitem(last=False)
+        self._hold(storage.data_ptr(), (storage, int(_tail(storage)[_FILLED_AT])))
 
     def release_unused(self) -> int:
         """Mark released every kept storage referred to by nothing but this keeper; how many."""
         released = 0
-        for storage, received in self._kept.values():
+        for storage, received in self._storages.values():
             if _use_count(storage._cdata) == 1:  # type: ignore[misc]  # only our reference
                 # Up to the batch received, never the tail's own count: the worker may have filled
                 # the storage again after our release, with that batch still in the queue to us.

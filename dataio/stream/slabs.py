@@ -90,7 +90,7 @@ class SlabRing:
             if free:  # too small: replace the smallest free slab by a larger one
                 self._slabs.remove(min(free, key=lambda s: s.storage.nbytes()))
             elif len(self._slabs) >= MAX_SLABS:
-                return _fresh(num_bytes, self.shared)
+                return fresh_uint8(num_bytes, self.shared)
             slab = _Slab(_new_storage(max(MIN_SLAB_BYTES, int(num_bytes * GROWTH)), self.shared))
             self._slabs.append(slab)
         slab.token, slab.batch_index = self._token, self._batch_index
@@ -139,7 +139,8 @@ def huge_pages(storage: torch.UntypedStorage) -> torch.UntypedStorage:
     return storage
 
 
-def _fresh(num_bytes: int, shared: bool) -> torch.Tensor:
+def fresh_uint8(num_bytes: int, shared: bool) -> torch.Tensor:
+    """A new uint8 tensor of num_bytes (in shared memory if `shared`), pooled by nobody."""
     return torch.empty(0, dtype=torch.uint8).set_(_new_storage(num_bytes, shared)) if shared else torch.empty(
         num_bytes, dtype=torch.uint8)
 
@@ -225,7 +226,7 @@ class SlabKeeper:
     def __init__(self, max_storages: int) -> None:
         # Slabs in use come back every few batches and stay; one a worker replaced by a larger one
         # ages out after `max_storages` others were seen (a few slabs per worker and field).
-        self._storages: OrderedDict[int, torch.UntypedStorage] = OrderedDict()
+        self._storages: OrderedDict[int, Any] = OrderedDict()  # data_ptr -> the storage (or what holds it)
         self.max_storages = max_storages
 
     def keep(self, batch: Any) -> None:
@@ -235,8 +236,11 @@ class SlabKeeper:
             # PackedBytes and decoded images live on slabs (never labels or masks)
             if isinstance(value, PackedBytes) or (name == "image" and isinstance(value, torch.Tensor)):
                 storage = (value.data if isinstance(value, PackedBytes) else value).untyped_storage()
-                key = storage.data_ptr()
-                self._storages[key] = storage
-                self._storages.move_to_end(key)
+                self._hold(storage.data_ptr(), storage)
+
+    def _hold(self, key: int, held: Any) -> None:
+        """Hold `held` under `key`, the newest; the oldest beyond max_storages go (unmapped here)."""
+        self._storages[key] = held
+        self._storages.move_to_end(key)
         while len(self._storages) > self.max_storages:
             self._storages.popitem(last=False)

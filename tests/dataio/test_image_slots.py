@@ -67,7 +67,7 @@ def test_a_slot_is_free_only_once_released():
     """Unit: the worker reuses a storage only after the releaser saw nothing else refer to it."""
     slots, releaser = SharedSlots(max_slots=2), SlotReleaser(max_storages=8)
     first = slots.allocate(1000)
-    releaser.track({"image": first})
+    releaser.keep({"image": first})
     assert releaser.release_unused() == 0  # `first` still refers to it
     second = slots.allocate(1000)
     assert second.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
@@ -77,8 +77,8 @@ def test_a_slot_is_free_only_once_released():
     third = slots.allocate(900)  # fits in the released one
     assert third.untyped_storage().data_ptr() == ptr
     fourth = slots.allocate(1000)  # two slots busy, the limit reached: a fresh storage nobody pools
-    releaser.track({"image": fourth})
-    assert slots.num_slots == 2 and len(releaser._kept) == 1
+    releaser.keep({"image": fourth})
+    assert slots.num_slots == 2 and len(releaser._storages) == 1
     del second, third, fourth
 
 
@@ -88,7 +88,7 @@ def test_a_refilled_slot_in_the_queue_is_not_released():
     slots, releaser = SharedSlots(max_slots=4), SlotReleaser(max_storages=8)
     batch = slots.allocate(512)
     ptr = batch.untyped_storage().data_ptr()
-    releaser.track({"image": batch})
+    releaser.keep({"image": batch})
     del batch
     assert releaser.release_unused() == 1
     refilled = slots.allocate(512)  # the worker reuses it: this batch is "in the queue"
