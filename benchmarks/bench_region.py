@@ -58,15 +58,17 @@ def _ours(decoder: str, train: bool = True) -> Batch:
     return lambda blobs, start: dec.decode_batch(blobs, seeds=[sample_seed(0, 0, start + i) for i in range(len(blobs))])
 
 
+def _with_libjpeg_entropy(fn: Callable[[], object]) -> None:
+    """fn() with libjpeg's own entropy decoder in place of the extension's (region.set_fast_entropy)."""
+    before = region.set_fast_entropy(False)
+    try:
+        fn()
+    finally:
+        region.set_fast_entropy(before)
+
+
 def _libjpeg_entropy(fn: Batch) -> Batch:
-    """fn with libjpeg's own entropy decoder in place of the extension's (region.set_fast_entropy)."""
-    def run(blobs: Sequence[bytes], start: int) -> None:
-        before = region.set_fast_entropy(False)
-        try:
-            fn(blobs, start)
-        finally:
-            region.set_fast_entropy(before)
-    return run
+    return lambda blobs, start: _with_libjpeg_entropy(lambda: fn(blobs, start))
 
 
 def _dali_cpu() -> Batch | None:
@@ -164,16 +166,17 @@ def parts(blobs: Sequence[bytes], repeats: int) -> dict[str, float]:
     crops = [region.decode_window(d, denom=n, window=w, scaled_hw=hw) for d, n, w, hw, _ in jobs]
     resized = [_resize_hwc(c, SIZE) for c in crops]
     slot = np.empty((3, SIZE, SIZE), dtype=np.uint8)
+
+    def bottom_rows() -> list[object]:  # a 1-pixel window on the window's bottom row: its entropy decoding
+        return [region.decode_window(d, denom=n, window=(w[0], w[3] - 1, w[0] + 1, w[3]), scaled_hw=hw)
+                for d, n, w, hw, _ in jobs]
+
     steps: dict[str, Callable[[], object]] = {
         "header, crop and flip drawn": lambda: [dec._plan(*jpeg_header(d)[:2], s) for d, s in zip(blobs, seeds)],
         "region decode of the window": lambda: [region.decode_window(d, denom=n, window=w, scaled_hw=hw)
                                                 for d, n, w, hw, _ in jobs],
-        "  of which entropy decoding down to the window's bottom": lambda: [
-            region.decode_window(d, denom=n, window=(w[0], w[3] - 1, w[0] + 1, w[3]), scaled_hw=hw)
-            for d, n, w, hw, _ in jobs],
-        "  the same with libjpeg's own entropy decoder": lambda: _libjpeg_entropy(lambda b, s: [
-            region.decode_window(d, denom=n, window=(w[0], w[3] - 1, w[0] + 1, w[3]), scaled_hw=hw)
-            for d, n, w, hw, _ in jobs])(blobs, 0),
+        "  of which entropy decoding down to the window's bottom": bottom_rows,
+        "  the same with libjpeg's own entropy decoder": lambda: _with_libjpeg_entropy(bottom_rows),
         "antialiased resize to 224 (interleaved out)": lambda: [_resize_hwc(c, SIZE) for c in crops],
         "planes + flip (C)": lambda: [region.to_planes(r, slot, flip=j[4]) for r, j in zip(resized, jobs)],
         "whole decode_batch, per image": lambda: dec.decode_batch(blobs, seeds=seeds),
