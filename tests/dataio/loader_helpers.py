@@ -3,8 +3,10 @@ k batches, the real keys of batches, and a batch summary for the resume harness.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import fsspec
 import torch
 
 from dataio import make_loader
@@ -57,3 +59,11 @@ def summary_keys(summary: tuple) -> list[str]:
     """`real_keys` for a batch_summary: the keys not flagged as padding."""
     keys, mask = summary[0], summary[1]
     return [k for k, m in zip(keys, mask) if m]
+
+
+def cleaned_memory_root(root: str) -> Iterator[str]:
+    """A fixture's body: yield the memory:// `root`, then remove whatever the test wrote under it."""
+    yield root
+    fs = fsspec.filesystem("memory")
+    if fs.exists(root):
+        fs.rm(root, recursive=True)

@@ -23,17 +23,7 @@ from dataio.loader.startup import ShardCheck
 from dataio.plan.types import Topology
 from dataio.storage.store import Store
 from tests.dataio.loader_helpers import ALL_KEYS, SIZES, TOTAL, real_keys, run_epoch
-from tests.dataio.shardgen import (
-    make_samples,
-    write_parquet_dataset,
-    write_tar_dataset,
-    write_tar_samples,
-)
-
-
-def write_tar_shards(store: Store, shards: list[list[dict]]) -> None:
-    """Publish given samples as tar shards + indexes + manifest (shardgen's layout)."""
-    write_tar_samples(store, shards)
+from tests.dataio.shardgen import write_parquet_dataset, write_tar_dataset
 
 
 # --- the batch contract ---------------------------------------------------------------------
@@ -171,15 +161,6 @@ def test_epochs_reshuffle_and_repeat(dataset) -> None:
 
 
 # --- corrupt samples --------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def corrupt_dataset(tmp_path_factory) -> tuple[str, str]:
-    shards = make_samples([6, 5], real_images=True)
-    shards[1][2]["jpg"] = b"\xff\xd8 this is not a jpeg"
-    root = str(tmp_path_factory.mktemp("corrupt") / "ds")
-    write_tar_shards(Store(root), shards)
-    return root, shards[1][2]["__key__"]
 
 
 def test_corrupt_sample_raises_naming_url_and_key(corrupt_dataset) -> None:

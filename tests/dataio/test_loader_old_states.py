@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import fsspec
 import pytest
 
+from tests.dataio.loader_helpers import cleaned_memory_root
 from tests.fixtures.states_91bd3a1.generate import ROOT, datasets, loader_of, summary
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "states_91bd3a1" / "states.json"
@@ -21,10 +21,7 @@ CASES = json.loads(FIXTURE.read_text())
 
 @pytest.fixture
 def memory_root():
-    yield ROOT
-    fs = fsspec.filesystem("memory")
-    if fs.exists(ROOT):
-        fs.rm(ROOT, recursive=True)
+    yield from cleaned_memory_root(ROOT)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

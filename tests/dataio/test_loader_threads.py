@@ -65,10 +65,10 @@ def test_reader_threads_deliver_what_worker_processes_deliver(dataset, num_worke
     assert not reader_threads()
 
 
-def resumed_run(url: str, mode: str) -> tuple[list[str], list[dict]]:
+def resumed_run(url: str, mode: str, base: dict | None = None) -> tuple[list[str], list[dict]]:
     """Stop at (world 2, 2 workers) after 3 batches, resume at (world 1, 3 workers) to the end: the
-    keys delivered and every state saved on the way."""
-    options = dict(RAW, batch_size=2, shuffle_window=5, worker_mode=mode, multiprocessing_context="fork")
+    keys delivered and every state saved on the way; loader options `base` (RAW's by default)."""
+    options = dict(base or RAW, batch_size=2, shuffle_window=5, worker_mode=mode, multiprocessing_context="fork")
 
     def make_at(topology):
         world_size, num_workers = topology

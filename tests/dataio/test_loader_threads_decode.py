@@ -15,12 +15,9 @@ import torch
 
 from dataio import make_loader
 from dataio.errors import CorruptSampleError
-from dataio.storage.store import Store
 from dataio.stream.slabs import MIN_SLAB_BYTES
 from tests.dataio.loader_helpers import TOTAL, batch_summary, summary_keys
-from tests.dataio.resume_harness import check_resume, loader_advance, loader_deliver
-from tests.dataio.shardgen import make_samples, write_tar_samples
-from tests.dataio.test_loader_threads import reader_threads
+from tests.dataio.test_loader_threads import reader_threads, resumed_run
 
 pytestmark = pytest.mark.timeout(300)
 DECODE = dict(decode="cpu", image_size=16, seed=5, tail="pad")
@@ -49,32 +46,10 @@ def test_decoding_threads_deliver_what_worker_processes_deliver(dataset, options
     assert not reader_threads()
 
 
-def resumed_run(url: str, mode: str) -> tuple[list[str], list[dict]]:
-    """Stop at (world 2, 2 workers) after 3 batches, resume at (world 1, 3 workers) to the end: the
-    keys delivered and every state saved on the way."""
-    options = dict(DECODE, batch_size=2, shuffle_window=5, worker_mode=mode, multiprocessing_context="fork")
-
-    def make_at(topology):
-        world_size, num_workers = topology
-        return [make_loader(url, rank=r, world_size=world_size, num_workers=num_workers, **options)
-                for r in range(world_size)]
-
-    states: list[dict] = []
-    advance = loader_advance(make_at)
-
-    def recording_advance(state, topology, batches):
-        states.append(advance(state, topology, batches))
-        return states[-1]
-
-    delivered, _ = check_resume(loader_deliver(make_at, batch_summary), recording_advance, summary_keys, None,
-                                [((2, 2), 3), ((1, 3), None)])
-    return delivered, states
-
-
 def test_a_decoding_resume_at_another_topology_is_the_same_in_threads_and_processes(dataset):
-    threads = resumed_run(dataset, "threads")
+    threads = resumed_run(dataset, "threads", DECODE)
     assert sorted(threads[0]) == sorted(f"{i:06d}" for i in range(TOTAL))
-    assert threads == resumed_run(dataset, "processes")
+    assert threads == resumed_run(dataset, "processes", DECODE)
 
 
 def test_kept_batches_stay_intact_and_dropped_ones_are_reused(dataset):
@@ -92,15 +67,6 @@ def test_kept_batches_stay_intact_and_dropped_ones_are_reused(dataset):
             buffers.add(storage.data_ptr())
             del batch, storage
     assert len(buffers) < len(expected)  # reused: the threads hold a few batches ahead, not all
-
-
-@pytest.fixture(scope="module")
-def corrupt_dataset(tmp_path_factory) -> tuple[str, str]:
-    shards = make_samples([6, 5], real_images=True)
-    shards[1][2]["jpg"] = b"\xff\xd8 this is not a jpeg"
-    root = str(tmp_path_factory.mktemp("corrupt") / "ds")
-    write_tar_samples(Store(root), shards)
-    return root, shards[1][2]["__key__"]
 
 
 def test_a_corrupt_jpeg_in_a_thread_raises_naming_shard_and_key(corrupt_dataset):
