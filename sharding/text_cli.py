@@ -10,7 +10,7 @@ from dataio.storage.store import Store
 from sharding.sources.text import BAD_UTF8_MODES, TextScan, open_text
 from sharding.write.config import WriteConfig
 from sharding.write.tokenizer import train_bpe
-from sharding.write.tokens import DEFAULT_TOKENS_PER_SHARD, token_write_config
+from sharding.write.token_writer import DEFAULT_TOKENS_PER_SHARD, token_write_config
 
 
 def _count(text: str) -> int:

@@ -16,7 +16,7 @@ from sharding.sources.base import Ref, Source
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TokenOptions:
-    """How `shardify write --tokenizer` tokenizes documents (sharding/write/tokens.py)."""
+    """How `shardify write --tokenizer` tokenizes documents (sharding/write/token_writer.py)."""
 
     tokenizer: str  # a tokenizer.json, or a NAME.tiktoken file
     tokenizer_hash: str  # "xxh3_64:<hex>" of that file: part of the resume fingerprint

@@ -16,7 +16,7 @@ from sharding.sources.base import RawSample, Ref, Source, extras_json
 from sharding.write.config import ShardResult, ShardTask, WriteConfig, WriteJob, without_used_advice
 from sharding.write.parquet import ParquetShardWriter, parquet_schema
 from sharding.write.tar import TarShardWriter
-from sharding.write.tokens import write_token_shard
+from sharding.write.token_writer import write_token_shard
 
 
 def prepare_image(sample: RawSample, config: WriteConfig) -> tuple[str, bytes]:
@@ -104,7 +104,7 @@ def write_shard(job: WriteJob, task: ShardTask, report: Callable[[int, int], Non
                 durable: bool = True) -> ShardResult:
     """Load, check and write the samples of one shard; publish it (and then its index) atomically.
     durable=False: no fsync of its files on local disk (the caller syncs them: `shard_files`)."""
-    if job.config.tokens is not None:  # text tokenized into a token shard (sharding/write/tokens.py)
+    if job.config.tokens is not None:  # text tokenized into a token shard (sharding/write/token_writer.py)
         return write_token_shard(job, task, report, durable=durable)
     dest, config, layout, rel = job.dest, job.config, job.layout, task.path
     skipped: list[dict[str, str]] = []

@@ -51,7 +51,7 @@ from sharding.write.resume import (
     resume_point,
 )
 from sharding.write.shard import shard_files, write_shard
-from sharding.write.tokens import appended_token_manifest, check_token_append, dropped_counts, token_manifest
+from sharding.write.token_writer import appended_token_manifest, check_token_append, dropped_counts, token_manifest
 
 __all__ = ["WriteConfig", "WriteReport", "prepare_destination", "write_dataset"]
 

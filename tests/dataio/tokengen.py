@@ -12,7 +12,7 @@ from dataio.format.checksums import checksum_bytes
 from dataio.format.manifest import Manifest, write_manifest
 from dataio.format.tokens import TokenizerInfo, TokensInfo, offsets_path, token_sums_path
 from dataio.storage.store import Store
-from sharding.write.tokens import TokenShardWriter
+from sharding.write.token_writer import TokenShardWriter
 
 TOKENIZER_HASH = "xxh3_64:0123456789abcdef"
 

@@ -18,7 +18,7 @@ from dataio.format.tokens import (
     read_token_range,
 )
 from dataio.storage.store import RetryPolicy, Store
-from sharding.write.tokens import TokenShardWriter
+from sharding.write.token_writer import TokenShardWriter
 
 INFO = TokensInfo(tokenizer=TokenizerInfo(name="t", kind="hf", vocab_size=1000, eos_id=0), dtype="uint16",
                   block_tokens=5)
