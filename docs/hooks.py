@@ -22,6 +22,7 @@ COMMANDS = {
     "shardify": ("sharding.cli", "main"),
     "trainer": ("trainer.__main__", "main"),
     "trainer.scaling": ("trainer.scaling", "main"),
+    "trainer.which": ("trainer.which", "main"),
     "tools.s3_server": ("tools.s3_server", "main"),
     "tools.cloud_servers": ("tools.cloud_servers", "main"),
 }
@@ -101,8 +102,12 @@ def _sub_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def _usage(parser: argparse.ArgumentParser) -> str:
-    usage = parser.format_usage().strip().removeprefix("usage: ")
-    return f"```text\n{usage}\n```"
+    """The usage block without argparse's "usage: " prefix, its continuation lines moved left as far
+    (argparse indents them to line up under the prefix)."""
+    prefix = "usage: "
+    first, *rest = parser.format_usage().strip().removeprefix(prefix).split("\n")
+    rest = [line.removeprefix(" " * len(prefix)) for line in rest]
+    return "```text\n" + "\n".join([first, *rest]) + "\n```"
 
 
 def _render_parser(parser: argparse.ArgumentParser, level: int) -> str:
