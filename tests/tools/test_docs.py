@@ -91,3 +91,30 @@ def test_usage_continuation_lines_line_up_under_the_program_name():
     assert first.startswith("tool sub [-h]") and rest, block
     indent = " " * len("tool sub ")
     assert all(line.startswith(indent) and line[len(indent)] != " " for line in rest), block
+
+
+def stale_verdicts(text: str, current: str) -> list[str]:
+    """The `verdict: ...` lines of a page that are not what the trainer prints today."""
+    return [line.strip() for line in text.splitlines() if line.strip().startswith("verdict: ")
+            and line.strip() != current]
+
+
+def test_the_pages_show_the_verdict_the_trainer_prints_today():
+    """README.md (no hook renders it) quotes the example run's verdict as today's trainer.report.verdict
+    words it; the training guide's marker is rendered from the same function and run."""
+    hooks, example = _hooks(), "examples/digits-run.json"
+    current = hooks.verdict_line(example)
+    readme = (ROOT / "README.md").read_text()
+    assert current in readme and stale_verdicts(readme, current) == []
+    guide = (ROOT / "docs" / "guides" / "training.md").read_text()
+    assert f"<!-- verdict: {example} -->" in guide and stale_verdicts(guide, current) == []
+    rendered = hooks.on_page_markdown(guide, page=None, config=None, files=None)
+    assert current in rendered and "<!-- verdict:" not in rendered
+
+
+def test_an_old_verdict_text_is_caught():
+    current = _hooks().verdict_line("examples/digits-run.json")
+    old = ("verdict: INPUT-BOUND: 16% of step time waits for data, 29% of loading work hidden; decode dominates "
+           "loading: try --decode dali, or more --num-workers (now 1)")
+    assert stale_verdicts(f"text\n{old}\n", current) == [old]
+    assert stale_verdicts(f"text\n{current}\n", current) == []
