@@ -3,7 +3,8 @@ links the benchmarks/*.md file it comes from, and the figure is in that file.
 
 A figure is a measured ratio with a decimal point (`1.47x`; a range `1.28-1.32x` is two), a rate
 (`2,372 samples/s`, `1,459 images per CPU-s`, `813 MB/s`), a time with a decimal point (`0.31 s`)
-or a peak memory (`1,010 MiB` in a sentence about the peak or PSS), quoted in the prose of
+or a peak memory (`1,010 MiB` in a sentence about the peak or PSS; a power of two there, `64 MiB`,
+is a limit or setting), quoted in the prose of
 README.md or a docs page. Not figures: fenced code blocks and inline code (a program's example
 output, checked where it matters by the tests of that program), integer multiples (`4x larger`,
 a rule's `3x the median`), and the settings in SETTINGS, each checked against the constant it
@@ -65,7 +66,7 @@ def figures(block: str) -> list[str]:
             found += [n for n in m.groups() if n]
     for sentence in re.split(r"(?<=\.)\s", block):
         if re.search(r"\bpeak|\bPSS\b", sentence, re.I):
-            found += [n for m in MEMORY.finditer(sentence) for n in m.groups() if n]
+            found += [n for m in MEMORY.finditer(sentence) for n in m.groups() if n and not _power_of_two(n)]
     return found
 
 
@@ -80,6 +81,12 @@ def newest_runs(text: str) -> str:
         kind = re.sub(r",? *\d{4}-\d\d-\d\d.*", "", section.split("\n", 1)[0])
         newest.setdefault(kind, re.split(r"^## The run before", section, maxsplit=1, flags=re.M)[0])
     return "\n".join(newest.values())
+
+
+def _power_of_two(number: str) -> bool:
+    """1, 16, 128 MiB...: a size limit or setting (a buffer, a budget), not a measured peak."""
+    value = float(number.replace(",", ""))
+    return value.is_integer() and value >= 1 and int(value) & (int(value) - 1) == 0
 
 
 def _appears(number: str, text: str) -> bool:
@@ -127,7 +134,8 @@ def test_a_made_up_or_unlinked_figure_is_caught():
     link = "([results_loader.md](../benchmarks/results_loader.md))"
     assert problems(page, f"Measured: 57,254 samples/s {link}.\n") == []  # a figure of that file
     for made_up in (f"Measured: 9.87x the best peer {link}.", f"Measured: 57,255 samples/s {link}.",
-                    f"Peak PSS 1,234 MiB {link}.", f"The first batch in 0.123 s {link}.",
+                    f"Peak PSS 1,234 MiB {link}.", f"A 50 MB document peaked at 391 MiB of RSS {link}.",
+                    f"The first batch in 0.123 s {link}.",
                     f"Measured: 1.28-9.99x {link}."):
         assert problems(page, made_up + "\n"), made_up
     assert problems(page, "Measured: 57,254 samples/s.\n")  # right figure, no link to its source
@@ -135,3 +143,4 @@ def test_a_made_up_or_unlinked_figure_is_caught():
     assert problems(page, f"The first batch of 256 in 0.31 s {first}.\n") == []
     assert problems(page, f"The first batch of 256 in 1.29 s {first}.\n")  # a run before the newest
     assert problems(page, "```text\nMeasured: 9.87x\n```\n") == []  # example output is not prose
+    assert problems(page, "Pieces of at most 1 MiB keep the peak within a 64 MiB buffer.\n") == []  # settings
