@@ -1,15 +1,16 @@
 """The rule that keeps the docs' figures from going stale: a page that quotes a measured figure
-links the benchmarks/*.md file it comes from, and the figure is in that file.
+links the benchmarks/*.md file it comes from, and the figure is in that file's newest run (a
+figure a later run replaced is stale).
 
 A figure is a measured ratio with a decimal point (`1.47x`; a range `1.28-1.32x` is two), a rate
 (`2,372 samples/s`, `1,459 images per CPU-s`, `813 MB/s`), a time with a decimal point (`0.31 s`)
 or a peak memory (`1,010 MiB` in a sentence about the peak or PSS; a power of two there, `64 MiB`,
-is a limit or setting), quoted in the prose of
-README.md or a docs page. Not figures: fenced code blocks and inline code (a program's example
-output, checked where it matters by the tests of that program), integer multiples (`4x larger`,
-a rule's `3x the median`), and the settings in SETTINGS, each checked against the constant it
-states. The figure must be one of the file's newest run: a figure a later run replaced is stale. Exempt: docs/changelog.md (the history, with the figures of its day) and README.md's
-Benchmarks table (a copy of the headline table, checked row by row in test_readme_ratios.py).
+is a limit or setting), quoted in the prose of README.md or a docs page. Not figures: fenced code
+blocks and inline code (a program's example output, checked where it matters by the tests of that
+program), integer multiples (`4x larger`, a rule's `3x the median`), and the settings in SETTINGS,
+each checked against the constant it states. Exempt: docs/changelog.md (the history, with the
+figures of its day) and README.md's Benchmarks table (a copy of the headline table, checked row by
+row in test_readme_ratios.py).
 """
 
 from __future__ import annotations
