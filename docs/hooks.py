@@ -1,17 +1,24 @@
-"""MkDocs hooks: the CLI reference is rendered from the argparse parsers at build time, and the
-benchmark pages are taken from benchmarks/ as they are.
+"""MkDocs hooks: the CLI reference is rendered from the argparse parsers at build time, a run's
+verdict from the trainer's own verdict function, and the benchmark pages are taken from
+benchmarks/ as they are.
 
 docs/reference/cli.md holds a marker per command (`<!-- cli: shardify -->`); each is replaced by
 that command's flags, defaults and help, read from the very parser that `--help` prints, so the
 page cannot drift from the code. The parser is caught as the entry point starts to parse
 (`main(["--help"])` never gets to print): no entry point needs to expose its parser for this.
 tests/tools/test_docs.py checks the rendered page against every `--help`.
+
+A `<!-- verdict: examples/RUN.json -->` marker (inside a run's console output) becomes the line
+`verdict: ...` that today's `trainer.report.verdict` gives for the report stored in that file, so
+a page never shows a verdict the code no longer prints; README.md, which no hook renders, is
+checked against the same function by tests/tools/test_docs.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -22,10 +29,12 @@ COMMANDS = {
     "shardify": ("sharding.cli", "main"),
     "trainer": ("trainer.__main__", "main"),
     "trainer.scaling": ("trainer.scaling", "main"),
+    "trainer.which": ("trainer.which", "main"),
     "tools.s3_server": ("tools.s3_server", "main"),
     "tools.cloud_servers": ("tools.cloud_servers", "main"),
 }
 MARKER = re.compile(r"<!-- cli: ([\w.]+) -->")
+VERDICT = re.compile(r"<!-- verdict: ([\w./-]+\.json) -->")
 
 
 class _Caught(BaseException):  # not Exception: an entry point may catch those to report them
@@ -101,8 +110,12 @@ def _sub_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def _usage(parser: argparse.ArgumentParser) -> str:
-    usage = parser.format_usage().strip().removeprefix("usage: ")
-    return f"```text\n{usage}\n```"
+    """The usage block without argparse's "usage: " prefix, its continuation lines moved left as far
+    (argparse indents them to line up under the prefix)."""
+    prefix = "usage: "
+    first, *rest = parser.format_usage().strip().removeprefix(prefix).split("\n")
+    rest = [line.removeprefix(" " * len(prefix)) for line in rest]
+    return "```text\n" + "\n".join([first, *rest]) + "\n```"
 
 
 def _render_parser(parser: argparse.ArgumentParser, level: int) -> str:
@@ -158,6 +171,20 @@ def on_files(files, config):
     return files
 
 
+def verdict_line(example: str) -> str:
+    """`verdict: ...` as the trainer prints it today for the run stored in docs/`example` (its report
+    fields, num_workers, decode and whether it had a GPU)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from trainer.report import verdict
+
+    run = json.loads((ROOT / "docs" / example).read_text())
+    return "verdict: " + verdict(run["report"], num_workers=run["num_workers"], decode=run["decode"],
+                                 has_gpu=run["has_gpu"])
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 - MkDocs' signature
-    """Replace each `<!-- cli: NAME -->` marker with NAME's rendered reference."""
+    """Replace each `<!-- cli: NAME -->` marker with NAME's rendered reference, and each
+    `<!-- verdict: FILE -->` with the verdict today's code gives for that run."""
+    markdown = VERDICT.sub(lambda m: verdict_line(m.group(1)), markdown)
     return MARKER.sub(lambda m: render(m.group(1)), markdown)
