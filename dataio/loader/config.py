@@ -145,8 +145,8 @@ class LoaderConfig:
         check_choice("multiprocessing_context", self.multiprocessing_context, START_METHODS)
         check_choice("worker_mode", self.worker_mode, WORKER_MODES)
         if self.worker_mode == "threads" and self.decode in ("dali", "auto"):
-            raise ValueError(f"worker_mode='threads' is for decode=None, 'cpu' or 'gpu'; decode={self.decode!r} reads "
-                             "its bytes in worker processes (worker_mode='processes' or 'auto')")
+            raise ValueError(f"worker_mode='threads' is for decode=None or 'cpu' (or 'gpu'); decode={self.decode!r} "
+                             "reads its bytes in worker processes (worker_mode='processes' or 'auto')")
         if isinstance(self.fields, str):
             raise TypeError(f"fields must be a sequence of names, not the string {self.fields!r}")
         if self.fields is not None:
