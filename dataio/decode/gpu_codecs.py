@@ -70,6 +70,8 @@ class NvImgCodec:
             for i, image in zip(todo, images):
                 if image is not None:
                     out[i] = (self._tensor(image), False)
+            if self.regions and len(todo) == len(items) and any(d is not None for d in out):
+                self.regions = False  # this backend decodes no regions (whole images it does): stop asking
         return out
 
     def _source(self, data: np.ndarray, box: CropBox | None) -> Any:
