@@ -1,17 +1,15 @@
 """One batched crop + antialiased resize + flip for a whole batch of decoded images, on their device.
 
-An antialiased bilinear resize is separable: for each sample, out = Wy @ image @ Wx^T, where Wy
-(size x H) and Wx (size x W) hold the triangle filter widened by the downscale factor (PIL's and
-torch's `antialias=True` weights, the CPU path's resize), zero outside the crop box and normalized
-over the pixels inside it (the box's edges clamp, as a crop does). The crop box and the flip live
-in those matrices, so the whole batch is two batched matmuls on a zero-padded (N, 3, H, W) stack:
-no Python loop per image, and the CPU path's boxes give the CPU path's pixels within a grey level
-or two (the decoders' own differences aside).
-"""
+Each sample's crop box is copied into a padded (N, 3, H, W) stack (one slice copy per image: the only
+per-image step, built on the host). An antialiased bilinear resize is separable: out = Wy @ crop @ Wx^T,
+where Wy (size x H) and Wx (size x W) hold the triangle filter widened by the downscale factor (PIL's
+and torch's `antialias=True` weights, the CPU path's resize), zero beyond the crop and normalized over
+its pixels (its edges clamp, as a crop does); a flip reverses Wx's rows. So the whole batch is two
+batched matmuls, and the CPU path's boxes give the CPU path's pixels within a grey level (the
+decoders' own differences aside)."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import torch
@@ -39,15 +37,19 @@ def resize_weights(starts: torch.Tensor, lengths: torch.Tensor, *, size: int, ex
     return weights / weights.sum(dim=2, keepdim=True).clamp(min=1e-12)
 
 
-def padded_stack(images: Sequence[torch.Tensor]) -> torch.Tensor:
-    """CHW uint8 images of any sizes -> (N, 3, H, W) uint8 zero-padded (H, W rounded up to PAD_MULTIPLE)."""
-    height = max(int(im.shape[1]) for im in images)
-    width = max(int(im.shape[2]) for im in images)
-    shape = (len(images), 3, -(-height // PAD_MULTIPLE) * PAD_MULTIPLE, -(-width // PAD_MULTIPLE) * PAD_MULTIPLE)
-    with warnings.catch_warnings():  # torch calls its strided nested tensors a prototype
-        warnings.simplefilter("ignore", UserWarning)
-        nested = torch.nested.nested_tensor(list(images), dtype=torch.uint8, device=images[0].device)
-    return nested.to_padded_tensor(0, output_size=shape)
+def padded_crops(images: Sequence[torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
+    """Each CHW uint8 image's box (top, left, height, width) -> (N, 3, H, W) uint8, crop n at [n, :, :h, :w].
+
+    H and W are the largest box's, rounded up to PAD_MULTIPLE; what lies beyond a crop is left as it
+    is (the resize weights are zero there). One slice copy per image: the requests, built on the host.
+    """
+    rows = boxes.tolist()
+    height = -(-max(r[2] for r in rows) // PAD_MULTIPLE) * PAD_MULTIPLE
+    width = -(-max(r[3] for r in rows) // PAD_MULTIPLE) * PAD_MULTIPLE
+    stack = torch.empty((len(images), 3, height, width), dtype=torch.uint8, device=images[0].device)
+    for n, (image, (top, left, h, w)) in enumerate(zip(images, rows)):
+        stack[n, :, :h, :w] = image[:, top: top + h, left: left + w]
+    return stack
 
 
 def crop_resize(images: Sequence[torch.Tensor], boxes: torch.Tensor, flips: torch.Tensor, *, size: int,
@@ -61,10 +63,11 @@ def crop_resize(images: Sequence[torch.Tensor], boxes: torch.Tensor, flips: torc
     if not len(images):
         raise ValueError("crop_resize needs at least one image")
     device = images[0].device
-    stack = padded_stack(images)  # (N, 3, H, W) uint8
-    boxes = boxes.to(device=device, dtype=torch.int64)
-    wy = resize_weights(boxes[:, 0], boxes[:, 2], size=size, extent=stack.shape[2])  # (N, size, H)
-    wx = resize_weights(boxes[:, 1], boxes[:, 3], size=size, extent=stack.shape[3], flips=flips)  # (N, size, W)
+    stack = padded_crops(images, boxes)  # (N, 3, H, W) uint8: crop n at the top left of plane n
+    lengths = boxes.to(device=device, dtype=torch.int64)[:, 2:]  # (N, [height, width])
+    zeros = torch.zeros(len(images), dtype=torch.int64, device=device)
+    wy = resize_weights(zeros, lengths[:, 0], size=size, extent=stack.shape[2])  # (N, size, H)
+    wx = resize_weights(zeros, lengths[:, 1], size=size, extent=stack.shape[3], flips=flips)  # (N, size, W)
     pixels = stack.to(torch.float32)
     rows = torch.matmul(pixels, wx.transpose(1, 2).unsqueeze(1))  # (N, 3, H, size)
     result = torch.matmul(wy.unsqueeze(1), rows)  # (N, 3, size, size)
