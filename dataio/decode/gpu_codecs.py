@@ -38,23 +38,31 @@ class DeviceCodec(Protocol):
 
 class NvImgCodec:
     """nvImageCodec: hardware JPEG engines where the GPU has them, its CUDA decoder otherwise; regions
-    of interest decoded directly (a region it refuses is decoded whole instead)."""
+    of interest decoded directly (a region it refuses is decoded whole instead). On the CPU device
+    (tests: a twin of this very path) its CPU backend."""
 
     def __init__(self, device: torch.device, *, hardware: bool | None = None, regions: bool = True) -> None:
         from nvidia import nvimgcodec  # ImportError: the caller tries the next decoder
 
         self._nv = nvimgcodec
         self.device = device
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        hardware = has_hw_jpeg(device) if hardware is None else hardware
-        backends = [nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)] if hardware else None
+        kind = nvimgcodec.BackendKind
+        if device.type == "cpu":
+            index, backends, label = nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY, [nvimgcodec.Backend(kind.CPU_ONLY)], "CPU backend"
+        else:
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            hardware = has_hw_jpeg(device) if hardware is None else hardware
+            backends = [nvimgcodec.Backend(kind.HW_GPU_ONLY)] if hardware else None
+            label = "hardware JPEG engines, HW_GPU_ONLY" if hardware else "default backends"
         self._decoder = nvimgcodec.Decoder(device_id=index, backends=backends)
-        self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.RGB)
+        # sRGB (the default colour spec), interleaved: grey JPEGs come out as 3 equal channels.
+        self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
         self.regions = regions
-        self.name = f"nvImageCodec ({'hardware JPEG engines, HW_GPU_ONLY' if hardware else 'default backends'})"
+        self.name = f"nvImageCodec {getattr(nvimgcodec, '__version__', '')} ({label})".replace("  ", " ")
 
     def decode(self, items: Sequence[np.ndarray], boxes: Sequence[CropBox]) -> list[Decoded]:
-        stream = torch.cuda.current_stream(self.device).cuda_stream  # results ordered on the caller's stream
+        # Results ordered on the caller's stream (0: none, on the CPU backend).
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         out: list[Decoded] = [None] * len(items)
         todo = list(range(len(items)))
         if self.regions:
@@ -83,6 +91,8 @@ class NvImgCodec:
         return stream if region is None else stream.get_sub_code_stream(region=region)
 
     def _tensor(self, image: Any) -> torch.Tensor:
+        if self.device.type == "cpu":  # a host image: numpy reads it through __array_interface__
+            return torch.from_numpy(np.array(image.cpu() if hasattr(image, "cpu") else image)).permute(2, 0, 1)
         return torch.as_tensor(image, device=self.device).permute(2, 0, 1)  # HWC on the device, no copy
 
 

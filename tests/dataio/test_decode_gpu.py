@@ -175,3 +175,33 @@ def test_corrupt_samples_raise_or_are_substituted_and_masked() -> None:
     assert out["__skipped__"] == ["shard#1#000001"]
     with pytest.raises(CorruptSampleError, match="every sample"):
         dec(raw_batch([GARBAGE, GARBAGE]))
+
+
+@pytest.mark.parametrize("regions", [True, False])
+def test_nvimagecodec_path_on_its_cpu_backend_gives_the_cpu_paths_pixels(regions) -> None:
+    # The real NvImgCodec code (sources, regions, images to torch) with nvImageCodec's CPU backend.
+    pytest.importorskip("nvidia.nvimgcodec")
+    from dataio.decode.gpu_codecs import NvImgCodec
+
+    codec = NvImgCodec(torch.device("cpu"), regions=regions)
+    items = [photo(i) for i in range(5)] + [photo(9, mode="L"), photo(10, fmt="PNG")]
+    config = DecodeConfig(size=48)
+    dec = GpuDecoder(config, seed=SEED, codec=codec)
+    out = dec(raw_batch(items))
+    assert dec.num_device_samples == 6 and dec.num_cpu_samples == 1 and codec.regions == regions
+    assert mean_abs(out["image"], cpu_images(config, items)) < MAX_MEAN_ABS_SCALED
+
+
+def test_device_codec_on_cuda_gives_the_cpu_paths_pixels() -> None:
+    # On a GPU machine (gpu_check runs it): the first device decoder that builds, on the device.
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    codec, why = pick_codec(torch.device("cuda", 0))
+    if codec is None:
+        pytest.skip(why)
+    config = DecodeConfig(size=48)
+    items = [photo(i) for i in range(6)]
+    dec = GpuDecoder(config, seed=SEED, codec=codec)
+    out = dec(raw_batch(items))
+    assert out["image"].is_cuda and dec.num_device_samples == 6
+    assert mean_abs(out["image"].cpu(), cpu_images(config, items)) < MAX_MEAN_ABS_SCALED

@@ -138,3 +138,14 @@ def test_split_follows_the_measured_rates() -> None:
     for _ in range(50):
         split.note("cpu", samples=10_000, seconds=0.001)
     assert split.gpu_share == MIN_SHARE  # each side keeps some batches, so its rate stays measured
+
+
+def test_gpu_through_nvimagecodecs_cpu_backend_keeps_the_contract(dataset) -> None:
+    pytest.importorskip("nvidia.nvimgcodec")
+    from dataio.decode.gpu_codecs import NvImgCodec
+
+    cpu, _ = run(dataset, "cpu", num_workers=1)
+    gpu, stats = run(dataset, "gpu", twin=NvImgCodec(torch.device("cpu")), num_workers=1)
+    assert contract(gpu) == contract(cpu) and stats["codec"].startswith("nvImageCodec")
+    assert stats["device_samples"] == 4 * len(gpu)
+    assert all(mean_abs(g["image"], c["image"]) < MAX_MEAN_ABS_SCALED for g, c in zip(gpu, cpu))
