@@ -149,3 +149,26 @@ def test_gpu_through_nvimagecodecs_cpu_backend_keeps_the_contract(dataset) -> No
     assert contract(gpu) == contract(cpu) and stats["codec"].startswith("nvImageCodec")
     assert stats["device_samples"] == 4 * len(gpu)
     assert all(mean_abs(g["image"], c["image"]) < MAX_MEAN_ABS_SCALED for g, c in zip(gpu, cpu))
+
+
+def test_a_mixture_and_parquet_get_the_cpu_paths_crops_through_the_gpu_twin(tmp_path, dataset) -> None:
+    # Seeds come from global sample ids rebuilt from each batch's source, shard and position: a wrong
+    # id would give another crop, far beyond the tolerance.
+    from tests.dataio.shardgen import write_parquet_dataset
+
+    parquet = Store(str(tmp_path / "pq"))
+    write_parquet_dataset(parquet, [5, 7], real_images=True)
+    other = write(tmp_path / "other", [photo(i, (100, 80)) for i in range(20, 30)], sizes=(5, 6))
+    for url in ([dataset, other], parquet.raw_url):
+        cpu, _ = run(url, "cpu", num_workers=1)
+        gpu, _ = run(url, "gpu", twin=CpuTwin(), num_workers=1)
+        assert contract(gpu) == contract(cpu)
+        assert all(mean_abs(g["image"], c["image"]) < MAX_MEAN_ABS_SCALED for g, c in zip(gpu, cpu))
+
+
+def test_a_corrupt_sample_raises_from_the_feed_thread_naming_it(tmp_path) -> None:
+    from dataio import CorruptSampleError
+
+    url = write(tmp_path, [photo(0), photo(1), GARBAGE], sizes=(6,))
+    with pytest.raises(CorruptSampleError, match="000002"):
+        run(url, "gpu", twin=CpuTwin(), num_workers=1, shuffle=False)
