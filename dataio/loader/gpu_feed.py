@@ -16,6 +16,7 @@ run): the same thread, queue and code path, with streams and events as no-ops.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import queue
@@ -94,44 +95,68 @@ class GpuFeed:
         self.mixture, self.split, self.depth, self.stats = mixture, split, depth, stats
         self.cuda = self.device.type == "cuda"
         self._side = torch.cuda.Stream(self.device) if self.cuda else None
+        self._stop_active: Callable[[], None] | None = None  # stops the thread of the map() in progress
 
     @property
     def codec_name(self) -> str:
         return self.decoder.codec.name if self.decoder.codec is not None else "none (CPU path)"
 
     def map(self, batches: Iterator[Any], *, epoch: int) -> Iterator[Any]:
-        """The batches in order, raw ones decoded; stops the thread when closed or done."""
+        """The batches in order, raw ones decoded; stops the thread when closed or done, or when a newer
+        map() starts (one thread per feed: an iteration left open cannot race a new one's reads)."""
+        if self._stop_active is not None:
+            self._stop_active()
         out: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
         thread = threading.Thread(target=self._run, args=(iter(batches), epoch, out, stop),
                                   name="dataio-gpu-feed", daemon=True)
-        thread.start()
-        try:
-            while True:
-                kind, item, event = out.get()
-                if kind == "end":
-                    return
-                if kind == "error":
-                    raise item
-                yield self._hand_over(item, event)
-        finally:
+
+        def stop_thread() -> None:
             stop.set()
             while thread.is_alive():  # unblock its put(), then let it finish the batch it is on
                 with contextlib.suppress(queue.Empty):
                     out.get(timeout=0.05)
             if hasattr(batches, "close"):
                 batches.close()
+            if self._stop_active is stop_thread:
+                self._stop_active = None
+
+        self._stop_active = stop_thread
+        thread.start()
+        return self._drain(out, stop, stop_thread)
+
+    def _drain(self, out: queue.Queue, stop: threading.Event, stop_thread: Callable[[], None]) -> Iterator[Any]:
+        try:
+            while True:
+                try:
+                    kind, item, event = out.get(timeout=0.1)
+                except queue.Empty:
+                    if stop.is_set():
+                        raise RuntimeError("this GPU feed was superseded by a newer iteration; use that one") from None
+                    continue
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise item
+                yield self._hand_over(item, event)
+        finally:
+            stop_thread()
 
     def _run(self, batches: Iterator[Any], epoch: int, out: queue.Queue, stop: threading.Event) -> None:
+        held: collections.deque = collections.deque()  # (event, raw batch): its bytes outlive the GPU's work
         try:
             for batch in batches:
                 if stop.is_set():
                     return
+                raw = batch.copy() if isinstance(batch, dict) else batch  # the decoder replaces its fields
                 item = self._decode(batch, epoch)
                 event = None
                 if self.cuda:
                     event = torch.cuda.Event()
                     event.record(self._side)
+                    held.append((event, raw))
+                    while held and held[0][0].query():
+                        held.popleft()
                 out.put(("batch", item, event))
             out.put(("end", None, None))
         except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread

@@ -172,3 +172,20 @@ def test_a_corrupt_sample_raises_from_the_feed_thread_naming_it(tmp_path) -> Non
     url = write(tmp_path, [photo(0), photo(1), GARBAGE], sizes=(6,))
     with pytest.raises(CorruptSampleError, match="000002"):
         run(url, "gpu", twin=CpuTwin(), num_workers=1, shuffle=False)
+
+
+def test_a_new_iteration_stops_the_feed_thread_of_one_left_open(dataset) -> None:
+    import threading
+
+    with device_twin(CpuTwin):
+        with make_loader(dataset, decode="gpu", num_workers=1, **OPTIONS) as loader:
+            steps = len(loader)
+            old = iter(loader)
+            first = next(old)
+            new = list(loader)  # the old iteration's thread is stopped before the new one reads
+            assert len(new) == steps - 1  # it goes on where the one left open stopped
+            keys = [k for b in [first, *new] for k in b["__key__"]]
+            assert len(keys) == len(set(keys)) == 4 * steps
+            with pytest.raises(RuntimeError, match="newer iteration"):
+                next(old)
+    assert not [t for t in threading.enumerate() if t.name == "dataio-gpu-feed"]
