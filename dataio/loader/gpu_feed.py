@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -101,14 +101,16 @@ class GpuFeed:
     def codec_name(self) -> str:
         return self.decoder.codec.name if self.decoder.codec is not None else "none (CPU path)"
 
-    def map(self, batches: Iterator[Any], *, epoch: int) -> Iterator[Any]:
+    def map(self, batches: Iterable[Any], *, epoch: int) -> Iterator[Any]:
         """The batches in order, raw ones decoded; stops the thread when closed or done, or when a newer
-        map() starts (one thread per feed: an iteration left open cannot race a new one's reads)."""
+        map() starts. One thread per feed: the previous one is stopped before `iter(batches)` (a
+        DataLoader's persistent iterator is reset there), so an iteration left open cannot race it."""
         if self._stop_active is not None:
             self._stop_active()
         out: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
-        thread = threading.Thread(target=self._run, args=(iter(batches), epoch, out, stop),
+        batches = iter(batches)
+        thread = threading.Thread(target=self._run, args=(batches, epoch, out, stop),
                                   name="dataio-gpu-feed", daemon=True)
 
         def stop_thread() -> None:

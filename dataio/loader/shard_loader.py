@@ -234,11 +234,12 @@ class ShardLoader(PlanPosition):
     def _deliver(self, dataloader: Any, token: int, steps: int) -> Iterator[dict[str, Any]]:
         if token != self._token:
             raise RuntimeError("this loader started a newer iteration before this one began; use that one")
-        batches: Iterator[Any] = iter(dataloader)
+        if self.config.decode in ("gpu", "auto"):  # a thread decodes ahead on the GPU (the last one's stopped first)
+            batches: Iterator[Any] = self._gpu_feed().map(dataloader, epoch=self._state.epoch)
+        else:
+            batches = iter(dataloader)
         if self.config.decode == "dali":
             batches = self._dali_decoder().map(batches)  # a few batches in flight inside DALI
-        elif self.config.decode in ("gpu", "auto"):
-            batches = self._gpu_feed().map(batches, epoch=self._state.epoch)  # a thread decodes ahead on the GPU
         try:
             for batch in batches:
                 if token != self._token:
