@@ -18,7 +18,7 @@ from dataio.loader.protocol import TrainLoader
 from dataio.loader.which import samples_of_step, sidecar_doc
 from dataio.storage.store import RetryPolicy, Store
 from trainer import checkpoint as ckpt_io
-from trainer import comm_hooks, data, gpt, runtime
+from trainer import comm_hooks, data, gpt, nonfinite, runtime
 from trainer.config import TrainConfig, config_dict
 from trainer.models import build_model
 from trainer.recorder import Recorder
@@ -231,7 +231,7 @@ def save(run: Run, *, epoch_done: bool) -> None:
     """Write a checkpoint (rank 0), with every rank's RNG state; all ranks take part. A save that fails
     (disk full, permission, the store refusing it) is reported and not recorded; training goes on."""
     rngs = runtime.gather(run.rt, ckpt_io.rng_state())
-    if run.rt.is_main:
+    if run.rt.is_main and not nonfinite.refused_save(run):
         payload = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
                    "schedule": run.schedule.state_dict(), "scaler": run.scaler.state_dict(),
                    "step": run.step, "epoch": run.epoch, "epoch_done": epoch_done,
@@ -344,8 +344,10 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
                 loss = per.sum() / mask.sum().clamp(min=1) / cfg.grad_accum
             else:
                 loss = nn.functional.cross_entropy(logits.float(), target, ignore_index=-1) / cfg.grad_accum
-            loss.backward()
+            nonfinite.carried(loss).backward()  # NaN gradients on every rank when this loss is not finite
         loss_total += float(loss.detach())
+    nonfinite.check_step(step=run.step + 1, rank=rt.rank, loss=loss_total, model=run.model, keys=keys,
+                         grads_checked=not run.scaler.is_enabled())  # NonFiniteStep: stop before the update
     with timer.phase("opt"):
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
