@@ -82,10 +82,12 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
         loader.history.grad_accum = cfg.grad_accum
     steps_per_epoch = len(loader) // cfg.grad_accum
     if steps_per_epoch < 1:
+        seqs = f" sequences of --seq-len {cfg.seq_len} tokens" if cfg.model == "gpt" else ""
         raise ValueError(
             f"{cfg.data_label}: one optimizer step needs {rt.world_size} ranks x {cfg.batch_size} x "
-            f"{cfg.grad_accum} micro-steps, more than the dataset gives (a rank's share is "
-            f"{len(loader)} batches); use a smaller --batch-size or --grad-accum, or fewer ranks"
+            f"{cfg.grad_accum} micro-steps{seqs}, more than the dataset gives (a rank's share is "
+            f"{len(loader)} batches); use a smaller " + ("--seq-len, " if seqs else "")
+            + "--batch-size or --grad-accum, or fewer ranks"
         )
     tokens = cfg.model == "gpt"  # token batches: the vocabulary is the model's output (trainer/gpt.py)
     num_classes = gpt.vocab_size_of(loader) if tokens else data.num_classes_of(cfg, loader)
