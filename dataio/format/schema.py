@@ -22,10 +22,13 @@ class Field:
     types: tuple[type, ...]
     ok: Callable[[Any], bool] | None = None
     says: str = ""
+    optional: bool = False  # may be absent (a file written before the field existed)
 
 
-def typed(*types: type, ok: Callable[[Any], bool] | None = None, says: str = "") -> Field:
-    return Field(types=types, ok=ok, says=says)
+def typed(*types: type | None, ok: Callable[[Any], bool] | None = None, says: str = "",
+          optional: bool = False) -> Field:
+    """A field of one of `types` (None: null is allowed), passing `ok` (`says` is its words)."""
+    return Field(types=tuple(type(None) if t is None else t for t in types), ok=ok, says=says, optional=optional)
 
 
 def damage(doc: Any, fields: Mapping[str, Field]) -> str | None:
@@ -34,6 +37,8 @@ def damage(doc: Any, fields: Mapping[str, Field]) -> str | None:
         return f"it holds a JSON {type(doc).__name__}, not an object"
     for name, field in fields.items():
         if name not in doc:
+            if field.optional:
+                continue
             return f"it has no {name!r}"
         value = doc[name]
         if isinstance(value, float) and not math.isfinite(value):
@@ -41,7 +46,7 @@ def damage(doc: Any, fields: Mapping[str, Field]) -> str | None:
         if not _is(value, field.types):
             wanted = " or ".join(_NAMES.get(t, t.__name__) for t in field.types)
             return f"its {name!r} is {value!r} ({_NAMES.get(type(value), type(value).__name__)}), not {wanted}"
-        if field.ok is not None and not field.ok(value):
+        if field.ok is not None and value is not None and not field.ok(value):
             return f"its {name!r} is {value!r}, not {field.says}"
     return None
 
