@@ -53,7 +53,7 @@ def check_step(*, step: int, rank: int, loss: float, model: nn.Module, keys: Seq
         return
     named = ", ".join(keys[:NAMED_SAMPLES]) + (f" and {len(keys) - NAMED_SAMPLES} more" if len(keys) > NAMED_SAMPLES
                                                else "")
-    samples = f"its samples: {named}" if keys else "its samples: `shardify which` names them from a checkpoint"
+    samples = f"its samples: {named}" if keys else "its samples are named with --record-keys (token runs)"
     if not math.isfinite(loss):
         what = f"the loss is {loss} on rank {rank} ({samples})"
     else:
