@@ -108,7 +108,8 @@ class TokenLoader(PlanPosition):
         self._threads: _Workers | TokenProcesses | None = None
         self.history = HistoryKeeper()  # every pass of the run, for `shardify which` and spikes (loader/history.py)
         short = token_shortfall(num_tokens=sum(sum(m.shard_num_tokens) for _, m in opened), seq_len=self.seq_len,
-                                batch_size=config.batch_size, world_size=topology.world_size, tail=config.tail)
+                                batch_size=config.batch_size, world_size=topology.world_size, tail=config.tail,
+                                packing=self.packing)
         if short is not None:  # 0 batches, silently, otherwise
             warnings.warn(f"{', '.join(st.url for st, _ in opened)}: {short}", UserWarning, stacklevel=3)
 

@@ -20,6 +20,7 @@ def test_the_shortfall_arithmetic() -> None:
     assert token_shortfall(num_tokens=64, seq_len=16, batch_size=2, world_size=2, tail="drop") is None
     assert token_shortfall(num_tokens=63, seq_len=16, batch_size=2, world_size=2, tail="drop") is not None
     assert token_shortfall(num_tokens=10, seq_len=16, batch_size=2, world_size=2, tail="pad") is None
+    assert token_shortfall(num_tokens=10, seq_len=16, batch_size=2, world_size=2, tail="drop", packing="aligned") is None
 
 
 def test_make_loader_warns_when_the_dataset_gives_no_batch(tmp_path) -> None:
