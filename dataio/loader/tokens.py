@@ -110,7 +110,7 @@ class TokenLoader(PlanPosition):
         short = token_shortfall(num_tokens=sum(sum(m.shard_num_tokens) for _, m in opened), seq_len=self.seq_len,
                                 batch_size=config.batch_size, world_size=topology.world_size, tail=config.tail,
                                 packing=self.packing)
-        if short is not None:  # 0 batches, silently, otherwise
+        if short is not None and len(self) == 0:  # 0 batches, silently, otherwise (a mixture may repeat)
             warnings.warn(f"{', '.join(st.url for st, _ in opened)}: {short}", UserWarning, stacklevel=3)
 
     # --- TrainLoader (protocol.py) ------------------------------------------------------------
