@@ -11,10 +11,12 @@ from typing import Any
 
 from dataio.decode.images import DEFAULT_MAX_PIXELS
 from dataio.format.manifest import Manifest
-from dataio.plan.tokens import PACKINGS
+from dataio.plan.token_plan import PACKINGS
 from dataio.storage.store import StorageOptions
 
-DECODES = ("cpu", "dali", None)
+# "cpu": in the workers; "dali", "gpu": in the main process over undecoded batches; "auto": the GPU
+# decoder beside CPU workers where a CUDA device is, else "cpu" (loader/execution.py decides).
+DECODES = ("cpu", "dali", "gpu", "auto", None)
 TAILS = ("drop", "pad")
 ON_CORRUPT = ("raise", "skip")
 START_METHODS = (None, "fork", "spawn", "forkserver")
@@ -57,7 +59,7 @@ class LoaderConfig:
 
     batch_size: int
     seed: int = 0
-    decode: str | None = "cpu"  # "cpu": uint8 N3HW images; None: raw bytes; "dali": DALI in the main process
+    decode: str | None = "cpu"  # "cpu": uint8 N3HW images; None: raw bytes; "dali"/"gpu": in the main process
     image_size: int = 224
     train: bool = True  # random resized crop + flip; False: resize + centre crop
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -119,7 +121,7 @@ class LoaderConfig:
     # One label space for every source (loader/labels.py): "same" (names must agree by index),
     # "union" (merged by name, sorted), or a map {source: {name: index}} / {name: index}.
     label_space: str | Mapping[str, Any] = "same"
-    # Token datasets (loader/tokens.py): batches of seq_len-token packed sequences (None: a dataset of
+    # Token datasets (loader/token_data.py): batches of seq_len-token packed sequences (None: a dataset of
     # samples); packing "concat" or "aligned"; the dataset's tokenizer file, refused unless its hash matches.
     seq_len: int | None = None
     packing: str = "concat"

@@ -20,7 +20,6 @@ import torch
 from dataio.loader.config import LoaderConfig, Source, check_int
 from dataio.loader.mixing import as_sources
 from dataio.loader.shard_loader import ShardLoader
-from dataio.loader.tokens import TokenLoader
 from dataio.plan.schedule import Schedule
 from dataio.plan.types import Topology
 
@@ -30,7 +29,7 @@ _TOPOLOGY = ("rank", "world_size", "num_workers")  # make_loader's own: they bui
 
 def make_loader(url: str | Sequence[str | Source], *, weights: Sequence[float] | Schedule | None = None,
                 rank: int | None = None, world_size: int | None = None, num_workers: int = 2,
-                **options: Any) -> ShardLoader | TokenLoader:
+                **options: Any) -> ShardLoader:
     """Open the dataset at `url` and return a ShardLoader; batch_size is per rank.
 
     Several URLs (with `weights`, or Source objects with weight= or repeat=) make a mixture: one
@@ -41,15 +40,12 @@ def make_loader(url: str | Sequence[str | Source], *, weights: Sequence[float] |
     initialised, else (0, 1); num_workers plan workers read in worker processes or reader threads
     (0: in this process). These three build the Topology; every other keyword is a LoaderConfig
     field (listed below, with its default). With seq_len, a token dataset (or a mixture of them,
-    weights as token shares) gives batches of packed sequences instead (a TokenLoader).
+    weights as token shares) gives batches of packed sequences instead, through the same loader.
     """
     if isinstance(weights, Schedule):  # weights that change over the run (plan/schedule.py)
         options, weights = {**options, "mix_schedule": weights.pieces}, None
     config = LoaderConfig(**checked_options(options))
     topology, kv_store = job_topology(rank=rank, world_size=world_size, num_workers=num_workers)
-    if config.seq_len is not None:  # token datasets: packed sequences (loader/tokens.py)
-        return TokenLoader(as_sources(url, weights), config, topology=topology, in_process=num_workers == 0,
-                           kv_store=kv_store)
     return ShardLoader(as_sources(url, weights), config, topology=topology, in_process=num_workers == 0,
                        kv_store=kv_store)
 
@@ -105,7 +101,7 @@ def _derive_signature() -> None:
         default = inspect.Parameter.empty if required else f.default
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type))
         lines.append(f"    {f.name}: {f.type}" + ("  (required)" if required else f" = {f.default!r}"))
-    signature = inspect.Signature(params, return_annotation="ShardLoader | TokenLoader")
+    signature = inspect.Signature(params, return_annotation="ShardLoader")
     make_loader.__signature__ = signature  # type: ignore[attr-defined]
     make_loader.__doc__ = f"{make_loader.__doc__.rstrip()}\n\n    Options (LoaderConfig):\n\n" + "\n".join(lines) + "\n"
 

@@ -19,6 +19,8 @@ class LoaderStats:
     hedged_reads: int = 0
     hedges_won: int = 0
     hedges_over_budget: int = 0
+    # How the loader makes its batches, in one line (loader/execution.py ExecutionPlan.describe()).
+    execution: str = ""
 
     def add_hedges(self, counts: dict[str, int]) -> None:
         self.ranged_reads += counts.get("requests", 0)

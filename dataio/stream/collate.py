@@ -173,22 +173,23 @@ def assemble(
     kinds = field_kinds(job.manifest)
     label = label_field(job.manifest)
     bad: set[int] = set()
-    if job.decode != "cpu" and job.transform is not None:  # the hook sees the raw sample (bytes)
+    in_worker = job.decode_at == "worker"
+    if not in_worker and job.transform is not None:  # the hook sees the raw sample (bytes)
         samples = [job.transform(as_bytes(s)) for s in samples]
     if job.collate is None:
         samples = parse_fields(opened, samples, kinds, bad)
-        if bad and job.decode != "cpu":
+        if bad and not in_worker:
             samples, mask, skipped = substitute(opened, samples, [None if i in bad else True for i in range(len(samples))], mask)
-    if job.decode == "cpu":
+    if in_worker:
         samples, mask, skipped, images = decode_images(opened, samples, mask, epoch=epoch, bad=bad)
-    decode_s = time.perf_counter() - start if job.decode == "cpu" else 0.0
+    decode_s = time.perf_counter() - start if in_worker else 0.0
     if job.collate is not None:
         if images is not None:  # the hook sees each sample's decoded (3, H, W) image
             samples = [{**s, "image": images[i]} for i, s in enumerate(samples)]
         batch = job.collate([as_bytes(s) for s in samples])
     else:
         expected = () if job.mixes else batch_fields(job.manifest, job.fields, job.image_fields,
-                                                      decoded=job.decode is not None)
+                                                      decoded=job.decode_at != "none")
         batch = default_collate(samples, images=images, image_fields=job.image_fields,
                                 kinds=kinds, label=label, expected=expected)
     if isinstance(batch, dict):
@@ -197,7 +198,7 @@ def assemble(
         source, source_shard, position = job.mixture.sources_of(ids)
         if job.mixes:
             batch.setdefault("source", torch.from_numpy(source))
-        if job.decode == "dali":  # DALI seeds each sample's crop like the CPU path: (seed, epoch, id)
+        if job.decode_at == "main":  # DALI (and the GPU) seed each sample's crop like the CPU path: (seed, epoch, id)
             batch["__id__"] = torch.tensor(ids, dtype=torch.int64)
             batch["epoch"] = epoch
         if job.collate is None:

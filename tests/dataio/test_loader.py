@@ -244,7 +244,7 @@ def test_damaged_index_fails_with_its_url(tmp_path) -> None:
 @pytest.mark.parametrize("options,error", [
     (dict(batch_size=0), ValueError),
     (dict(batch_size=2, tail="wrap"), ValueError),
-    (dict(batch_size=2, decode="gpu"), ValueError),
+    (dict(batch_size=2, decode="tpu"), ValueError),
     (dict(batch_size=2, on_corrupt="ignore"), ValueError),
     (dict(batch_size=2, cache_dir="/tmp/x"), ValueError),
     (dict(batch_size=2, fields="jpg"), TypeError),
@@ -308,7 +308,7 @@ def test_unknown_option_and_field(dataset) -> None:
 
 def test_a_token_dataset_without_seq_len_is_refused_up_front(tmp_path) -> None:
     from dataio.format.manifest import Manifest, checksum_bytes, write_manifest
-    from dataio.format.tokens import TokenizerInfo, TokensInfo
+    from dataio.format.token_layout import TokenizerInfo, TokensInfo
 
     tokenizer = TokenizerInfo(name="byte", kind="hf", vocab_size=256, eos_id=0)
     c = checksum_bytes(b"")  # the manifest alone is read: no shard is

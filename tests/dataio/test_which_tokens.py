@@ -1,4 +1,4 @@
-"""`which` for token runs against what the TokenLoader delivered: every sequence of every step of a run that
+"""`which` for token runs against what the token loader delivered: every sequence of every step of a run that
 resumed 2 ranks -> 3 ranks (2 workers, another grad_accum) and into a second epoch, named by documents and
 token ranges; one dataset (concat and aligned packing) and a mixture; loaders in one process."""
 
@@ -14,7 +14,7 @@ from dataio.format.manifest import read_manifest
 from dataio.loader.which import run_which, samples_of_step, sidecar_doc
 from dataio.plan.schedule import Piece, Schedule
 from dataio.plan.types import Segment
-from dataio.readers.tokens import TokenShards
+from dataio.readers.token_shards import TokenShards
 from dataio.storage.store import Store
 from tests.dataio.tokengen import write_token_dataset
 

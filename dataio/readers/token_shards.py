@@ -1,4 +1,4 @@
-"""Reading token ranges of a token dataset's shards (dataio/format/tokens.py), checked block by block.
+"""Reading token ranges of a token dataset's shards (dataio/format/token_layout.py), checked block by block.
 
 Local shards are memory-mapped: a range is a view of the map, its checksum blocks hashed once per
 process the first time they are read (one pass over pages the copy into the batch touches anyway).
@@ -21,7 +21,7 @@ import xxhash
 
 from dataio.errors import ShardFormatError
 from dataio.format.manifest import Manifest
-from dataio.format.tokens import (
+from dataio.format.token_layout import (
     OFFSET_DTYPE,
     SUM_DTYPE,
     block_range,

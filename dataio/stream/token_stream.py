@@ -1,4 +1,6 @@
-"""What one token worker does: its plan's windows read (readers/tokens.py), sequences packed into batches.
+"""The token stream kind: one plan worker's windows of token ranges read (readers/token_shards.py) and
+packed into batches of sequences. Packing is the only token-specific stage; the tickets, the DataLoader
+dataset, the reader threads and worker processes are those of every stream (worker.py).
 
 A batch of B sequences of seq_len L (every tensor a fresh one the caller may keep):
     input_ids     [B, L+1] int64   tokens; inputs are [:, :-1], next-token labels [:, 1:]
@@ -14,34 +16,54 @@ the same assignment. With fields=("input_ids",) the document fields are left out
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from dataio.plan.mix import Mixture
 from dataio.plan.token_mix import plan_token_mix_worker
-from dataio.plan.tokens import SequenceGroup, TokenPlanConfig, TokenWindow
-from dataio.plan.types import PlanState, WorkerSlot
-from dataio.readers.tokens import Piece, TokenSources
+from dataio.plan.token_plan import SequenceGroup, TokenWindow, TokenWorkerPlan
+from dataio.plan.types import PlanState
+from dataio.readers.token_shards import Piece, TokenSources
+from dataio.stream.job import OpenJob, TokenSpec
 
 TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
 
 
-@dataclass(frozen=True, kw_only=True)
-class TokenJob:
-    """Everything a token worker needs; the same on every worker of every rank."""
+class TokenStream:
+    """The batches of one plan worker for one iteration, in its plan's order (rank batch j from worker
+    j % num_workers): the interface of every stream (worker.py), over packed sequences."""
 
-    reader: TokenSources  # the sources' token shards, read by windows
-    config: TokenPlanConfig
-    # Per source, per shard: what the plan cuts (concat: one entry, the shard's tokens; aligned: documents).
-    doc_lengths: tuple[tuple[np.ndarray, ...], ...]
-    mixture: Mixture  # a single dataset is a mixture of one (plan/token_mix.py plans it as plan/tokens.py)
-    with_docs: bool = True  # position_ids and doc_ids
-    pad_id: int = 0
-    prefetch_bytes: int = 128 << 20
-    max_in_flight: int = 8
+    def __init__(self, opened: OpenJob, worker_id: int, state: PlanState) -> None:
+        job = opened.job
+        assert job.tokens is not None
+        self.epoch, self.state, self.head = state.epoch, state, 0
+        plan = plan_token_mix_worker(job.tokens.doc_lengths, job.mixture, config=job.token_config,
+                                     slot=job.topology.slot(worker_id), state=state)
+        self._numbers = plan.batch_numbers.tolist()
+        self._packed = packed_batches(opened, plan)
+        self._batches = zip(self._numbers, self._packed)
+        self.finished = False
+
+    def warm_up(self) -> None:
+        """Nothing to lay out ahead: the first window's reads start with the first batch."""
+
+    def batch(self, batch_index: int) -> dict[str, Any]:
+        """The batch numbered `batch_index`; earlier ones of this worker not asked for are skipped."""
+        for number, batch in self._batches:
+            if number == batch_index:
+                if number == self._numbers[-1]:
+                    self.close()
+                    self.finished = True
+                return batch
+            if number > batch_index:
+                break
+        raise RuntimeError(f"internal: token worker plan has no batch {batch_index} (it makes "
+                           f"{self._numbers[:8]}...); please report this")
+
+    def close(self) -> None:
+        """Stop its reads (object storage: the prefetch threads)."""
+        self._packed.close()
 
 
 class _Rows:
@@ -83,24 +105,29 @@ class _Rows:
         return self.tensors
 
 
-def worker_batches(job: TokenJob, slot: WorkerSlot, state: PlanState) -> Iterator[dict[str, Any]]:
-    """This worker's batches from `state` on, in its plan's order (rank batch j from worker j % num_workers)."""
-    plan = plan_token_mix_worker(job.doc_lengths, job.mixture, config=job.config, slot=slot, state=state)
-    B, width, mixed = job.config.plan.batch_size, job.config.seq_len + 1, not job.mixture.single
-    rows = _Rows(B, width, job.with_docs, mixed)
-    reads = job.reader.windows((w.segments for w in plan.windows), budget_bytes=job.prefetch_bytes,
-                               max_in_flight=job.max_in_flight)
-    for window, pieces in zip(plan.windows, reads):
-        lookups = [_PieceLookup(pieces, g, job.reader) for g in window.groups]
-        for i in range(len(window.stream_starts)):
-            lookup = lookups[int(window.group[i])]
-            _fill_row(job, rows, lookup, window, i)
-            if mixed:
-                rows.np["source"][rows.filled] = lookup.source
-            rows.filled += 1
-            if rows.filled == B:
-                yield rows.finish()
-                rows = _Rows(B, width, job.with_docs, mixed)
+def packed_batches(opened: OpenJob, plan: TokenWorkerPlan) -> Iterator[dict[str, Any]]:
+    """A worker plan's batches, in its order: its windows read ahead, each sequence packed into a row."""
+    job, reader = opened.job, opened.token_reader
+    spec = job.tokens
+    assert spec is not None
+    B, width, mixed = job.batch_size, spec.seq_len + 1, not job.mixture.single
+    rows = _Rows(B, width, spec.with_docs, mixed)
+    reads = reader.windows((w.segments for w in plan.windows), budget_bytes=job.prefetch_bytes,
+                           max_in_flight=job.max_in_flight)
+    try:
+        for window, pieces in zip(plan.windows, reads):
+            lookups = [_PieceLookup(pieces, g, reader) for g in window.groups]
+            for i in range(len(window.stream_starts)):
+                lookup = lookups[int(window.group[i])]
+                _fill_row(spec, reader, rows, lookup, window, i)
+                if mixed:
+                    rows.np["source"][rows.filled] = lookup.source
+                rows.filled += 1
+                if rows.filled == B:
+                    yield rows.finish()
+                    rows = _Rows(B, width, spec.with_docs, mixed)
+    finally:
+        reads.close()  # type: ignore[attr-defined]  # its prefetch threads stop with the stream
     assert rows.filled == 0, "a worker's sequences are whole batches"
 
 
@@ -118,7 +145,8 @@ class _PieceLookup:
         return int(self.lo.searchsorted(stream_pos, side="right")) - 1
 
 
-def _fill_row(job: TokenJob, rows: _Rows, lookup: _PieceLookup, window: TokenWindow, i: int) -> None:
+def _fill_row(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookup: _PieceLookup, window: TokenWindow,
+              i: int) -> None:
     """The batch's next row: sequence i of the window, copied from its pieces; padding after it."""
     r = rows.filled
     s, n = int(window.stream_starts[i]), int(window.num_tokens[i])
@@ -131,13 +159,13 @@ def _fill_row(job: TokenJob, rows: _Rows, lookup: _PieceLookup, window: TokenWin
         take = min(n - done, len(piece.tokens) - a)
         assert take > 0, "the plan's segments cover every sequence"
         ids[done:done + take] = piece.tokens[a:a + take]  # the one copy, widened to int64 on the way
-        if job.with_docs:
-            starts, docs = job.reader.doc_runs(piece.shard, piece.start + a, piece.start + a + take)
+        if spec.with_docs:
+            starts, docs = reader.doc_runs(piece.shard, piece.start + a, piece.start + a + take)
             rows.run_at.append(starts + (row_at + done))
             rows.run_doc.append(docs)
         done += take
         k += 1
-    ids[n:] = job.pad_id
+    ids[n:] = spec.pad_id
     real = not bool(window.is_pad[i])
     rows.np["loss_mask"][r, :n] = real
     rows.np["loss_mask"][r, n:] = False
