@@ -3,7 +3,7 @@ hands its readers.
 
 From the config, the opened data (its kind and formats, where it lies) and the machine (a CUDA device
 or not), one frozen object says
-  - who reads: "in_process" (the caller's thread; with several plan workers their streams interleave
+  - who reads: "caller" (in this process, in the caller's thread; with several plan workers their streams interleave
     there), "threads" (reader threads in this process, loader/threads.py) or "processes" (DataLoader
     worker processes);
   - the stream kind each plan worker runs (stream/job.py STREAM_KINDS): "raw", "decoded", "by_sample"
@@ -32,7 +32,7 @@ from dataio.loader.opened import OpenedData
 from dataio.plan.types import Topology
 from dataio.stream.job import JobDataset, WorkerJob
 
-READERS = ("in_process", "threads", "processes")
+READERS = ("caller", "threads", "processes")
 DECODE_PLACES = ("none", "cpu", "dali", "gpu", "cpu+gpu")
 FIRST_BATCH = ("main", "laid out ahead", "readers")
 
@@ -59,7 +59,7 @@ class ExecutionPlan:
 
     def describe(self) -> str:
         """One line, e.g. 'readers=processes x2, stream=decoded, first batch in main, pooled buffers, decode=cpu'."""
-        readers = "in process" if self.readers == "in_process" else f"{self.readers} x{self.num_readers}"
+        readers = "in process" if self.readers == "caller" else f"{self.readers} x{self.num_readers}"
         first = {"main": "first batch in main", "laid out ahead": "first window laid out ahead",
                  "readers": "first batch by the readers"}[self.first_batch]
         pools = [name for name, on in (("pooled buffers", self.pooled_reads or self.pooled_images),
@@ -76,12 +76,12 @@ def plan_execution(config: LoaderConfig, data: OpenedData, *, num_workers: int, 
     first = "readers"
     if config.early_start and readers == "processes" and decode == "cpu" and not hooks and not config.reuse_buffers:
         first = "main"  # the main process decodes batch 0 with every core while the workers start
-    elif config.early_start and readers == "in_process" and stream == "raw" and _all_local(data, config):
+    elif config.early_start and readers == "caller" and stream == "raw" and _all_local(data, config):
         first = "laid out ahead"  # object storage waits for the iteration: no I/O for a loader never iterated
     pooled_images = (decode == "cpu" and config.pooled_buffers and not config.reuse_buffers and config.collate is None
                      and readers == "processes" and not (config.pin_memory and cuda))
     return ExecutionPlan(
-        readers=readers, num_readers=0 if readers == "in_process" else num_workers, stream=stream, decode=decode,
+        readers=readers, num_readers=0 if readers == "caller" else num_workers, stream=stream, decode=decode,
         first_batch=first, early_start=config.early_start and readers == "processes",
         pooled_reads=config.pooled_buffers and stream == "by_sample", pooled_images=pooled_images,
         keep_slabs=config.reuse_buffers and readers == "processes", reuse_buffers=config.reuse_buffers)
@@ -120,11 +120,11 @@ def _readers(config: LoaderConfig, stream: str, num_workers: int) -> str:
     take the GIL from the training loop) under worker_mode="auto"; token streams interleave in the
     caller's thread (a token batch is a few copies, cheaper than a hand-over between threads)."""
     if num_workers == 0:
-        return "in_process"
+        return "caller"
     if config.worker_mode != "auto":
         return config.worker_mode
     if stream == "tokens":
-        return "in_process"
+        return "caller"
     return "threads" if stream == "raw" else "processes"
 
 

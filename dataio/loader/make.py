@@ -46,7 +46,7 @@ def make_loader(url: str | Sequence[str | Source], *, weights: Sequence[float] |
         options, weights = {**options, "mix_schedule": weights.pieces}, None
     config = LoaderConfig(**checked_options(options))
     topology, kv_store = job_topology(rank=rank, world_size=world_size, num_workers=num_workers)
-    return ShardLoader(as_sources(url, weights), config, topology=topology, in_process=num_workers == 0,
+    return ShardLoader(as_sources(url, weights), config, topology=topology, num_workers=num_workers,
                        kv_store=kv_store)
 
 

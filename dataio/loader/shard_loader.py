@@ -50,19 +50,19 @@ class ShardLoader(PlanPosition):
     Iterating again without set_epoch repeats a finished epoch, or continues one left early;
     set_epoch(e) with the epoch of a loaded state keeps its position, any other epoch starts fresh.
     `make_loader` builds one; the `topology` (its plan workers read in worker processes or reader
-    threads, or with `in_process` in this process: num_workers=0) and the start-up agreement's
+    threads, or with `num_workers=0` in this process) and the start-up agreement's
     `kv_store` (None: this rank opens the dataset alone) are arguments here.
     """
 
     def __init__(self, url: str | Sequence[str | Source], config: LoaderConfig, *, topology: Topology,
-                 in_process: bool = False, kv_store: Any = None) -> None:
-        if in_process and topology.num_workers != 1:
-            raise ValueError(f"an in-process loader plans 1 worker, not {topology.num_workers}")
+                 num_workers: int | None = None, kv_store: Any = None) -> None:
+        num_workers = topology.num_workers if num_workers is None else num_workers  # make_loader's (0: here)
+        if num_workers == 0 and topology.num_workers != 1:
+            raise ValueError(f"a loader reading in this process (num_workers=0) plans 1 worker, not {topology.num_workers}")
         self.config, self.topology = config, topology
         self._adopt(open_agreed(as_sources(url, None), config, topology=topology, kv_store=kv_store))
         # How batches are made, decided once (loader/execution.py); the workers' job is built from it.
-        self.execution = plan_execution(config, self.data, num_workers=0 if in_process else topology.num_workers,
-                                        cuda=torch.cuda.is_available())
+        self.execution = plan_execution(config, self.data, num_workers=num_workers, cuda=torch.cuda.is_available())
         self.job = worker_job(config, self.data, self.execution, topology)
         self.num_workers = self.execution.num_readers  # worker processes or reader threads (0: in process)
         self.stats = LoaderStats(execution=self.execution.describe())
@@ -88,8 +88,8 @@ class ShardLoader(PlanPosition):
             self._start_workers()
         elif self.execution.first_batch == "laid out ahead":
             # RAW in this process: the first window's indexes and layout are made in a thread while
-            # the caller goes on (worker.py bet_in_process).
-            self._get_dataloader().dataset.bet_in_process(self._next_start())
+            # the caller goes on (worker.py bet_here).
+            self._get_dataloader().dataset.bet_here(self._next_start())
 
     def describe(self) -> str:
         """How this loader makes its batches, in one line (the execution plan)."""
@@ -242,7 +242,7 @@ class ShardLoader(PlanPosition):
                 batches.close()  # stops DALI's queue (or the DataLoader iterator) of this iteration
             if token == self._token:
                 self._active_steps = None
-            if self.execution.readers == "in_process" and self._dataloader is not None:
+            if self.execution.readers == "caller" and self._dataloader is not None:
                 self._dataloader.dataset.close()  # in-process streams: stop their prefetch threads
 
     def _get_dataloader(self) -> torch.utils.data.DataLoader:

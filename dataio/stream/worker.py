@@ -116,17 +116,17 @@ class BatchDataset(torch.utils.data.Dataset):
         """
         self._bet(worker_id, finished.state.next_epoch(finished.epoch + 1), getattr(finished, "head", 0))
 
-    def bet_in_process(self, state: PlanState) -> None:
+    def bet_here(self, state: PlanState) -> None:
         """In this process (the execution plan's call: RAW from local files), open slot 0's stream
         from `state` now (the loader is being built) and lay out its first window in a thread; the
         first iteration that starts there adopts it (see `_bet`)."""
-        self._bet(0, state, 0, in_process=True)
+        self._bet(0, state, 0, here=True)
 
-    def _bet(self, worker_id: int, state: PlanState, head: int, *, in_process: bool = False) -> None:
+    def _bet(self, worker_id: int, state: PlanState, head: int, *, here: bool = False) -> None:
         """Open this slot's stream from `state` and read its first window in the background; a bet
         that loses (another epoch, a loaded state, another head) is dropped when the next
-        iteration's first ticket shows it. Inside DataLoader workers, or `in_process`."""
-        if self._spare is not None or (torch.utils.data.get_worker_info() is None and not in_process):
+        iteration's first ticket shows it. Inside DataLoader workers, or `here` (this process)."""
+        if self._spare is not None or (torch.utils.data.get_worker_info() is None and not here):
             return
         stream = self._stream(worker_id, state, head)
         stream.warm_up()

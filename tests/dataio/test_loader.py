@@ -293,8 +293,8 @@ def test_topology_is_built_once_by_make_loader_and_passed_down(dataset) -> None:
     with make_loader(dataset, batch_size=2, num_workers=2, decode=None) as loader:  # no process group
         assert loader.topology == Topology(rank=0, world_size=1, num_workers=2)
     config = LoaderConfig(batch_size=2, decode=None)
-    with pytest.raises(ValueError, match="in-process loader plans 1 worker"):
-        ShardLoader(dataset, config, topology=Topology(rank=0, world_size=1, num_workers=2), in_process=True)
+    with pytest.raises(ValueError, match=r"in this process \(num_workers=0\) plans 1 worker"):
+        ShardLoader(dataset, config, topology=Topology(rank=0, world_size=1, num_workers=2), num_workers=0)
     with ShardLoader(dataset, config, topology=Topology(rank=1, world_size=2, num_workers=2)) as loader:
         assert len(loader) == TOTAL // (2 * 2) and loader.num_workers == 2
 

@@ -57,7 +57,7 @@ def test_hooks_caches_and_parquet_choose_sample_dicts(dataset, tmp_path) -> None
     assert plan_of(dataset, decode=None, num_workers=2, transform=lambda s: s).stream == "decoded"
     cached = plan_of(dataset, decode="cpu", num_workers=0, image_size=8, cache_dir=str(tmp_path / "c"),
                      cache_limit_bytes=1 << 20)
-    assert (cached.stream, cached.readers) == ("decoded", "in_process")
+    assert (cached.stream, cached.readers) == ("decoded", "caller")
     url = str(tmp_path / "pq")
     write_parquet_dataset(Store(url), [5, 3], row_group_size=2)
     parquet = plan_of(url, decode=None, num_workers=2)
@@ -65,7 +65,7 @@ def test_hooks_caches_and_parquet_choose_sample_dicts(dataset, tmp_path) -> None
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
-@pytest.mark.parametrize("mode,readers", [("auto", "in_process"), ("threads", "threads"),
+@pytest.mark.parametrize("mode,readers", [("auto", "caller"), ("threads", "threads"),
                                           ("processes", "processes")])
 def test_a_token_dataset_runs_the_token_stream_on_the_same_readers(tokens, mode, readers) -> None:
     plan = plan_of(tokens, seq_len=4, num_workers=2, worker_mode=mode)
@@ -80,7 +80,7 @@ def test_a_gpu_decode_without_the_gpu_decoder_is_refused_at_build(dataset) -> No
 
 def test_no_mode_is_decided_outside_the_execution_plan() -> None:
     """The done-check of the one execution plan: no file below make_loader re-decides a mode."""
-    pattern = re.compile(r"worker_mode ==|decode ==|uses_threads|raw_fast_path|reads_by_sample|first_batch_in_main")
+    pattern = re.compile(r"worker_mode ==|decode ==|uses_threads|raw_fast_path|in_process|reads_by_sample|first_batch_in_main")
     allowed = {DATAIO / "loader" / "execution.py", DATAIO / "loader" / "config.py"}  # config: argument checks
     found = [f"{path}:{n}" for path in DATAIO.rglob("*.py") if path not in allowed
              for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
