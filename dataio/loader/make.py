@@ -1,10 +1,11 @@
 """make_loader: the one entry point, its keyword options derived from LoaderConfig, and the one
 place the loader reads torch.distributed (rank and world size when not given).
 
-Every loader option and its default is written once, as a LoaderConfig field (rank, world_size
-and num_workers, which build the Topology, are make_loader's own); make_loader's runtime
-signature (inspect.signature, help()) and the option list in its docstring are made from those
-fields, and an unknown option is refused naming the closest one.
+Every loader option and its default is written once, as a LoaderConfig field (grouped by concern;
+rank, world_size and num_workers, which build the Topology, are make_loader's own); make_loader's
+runtime signature (inspect.signature, help()) and the option list in its docstring are made from
+LoaderConfig's flat view (LoaderConfig.options()), and an unknown option is refused naming the
+closest one.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataio.loader.shard_loader import ShardLoader
 from dataio.plan.schedule import Schedule
 from dataio.plan.types import Topology
 
-_OPTIONS = {f.name: f for f in dataclasses.fields(LoaderConfig)}
+_OPTIONS = {o.name: o for o in LoaderConfig.options()}
 _TOPOLOGY = ("rank", "world_size", "num_workers")  # make_loader's own: they build the Topology
 
 
@@ -44,14 +45,14 @@ def make_loader(url: str | Sequence[str | Source], *, weights: Sequence[float] |
     """
     if isinstance(weights, Schedule):  # weights that change over the run (plan/schedule.py)
         options, weights = {**options, "mix_schedule": weights.pieces}, None
-    config = LoaderConfig(**checked_options(options))
+    config = LoaderConfig.from_options(**checked_options(options))
     topology, kv_store = job_topology(rank=rank, world_size=world_size, num_workers=num_workers)
     return ShardLoader(as_sources(url, weights), config, topology=topology, num_workers=num_workers,
                        kv_store=kv_store)
 
 
 def checked_options(options: dict[str, Any]) -> dict[str, Any]:
-    """`options` if every key is a LoaderConfig field; TypeError naming the closest field otherwise."""
+    """`options` if every key is a LoaderConfig option; TypeError naming the closest one otherwise."""
     for name in options:
         if name not in _OPTIONS:
             close = difflib.get_close_matches(name, [*_OPTIONS, "weights", *_TOPOLOGY], n=1)
@@ -96,14 +97,19 @@ def _derive_signature() -> None:
     """make_loader's signature and the option list of its docstring, from LoaderConfig's fields."""
     params = list(inspect.signature(make_loader).parameters.values())[:5]  # url, weights, the Topology's
     lines = []
-    for f in dataclasses.fields(LoaderConfig):
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        default = inspect.Parameter.empty if required else f.default
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type))
-        lines.append(f"    {f.name}: {f.type}" + ("  (required)" if required else f" = {f.default!r}"))
+    for o in LoaderConfig.options():
+        required = o.default is dataclasses.MISSING
+        default = inspect.Parameter.empty if required else o.default
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=o.type))
+        lines.append(f"    {o.name}: {_type_name(o.type)}" + ("  (required)" if required else f" = {o.default!r}")
+                     + f"  -- {o.help}")
     signature = inspect.Signature(params, return_annotation="ShardLoader")
     make_loader.__signature__ = signature  # type: ignore[attr-defined]
     make_loader.__doc__ = f"{make_loader.__doc__.rstrip()}\n\n    Options (LoaderConfig):\n\n" + "\n".join(lines) + "\n"
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
 _derive_signature()

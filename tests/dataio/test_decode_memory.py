@@ -32,17 +32,17 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_decoding_reads_ahead_a_few_batches_not_128_mib() -> None:
-    config = LoaderConfig(batch_size=256)
+    config = LoaderConfig.from_options(batch_size=256)
     jpegs = 100_000  # ImageNet-like: ~100 KB a sample
     assert read_ahead_bytes(config, decoding=True, mean_sample_bytes=jpegs) == DECODE_PREFETCH_BATCHES * 256 * jpegs
     assert DECODE_PREFETCH_BATCHES * 256 * jpegs < 64 * MiB < RAW_PREFETCH_BYTES
     assert read_ahead_bytes(config, decoding=True, mean_sample_bytes=100) == DECODE_PREFETCH_FLOOR_BYTES  # floor
     assert read_ahead_bytes(config, decoding=True, mean_sample_bytes=10**7) == RAW_PREFETCH_BYTES  # capped
     assert read_ahead_bytes(config, decoding=False, mean_sample_bytes=jpegs) == RAW_PREFETCH_BYTES  # RAW keeps it
-    explicit = LoaderConfig(batch_size=256, prefetch_bytes=300 * MiB)
+    explicit = LoaderConfig.from_options(batch_size=256, prefetch_bytes=300 * MiB)
     assert read_ahead_bytes(explicit, decoding=True, mean_sample_bytes=jpegs) == 300 * MiB  # the user's wins
     with pytest.raises(ValueError, match="prefetch_bytes"):
-        LoaderConfig(batch_size=4, prefetch_bytes=0)
+        LoaderConfig.from_options(batch_size=4, prefetch_bytes=0)
 
 
 def test_the_loader_gives_its_workers_the_budget_of_its_task(dataset) -> None:

@@ -175,9 +175,9 @@ def test_worker_mode_is_checked():
     from dataio import LoaderConfig
 
     with pytest.raises(ValueError, match="worker_mode"):
-        LoaderConfig(batch_size=4, worker_mode="fibers")
+        LoaderConfig.from_options(batch_size=4, worker_mode="fibers")
     with pytest.raises(ValueError, match="decode=None or 'cpu'"):
-        LoaderConfig(batch_size=4, decode="dali", worker_mode="threads")
+        LoaderConfig.from_options(batch_size=4, decode="dali", worker_mode="threads")
 
 
 def test_decoding_and_parquet_keep_worker_processes(dataset, tmp_path):
