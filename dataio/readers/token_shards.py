@@ -129,7 +129,8 @@ class TokenShards:
         mm = self._maps.get(seg.shard)
         if mm is None:
             rel = self.manifest.shard_paths[seg.shard]
-            mm = memmap_tokens(self.store.path(rel), self.info)
+            # A plain ndarray over the map: slicing a np.memmap costs its subclass hooks per slice (~4 us a row).
+            mm = memmap_tokens(self.store.path(rel), self.info).view(np.ndarray)
             if len(mm) != self.manifest.shard_num_tokens[seg.shard]:
                 raise ShardFormatError(f"{self.url_of(seg.shard)}: {len(mm)} tokens, its manifest says "
                                        f"{self.manifest.shard_num_tokens[seg.shard]}; rewrite the dataset")
@@ -212,6 +213,20 @@ class TokenSources:
         starts = offsets[d0:d1] - lo
         starts[0] = 0
         return starts, np.arange(d0, d1, dtype=np.int64) + int(src.doc_base[local])
+
+    def doc_runs_many(self, shard: int, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """doc_runs of several token ranges [lo[i], hi[i]) of one shard at once: per run, its range i, its
+        start relative to lo[i] and its document number in its dataset (a batch's rows in a few array ops)."""
+        src, local = self.locate(shard)
+        offsets = src.offsets(local)
+        d0 = offsets.searchsorted(lo, side="right") - 1  # (k,) each range's first document
+        counts = offsets.searchsorted(hi, side="left") - d0  # (k,) documents starting before hi, >= 1
+        first = np.cumsum(counts) - counts  # (k,) where each range's runs begin among all runs
+        ranges = np.repeat(np.arange(len(lo), dtype=np.int64), counts)  # (runs,)
+        docs = np.arange(len(ranges), dtype=np.int64) - first[ranges] + d0[ranges]
+        starts = offsets[docs] - lo[ranges]
+        starts[first] = 0  # a range starts a run of its first document, wherever that document began
+        return ranges, starts, docs + int(src.doc_base[local])
 
     def windows(self, segments: Iterable[tuple[Segment, ...]], *, budget_bytes: int,
                 max_in_flight: int) -> Iterator[list[Piece]]:

@@ -90,15 +90,21 @@ class _Rows:
         self.lengths = np.zeros(batch_size, dtype=np.int64)
 
     def finish(self) -> dict[str, torch.Tensor]:
-        """The batch, its position_ids and doc_ids made in a few passes over [B, L+1] (not per row)."""
+        """The batch, its position_ids and doc_ids made in two passes each over [B, L+1] (not per row)."""
         if "doc_ids" in self.np:
             B, W = self.np["doc_ids"].shape
-            run_at = np.concatenate(self.run_at)  # ascending; every row has a run at its first token
-            run_len = np.diff(np.append(run_at, B * W))
-            # (B*W,) views: each token's document, its offset from its run's start (repeats, no scans)
-            self.np["doc_ids"].reshape(-1)[:] = np.repeat(np.concatenate(self.run_doc), run_len)
-            np.subtract(np.arange(B * W, dtype=np.int64), np.repeat(run_at, run_len),
-                        out=self.np["position_ids"].reshape(-1))
+            run_at = np.concatenate(self.run_at)  # every row has a run at its first token
+            order = np.argsort(run_at, kind="stable")  # rows were filled group by group: put runs in place
+            run_at, run_doc = run_at[order], np.concatenate(self.run_doc)[order]
+            # (B*W,) views, each a running sum of steps placed at the runs' first tokens: doc_ids steps by
+            # the change of document, position_ids by 1 but back to 0 at each run's start.
+            docs, pos = self.np["doc_ids"].reshape(-1), self.np["position_ids"].reshape(-1)
+            docs[:] = 0
+            docs[run_at] = np.diff(run_doc, prepend=0)
+            np.cumsum(docs, out=docs)
+            pos[:] = 1
+            pos[run_at] = 1 - np.diff(run_at, prepend=run_at[0] - 1)  # back to 0: minus the last run's length - 1
+            np.cumsum(pos, out=pos)
             for r in np.flatnonzero(self.lengths < W).tolist():  # padding (aligned packing, a short tail)
                 self.np["doc_ids"][r, self.lengths[r]:] = -1
                 self.np["position_ids"][r, self.lengths[r]:] = 0
@@ -117,12 +123,11 @@ def packed_batches(opened: OpenJob, plan: TokenWorkerPlan) -> Iterator[dict[str,
     try:
         for window, pieces in zip(plan.windows, reads):
             lookups = [_PieceLookup(pieces, g, reader) for g in window.groups]
-            for i in range(len(window.stream_starts)):
-                lookup = lookups[int(window.group[i])]
-                _fill_row(spec, reader, rows, lookup, window, i)
-                if mixed:
-                    rows.np["source"][rows.filled] = lookup.source
-                rows.filled += 1
+            i, m = 0, len(window.stream_starts)
+            while i < m:  # the window's sequences into rows, as many at a time as the batch has room for
+                take = min(B - rows.filled, m - i)
+                _fill_rows(spec, reader, rows, lookups, window, i, i + take)
+                i += take
                 if rows.filled == B:
                     yield rows.finish()
                     rows = _Rows(B, width, spec.with_docs, mixed)
@@ -140,16 +145,59 @@ class _PieceLookup:
         starts, place = group.order.shards.starts, group.order.shards.place
         base = int(reader.shard_base[group.source])
         self.lo = np.asarray([int(starts[place[p.shard - base]]) + p.start for p in self.pieces], dtype=np.int64)
+        self.length = np.asarray([len(p.tokens) for p in self.pieces], dtype=np.int64)
+        self.start = np.asarray([p.start for p in self.pieces], dtype=np.int64)  # in its shard
+        self.shard = np.asarray([p.shard for p in self.pieces], dtype=np.int64)  # global
 
     def first(self, stream_pos: int) -> int:
         return int(self.lo.searchsorted(stream_pos, side="right")) - 1
 
 
-def _fill_row(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookup: _PieceLookup, window: TokenWindow,
-              i: int) -> None:
-    """The batch's next row: sequence i of the window, copied from its pieces; padding after it."""
-    r = rows.filled
-    s, n = int(window.stream_starts[i]), int(window.num_tokens[i])
+def _fill_rows(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookups: list[_PieceLookup],
+               window: TokenWindow, i0: int, i1: int) -> None:
+    """The batch's next rows: sequences i0..i1-1 of the window, each copied from its piece (once, widened
+    to int64 on the way), padding after it; their document runs found for all rows of a group and shard
+    at once. A sequence that spans pieces (a shard's end) takes the per-row path."""
+    r0, W = rows.filled, rows.np["input_ids"].shape[1]
+    s, n = window.stream_starts[i0:i1], window.num_tokens[i0:i1]
+    group = window.group[i0:i1]
+    ids = rows.np["input_ids"]
+    for g in np.unique(group).tolist():
+        lookup = lookups[g]
+        sel = np.flatnonzero(group == g)  # (c,) this group's rows, relative to r0
+        k = lookup.lo.searchsorted(s[sel], side="right") - 1  # (c,) each row's first piece
+        a = s[sel] - lookup.lo[k]  # (c,) where it starts in that piece
+        whole = a + n[sel] <= lookup.length[k]
+        for j, kk, aa, nn, ok in zip(sel.tolist(), k.tolist(), a.tolist(), n[sel].tolist(), whole.tolist()):
+            if ok:
+                ids[r0 + j, :nn] = lookup.pieces[kk].tokens[aa:aa + nn]
+            else:
+                _fill_spanning(spec, reader, rows, lookup, r0 + j, int(s[j]), nn)
+            if nn < W:
+                ids[r0 + j, nn:] = spec.pad_id
+        if spec.with_docs and whole.any():
+            kw, first = k[whole], lookup.start[k[whole]] + a[whole]  # shard-local token ranges of whole rows
+            at = (r0 + sel[whole]) * W  # (c',) each row's first token, flat in [B, W]
+            shards = lookup.shard[kw]
+            for shard in np.unique(shards).tolist():
+                on = shards == shard
+                ranges, starts, docs = reader.doc_runs_many(shard, first[on], first[on] + n[sel[whole][on]])
+                rows.run_at.append(starts + at[on][ranges])
+                rows.run_doc.append(docs)
+        if "source" in rows.np:  # a mixture's
+            rows.np["source"][r0 + sel] = lookup.source
+    real = ~window.is_pad[i0:i1]
+    rows.np["loss_mask"][r0:r0 + len(s)] = real[:, None]  # a memset per row; padding after it below
+    for j in np.flatnonzero(n < W).tolist():
+        rows.np["loss_mask"][r0 + j, n[j]:] = False
+    rows.np["mask"][r0:r0 + len(s)] = real
+    rows.lengths[r0:r0 + len(s)] = n
+    rows.filled += len(s)
+
+
+def _fill_spanning(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookup: _PieceLookup, r: int, s: int,
+                   n: int) -> None:
+    """Row r: the n tokens from stream position s, copied piece by piece (it spans a piece's end)."""
     ids = rows.np["input_ids"][r]
     row_at = r * ids.shape[0]
     k, done = lookup.first(s), 0
@@ -158,16 +206,10 @@ def _fill_row(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookup: _Piece
         a = s + done - int(lookup.lo[k])
         take = min(n - done, len(piece.tokens) - a)
         assert take > 0, "the plan's segments cover every sequence"
-        ids[done:done + take] = piece.tokens[a:a + take]  # the one copy, widened to int64 on the way
+        ids[done:done + take] = piece.tokens[a:a + take]
         if spec.with_docs:
             starts, docs = reader.doc_runs(piece.shard, piece.start + a, piece.start + a + take)
             rows.run_at.append(starts + (row_at + done))
             rows.run_doc.append(docs)
         done += take
         k += 1
-    ids[n:] = spec.pad_id
-    real = not bool(window.is_pad[i])
-    rows.np["loss_mask"][r, :n] = real
-    rows.np["loss_mask"][r, n:] = False
-    rows.np["mask"][r] = real
-    rows.lengths[r] = n
