@@ -66,6 +66,9 @@ class ExecutionPlan:
                                        ("reused slabs", self.reuse_buffers)) if on]
         return ", ".join([f"readers={readers}", f"stream={self.stream}", first, *pools, f"decode={self.decode}"])
 
+    def __str__(self) -> str:
+        return self.describe()
+
 
 def plan_execution(config: LoaderConfig, data: OpenedData, *, num_workers: int, cuda: bool) -> ExecutionPlan:
     """The one decision of how this loader runs (num_workers=0: in this process; `cuda`: a CUDA device here)."""

@@ -47,8 +47,9 @@ def make_loader(url: str | Sequence[str | Source], *, weights: Sequence[float] |
         options, weights = {**options, "mix_schedule": weights.pieces}, None
     config = LoaderConfig.from_options(**checked_options(options))
     topology, kv_store = job_topology(rank=rank, world_size=world_size, num_workers=num_workers)
-    return ShardLoader(as_sources(url, weights), config, topology=topology, num_workers=num_workers,
-                       kv_store=kv_store)
+    loader = ShardLoader(as_sources(url, weights), config, topology=topology, num_workers=num_workers,
+                         kv_store=kv_store)
+    return loader.start()  # what the execution plan starts early (early_start)
 
 
 def checked_options(options: dict[str, Any]) -> dict[str, Any]:

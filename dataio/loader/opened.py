@@ -10,6 +10,7 @@ saved state. Everything past this point (execution plan, tickets, streams, state
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from dataio.loader.labels import LabelSpace
 from dataio.loader.mixing import MixedFields, OpenSources, batch_fields, label_space_of, mixed_window_samples, open_sources
 from dataio.loader.protocol import DatasetFacts
 from dataio.loader.startup import agree_on_dataset
-from dataio.loader.token_data import open_tokens
+from dataio.loader.token_data import open_tokens, token_facts
 from dataio.plan.token_mix import token_mix_num_steps
 from dataio.plan.token_plan import TokenPlanConfig
 from dataio.plan.types import PlanConfig, PlanState, Topology
@@ -41,11 +42,20 @@ class OpenedData:
     sources: OpenSources  # stores, manifests (source order) and the plan's Mixture
     fingerprint: str  # the data's identity in a saved state
     plan_config: PlanConfig  # seed, batch_size (per rank), tail, shuffle and the window, in the plan's unit
-    facts: DatasetFacts
     num_classes: int | None  # samples: the label space's classes; tokens: the vocabulary
     labels: LabelSpace | None = None  # samples only: labels checked and mapped per source
     fields: MixedFields | None = None  # samples only: what each source reads
     tokens: TokenSpec | None = None  # tokens only: the cut and what packing needs
+
+    @functools.cached_property
+    def facts(self) -> DatasetFacts:
+        """What a trainer reads of the data (protocol.py): identity, size, mean stored sample, sources."""
+        if self.tokens is not None:
+            pairs = list(zip(self.sources.stores, self.sources.manifests))
+            return token_facts(pairs, fingerprint=self.fingerprint, seq_len=self.tokens.seq_len,
+                               mixture=self.sources.mixture)
+        assert self.labels is not None
+        return dataset_facts(self.sources, self.labels)
 
     @property
     def label_names(self) -> tuple[str, ...] | None:
@@ -88,15 +98,15 @@ class OpenedData:
 def open_data(sources: Sequence[Source], config: LoaderConfig) -> OpenedData:
     """Open the sources as what they are asked to be: token datasets with seq_len, else samples."""
     if config.seq_len is not None:
-        opened, fingerprint, tokens, plan_config, facts, vocab = open_tokens(sources, config)
-        return OpenedData(sources=opened, fingerprint=fingerprint, plan_config=plan_config, facts=facts,
-                          num_classes=vocab, tokens=tokens)
+        opened, fingerprint, tokens, plan_config, vocab = open_tokens(sources, config)
+        return OpenedData(sources=opened, fingerprint=fingerprint, plan_config=plan_config, num_classes=vocab,
+                          tokens=tokens)
     opened = open_sources(sources, config)
     labels = label_space_of(sources, opened, config)  # labels checked, mapped per source
     plan_config = PlanConfig(seed=config.seed, batch_size=config.batch_size, tail=config.tail,
                              shuffle=config.shuffle, shuffle_window=mixed_window_samples(opened, config))
     return OpenedData(sources=opened, fingerprint=opened.fingerprint, plan_config=plan_config,
-                      facts=dataset_facts(opened, labels), num_classes=labels.num_classes, labels=labels,
+                      num_classes=labels.num_classes, labels=labels,
                       fields=batch_fields(opened, config))
 
 

@@ -65,7 +65,7 @@ class ShardLoader(PlanPosition):
         self.execution = plan_execution(config, self.data, num_workers=num_workers, cuda=torch.cuda.is_available())
         self.job = worker_job(config, self.data, self.execution, topology)
         self.num_workers = self.execution.num_readers  # worker processes or reader threads (0: in process)
-        self.stats = LoaderStats(execution=self.execution.describe())
+        self.stats = LoaderStats(execution=str(self.execution))  # the plan's line
         self._state = PlanState(epoch=0)  # where the current (or next) iteration starts
         self._delivered = 0  # batches handed to the caller since `_state`
         self._finished = False  # the last iteration ran to its end
@@ -82,18 +82,35 @@ class ShardLoader(PlanPosition):
         self._slot_releaser = SlotReleaser(kept) if self.execution.pooled_images else None
         self._decoder: Any = None  # a decoder in this process (DALI, the GPU), made at the first batch
         self._views: ViewGuard | None = None  # the per-sample views of the last reused-buffer batch
-        self._first = (FirstBatch(self.job, num_threads=min(self.num_workers, os.cpu_count() or 1))
-                       if self.execution.first_batch == "main" else None)
-        if self.execution.early_start:
+        self._first_batch: FirstBatch | None = None  # made at start() or the first iteration
+
+    def start(self) -> ShardLoader:
+        """Start now what the execution plan starts early (make_loader calls it): worker processes, each
+        reading its first window, or the first window laid out in a thread (RAW in this process); the
+        first iteration starts them otherwise. Returns the loader."""
+        if self.execution.early_start and self._dataloader is None:
             self._start_workers()
-        elif self.execution.first_batch == "laid out ahead":
+        elif self.execution.first_batch == "laid out ahead" and self._dataloader is None:
             # RAW in this process: the first window's indexes and layout are made in a thread while
             # the caller goes on (worker.py bet_here).
             self._get_dataloader().dataset.bet_here(self._next_start())
+        return self
+
+    @property
+    def _first(self) -> FirstBatch | None:
+        """What makes each iteration's first batch here (the plan's first_batch="main"), made once."""
+        if self._first_batch is None and self.execution.first_batch == "main":
+            self._first_batch = FirstBatch(self.job, num_threads=min(self.num_workers, os.cpu_count() or 1))
+        return self._first_batch
 
     def describe(self) -> str:
         """How this loader makes its batches, in one line (the execution plan)."""
         return self.execution.describe()
+
+    @property
+    def facts(self) -> DatasetFacts:
+        """What a trainer reads of the data (protocol.py): identity, size, mean stored sample, sources."""
+        return self.data.facts
 
     def _adopt(self, data: OpenedData) -> None:
         """What the opened sources fix: their kind's plan settings, facts, labels."""
@@ -103,7 +120,6 @@ class ShardLoader(PlanPosition):
         self.store, self.manifest = data.sources.stores[0], data.sources.manifests[0]  # the first source's
         self.fingerprint = data.fingerprint
         self.plan_config = data.plan_config
-        self.facts: DatasetFacts = data.facts  # what a trainer reads (protocol.py)
         self.labels = data.labels  # samples: labels checked, mapped per source (None: tokens)
         self.label_names = data.label_names  # the batches' label names (None: the data names none)
         self.num_classes = data.num_classes
@@ -298,8 +314,8 @@ class ShardLoader(PlanPosition):
         if self._threads is not None:
             self._threads.close()
             self._threads = None
-        if self._first is not None:
-            self._first.close()
+        if self._first_batch is not None:
+            self._first_batch.close()
         release_pooled()  # batch storages nobody holds any more
         if self._dataloader is not None:
             self._dataloader.dataset.close()

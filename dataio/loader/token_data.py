@@ -90,10 +90,9 @@ def token_facts(opened: Sequence[tuple[Store, Manifest]], *, fingerprint: str, s
                       for (store, _), share in zip(opened, shares)))
 
 
-def open_tokens(sources: Sequence[Source], config: LoaderConfig
-                ) -> tuple[OpenSources, str, TokenSpec, PlanConfig, DatasetFacts, int]:
+def open_tokens(sources: Sequence[Source], config: LoaderConfig) -> tuple[OpenSources, str, TokenSpec, PlanConfig, int]:
     """(the opened sources with their token Mixture, the fingerprint, what packing needs, the plan's
-    settings in sequences, the facts, the vocabulary size) of token datasets read as config asks."""
+    settings in sequences, the vocabulary size) of token datasets read as config asks."""
     if any(s.repeat is not None for s in sources):
         raise ValueError("token mixtures take weights (token shares), not repeat=; give each Source a weight")
     assert config.seq_len is not None
@@ -121,10 +120,9 @@ def open_tokens(sources: Sequence[Source], config: LoaderConfig
                             schedule=config.mix_schedule)  # pieces last a number of sequences
     spec = TokenSpec(seq_len=config.seq_len, packing=config.packing, doc_lengths=doc_lengths,
                      with_docs=config.fields is None or "doc_ids" in config.fields, pad_id=info.tokenizer.eos_id)
-    facts = token_facts(opened, fingerprint=fingerprint, seq_len=config.seq_len, mixture=mixture)
     sources_ = OpenSources(stores=tuple(st for st, _ in opened), manifests=tuple(m for _, m in opened),
                            mixture=mixture)
-    return sources_, fingerprint, spec, plan_config, facts, info.tokenizer.vocab_size
+    return sources_, fingerprint, spec, plan_config, info.tokenizer.vocab_size
 
 
 def doc_lengths_of(shards: TokenShards, packing: str) -> tuple[np.ndarray, ...]:

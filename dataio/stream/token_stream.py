@@ -73,7 +73,7 @@ class _Rows:
         self.tensors: dict[str, torch.Tensor] = {
             "input_ids": torch.empty((batch_size, width), dtype=torch.int64),
             "loss_mask": torch.empty((batch_size, width), dtype=torch.bool),  # every element written per row
-            "mask": torch.ones(batch_size, dtype=torch.bool),
+            "mask": torch.empty(batch_size, dtype=torch.bool),  # every element written (_fill_rows)
         }
         if mixed:
             self.tensors["source"] = torch.zeros(batch_size, dtype=torch.int64)
@@ -100,15 +100,23 @@ class _Rows:
             # the change of document, position_ids by 1 but back to 0 at each run's start.
             docs, pos = self.np["doc_ids"].reshape(-1), self.np["position_ids"].reshape(-1)
             docs[:] = 0
-            docs[run_at] = np.diff(run_doc, prepend=0)
+            docs[run_at] = _steps(run_doc, 0)
             np.cumsum(docs, out=docs)
             pos[:] = 1
-            pos[run_at] = 1 - np.diff(run_at, prepend=run_at[0] - 1)  # back to 0: minus the last run's length - 1
+            pos[run_at] = 1 - _steps(run_at, run_at[0] - 1)  # back to 0: minus the last run's length - 1
             np.cumsum(pos, out=pos)
             for r in np.flatnonzero(self.lengths < W).tolist():  # padding (aligned packing, a short tail)
                 self.np["doc_ids"][r, self.lengths[r]:] = -1
                 self.np["position_ids"][r, self.lengths[r]:] = 0
         return self.tensors
+
+
+def _steps(values: np.ndarray, before: int) -> np.ndarray:
+    """values[i] - values[i - 1], `before` standing for values[-1] (np.diff's prepend, without its overhead)."""
+    out = np.empty_like(values)
+    out[0] = values[0] - before
+    np.subtract(values[1:], values[:-1], out=out[1:])
+    return out
 
 
 def packed_batches(opened: OpenJob, plan: TokenWorkerPlan) -> Iterator[dict[str, Any]]:
@@ -162,9 +170,11 @@ def _fill_rows(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookups: list
     s, n = window.stream_starts[i0:i1], window.num_tokens[i0:i1]
     group = window.group[i0:i1]
     ids = rows.np["input_ids"]
-    for g in np.unique(group).tolist():
+    for g in range(len(lookups)) if len(lookups) > 1 else (0,):
         lookup = lookups[g]
-        sel = np.flatnonzero(group == g)  # (c,) this group's rows, relative to r0
+        sel = (group == g).nonzero()[0] if len(lookups) > 1 else np.arange(len(s))  # (c,) its rows, from r0
+        if not len(sel):
+            continue
         k = lookup.lo.searchsorted(s[sel], side="right") - 1  # (c,) each row's first piece
         a = s[sel] - lookup.lo[k]  # (c,) where it starts in that piece
         whole = a + n[sel] <= lookup.length[k]
@@ -179,7 +189,8 @@ def _fill_rows(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookups: list
             kw, first = k[whole], lookup.start[k[whole]] + a[whole]  # shard-local token ranges of whole rows
             at = (r0 + sel[whole]) * W  # (c',) each row's first token, flat in [B, W]
             shards = lookup.shard[kw]
-            for shard in np.unique(shards).tolist():
+            one = bool((shards == shards[0]).all())  # the usual batch: all its rows in one shard
+            for shard in ([int(shards[0])] if one else np.unique(shards).tolist()):
                 on = shards == shard
                 ranges, starts, docs = reader.doc_runs_many(shard, first[on], first[on] + n[sel[whole][on]])
                 rows.run_at.append(starts + at[on][ranges])
@@ -188,7 +199,7 @@ def _fill_rows(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookups: list
             rows.np["source"][r0 + sel] = lookup.source
     real = ~window.is_pad[i0:i1]
     rows.np["loss_mask"][r0:r0 + len(s)] = real[:, None]  # a memset per row; padding after it below
-    for j in np.flatnonzero(n < W).tolist():
+    for j in (n < W).nonzero()[0].tolist():
         rows.np["loss_mask"][r0 + j, n[j]:] = False
     rows.np["mask"][r0:r0 + len(s)] = real
     rows.lengths[r0:r0 + len(s)] = n
