@@ -170,9 +170,8 @@ def _fill_rows(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookups: list
     s, n = window.stream_starts[i0:i1], window.num_tokens[i0:i1]
     group = window.group[i0:i1]
     ids = rows.np["input_ids"]
-    for g in range(len(lookups)) if len(lookups) > 1 else (0,):
-        lookup = lookups[g]
-        sel = (group == g).nonzero()[0] if len(lookups) > 1 else np.arange(len(s))  # (c,) its rows, from r0
+    for g, lookup in enumerate(lookups):  # one group (source and pass) for a single dataset
+        sel = np.arange(len(s)) if len(lookups) == 1 else (group == g).nonzero()[0]  # (c,) its rows, from r0
         if not len(sel):
             continue
         k = lookup.lo.searchsorted(s[sel], side="right") - 1  # (c,) each row's first piece
