@@ -106,10 +106,11 @@ class TokenShards:
                 self._sums[shard] = got
         return got
 
-    def read(self, seg: Segment) -> Piece:
-        """The tokens of `seg` (token offsets in its shard), checked against the block checksums."""
+    def read(self, seg: Segment, *, check: bool = True) -> Piece:
+        """The tokens of `seg` (token offsets in its shard), checked against the block checksums (local
+        shards with check=False: a view of the map, its blocks checked as they are used, check_ranges)."""
         if self.store.is_local:
-            return Piece(seg.shard, seg.start, seg.stop, self._local(seg))
+            return Piece(seg.shard, seg.start, seg.stop, self._local(seg, check=check))
         rel, n = self.manifest.shard_paths[seg.shard], self.manifest.shard_num_tokens[seg.shard]
         sums = self.sums(seg.shard) if self.verify else None
         if sums is None:
@@ -125,7 +126,7 @@ class TokenShards:
             raise
         return Piece(seg.shard, seg.start, seg.stop, tokens)
 
-    def _local(self, seg: Segment) -> np.ndarray:
+    def _local(self, seg: Segment, *, check: bool = True) -> np.ndarray:
         mm = self._maps.get(seg.shard)
         if mm is None:
             rel = self.manifest.shard_paths[seg.shard]
@@ -136,23 +137,35 @@ class TokenShards:
                                        f"{self.manifest.shard_num_tokens[seg.shard]}; rewrite the dataset")
             with self._lock:
                 self._maps[seg.shard] = mm
-        if self.verify:
-            self._check_local(seg, mm)
+        if self.verify and check:
+            first, end, _, _ = block_range(seg.start, seg.stop, self.info.block_tokens, len(mm))
+            self._check_blocks(seg.shard, mm, np.arange(first, end))
         return mm[seg.start:seg.stop]
 
-    def _check_local(self, seg: Segment, mm: np.ndarray) -> None:
-        """Hash the blocks of `seg` not hashed yet in this process (each block once)."""
-        sums = self.sums(seg.shard)
-        checked = self._checked.get(seg.shard)
-        if checked is None:
-            checked = self._checked.setdefault(seg.shard, np.zeros(len(sums), dtype=bool))
-        first, end, _, _ = block_range(seg.start, seg.stop, self.info.block_tokens, len(mm))
+    def check_ranges(self, shard: int, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Check the blocks holding tokens [lo[i], hi[i]) of a local shard read with check=False (each block
+        once per process): a batch checks what it copies, so a first batch hashes its rows, not its window."""
+        if not (self.verify and self.store.is_local) or not len(lo):
+            return
         bt = self.info.block_tokens
-        for block in np.flatnonzero(~checked[first:end]) + first:
+        first, last = lo // bt, (np.maximum(hi, lo + 1) - 1) // bt  # (k,) each range's first and last block
+        if bool((last - first > 1).any()):  # a range over three blocks or more (a seq_len above a block)
+            blocks = np.concatenate([np.arange(f, g + 1) for f, g in zip(first.tolist(), last.tolist())])
+        else:
+            blocks = np.concatenate([first, last])
+        self._check_blocks(shard, self._maps[shard], np.unique(blocks))
+
+    def _check_blocks(self, shard: int, mm: np.ndarray, blocks: np.ndarray) -> None:
+        """Hash those of `blocks` not hashed yet in this process (each block once)."""
+        sums = self.sums(shard)
+        checked = self._checked.get(shard)
+        if checked is None:
+            checked = self._checked.setdefault(shard, np.zeros(len(sums), dtype=bool))
+        bt = self.info.block_tokens
+        for block in blocks[~checked[blocks]].tolist():
             data = memoryview(mm[block * bt:(block + 1) * bt]).cast("B")
             if xxhash.xxh3_64_intdigest(data) != int(sums[block]):
-                check_blocks(data, sums, int(block), self.info, url=self.url_of(seg.shard),
-                             offsets=self.offsets(seg.shard))
+                check_blocks(data, sums, int(block), self.info, url=self.url_of(shard), offsets=self.offsets(shard))
             checked[block] = True
 
 
@@ -198,10 +211,15 @@ class TokenSources:
             got = self._located[shard] = (self.shards[source], shard - int(self.shard_base[source]))
         return got
 
-    def read(self, seg: Segment) -> Piece:
+    def read(self, seg: Segment, *, check: bool = True) -> Piece:
         src, local = self.locate(seg.shard)
-        piece = src.read(Segment(shard=local, start=seg.start, stop=seg.stop))
+        piece = src.read(Segment(shard=local, start=seg.start, stop=seg.stop), check=check)
         return Piece(seg.shard, seg.start, seg.stop, piece.tokens)
+
+    def check_ranges(self, shard: int, lo: np.ndarray, hi: np.ndarray) -> None:
+        """TokenShards.check_ranges for a global shard: tokens [lo[i], hi[i]) of it, local offsets."""
+        src, local = self.locate(shard)
+        src.check_ranges(local, lo, hi)
 
     def doc_runs(self, shard: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """(start relative to lo, document number in its dataset) of each document run in tokens [lo, hi)."""
@@ -230,10 +248,11 @@ class TokenSources:
 
     def windows(self, segments: Iterable[tuple[Segment, ...]], *, budget_bytes: int,
                 max_in_flight: int) -> Iterator[list[Piece]]:
-        """The pieces of each window's segments, in order; object storage read ahead (Prefetcher)."""
+        """The pieces of each window's segments, in order; object storage read ahead (Prefetcher) and
+        checked as read; local shards mapped, their blocks checked by whoever uses them (check_ranges)."""
         if self.is_local:
             for segs in segments:
-                yield [self.read(s) for s in segs]
+                yield [self.read(s, check=False) for s in segs]
             return
         size = self.itemsize
         flat = ((k, s) for k, segs in enumerate(_announce(segments)) for s in segs)

@@ -184,16 +184,19 @@ def _fill_rows(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookups: list
                 _fill_spanning(spec, reader, rows, lookup, r0 + j, int(s[j]), nn)
             if nn < W:
                 ids[r0 + j, nn:] = spec.pad_id
-        if spec.with_docs and whole.any():
+        if whole.any():
             kw, first = k[whole], lookup.start[k[whole]] + a[whole]  # shard-local token ranges of whole rows
+            last = first + n[sel[whole]]
             at = (r0 + sel[whole]) * W  # (c',) each row's first token, flat in [B, W]
             shards = lookup.shard[kw]
             one = bool((shards == shards[0]).all())  # the usual batch: all its rows in one shard
             for shard in ([int(shards[0])] if one else np.unique(shards).tolist()):
                 on = shards == shard
-                ranges, starts, docs = reader.doc_runs_many(shard, first[on], first[on] + n[sel[whole][on]])
-                rows.run_at.append(starts + at[on][ranges])
-                rows.run_doc.append(docs)
+                reader.check_ranges(shard, first[on], last[on])  # what this batch copied, before it leaves
+                if spec.with_docs:
+                    ranges, starts, docs = reader.doc_runs_many(shard, first[on], last[on])
+                    rows.run_at.append(starts + at[on][ranges])
+                    rows.run_doc.append(docs)
         if "source" in rows.np:  # a mixture's
             rows.np["source"][r0 + sel] = lookup.source
     real = ~window.is_pad[i0:i1]
@@ -217,6 +220,8 @@ def _fill_spanning(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookup: _
         take = min(n - done, len(piece.tokens) - a)
         assert take > 0, "the plan's segments cover every sequence"
         ids[done:done + take] = piece.tokens[a:a + take]
+        lo = np.asarray([piece.start + a], dtype=np.int64)
+        reader.check_ranges(piece.shard, lo, lo + take)
         if spec.with_docs:
             starts, docs = reader.doc_runs(piece.shard, piece.start + a, piece.start + a + take)
             rows.run_at.append(starts + (row_at + done))
