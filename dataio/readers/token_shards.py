@@ -64,6 +64,7 @@ class TokenShards:
         self._sums: dict[int, np.ndarray] = {}
         self._maps: dict[int, np.ndarray] = {}
         self._checked: dict[int, np.ndarray] = {}  # local shards: (num_blocks,) bool, blocks already hashed
+        self._all_checked: set[int] = set()  # local shards whose every block is hashed
         # Global document number of each shard's first document (manifest order).
         self.doc_base = np.concatenate([[0], np.cumsum(np.asarray(manifest.shard_num_samples, dtype=np.int64))])
 
@@ -145,7 +146,7 @@ class TokenShards:
     def check_ranges(self, shard: int, lo: np.ndarray, hi: np.ndarray) -> None:
         """Check the blocks holding tokens [lo[i], hi[i]) of a local shard read with check=False (each block
         once per process): a batch checks what it copies, so a first batch hashes its rows, not its window."""
-        if not (self.verify and self.store.is_local) or not len(lo):
+        if not (self.verify and self.store.is_local) or not len(lo) or shard in self._all_checked:
             return
         bt = self.info.block_tokens
         first, last = lo // bt, (np.maximum(hi, lo + 1) - 1) // bt  # (k,) each range's first and last block
@@ -167,6 +168,8 @@ class TokenShards:
             if xxhash.xxh3_64_intdigest(data) != int(sums[block]):
                 check_blocks(data, sums, int(block), self.info, url=self.url_of(shard), offsets=self.offsets(shard))
             checked[block] = True
+        if checked.all():
+            self._all_checked.add(shard)  # every later batch of this shard: no check left to make
 
 
 class _CachedRanges:

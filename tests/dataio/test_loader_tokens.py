@@ -194,6 +194,23 @@ def test_a_corrupt_shard_names_the_shard_and_document(tmp_path, num_workers, mod
                 pass
 
 
+def test_a_corrupt_block_fails_the_batch_that_reads_it_not_the_first(tmp_path) -> None:
+    """Local shards: each batch checks the blocks of the rows it copies (each block once), so the batches
+    before a corrupt block are delivered, checked, and the first batch does not hash its whole window."""
+    root = tmp_path / "ds"
+    write_token_dataset(Store(str(root)), DOCS, block_tokens=16)
+    middle = sorted((root / "shards").glob("*.tokens"))[10]  # halfway through (shuffle=False: in order)
+    data = bytearray(middle.read_bytes())
+    data[0] ^= 0xFF  # its first token
+    middle.write_bytes(bytes(data))
+    delivered = 0
+    with pytest.raises(ShardFormatError, match=rf"{middle.name}: token block 0"):
+        with make_loader(str(root), seq_len=SEQ_LEN, batch_size=BATCH, num_workers=0, shuffle=False) as loader:
+            for _ in loader:  # one window holds the whole dataset
+                delivered += 1
+    assert delivered > 0
+
+
 def test_object_storage_reads_ranged_windows(s3_server, token_url, tmp_path) -> None:
     """The same batches from SeaweedFS as from the local copy (ranged reads of whole checksum blocks),
     also through the disk cache, whose second pass reads nothing from the store."""
