@@ -195,8 +195,8 @@ def test_a_corrupt_shard_names_the_shard_and_document(tmp_path, num_workers, mod
 
 
 def test_a_corrupt_block_fails_the_batch_that_reads_it_not_the_first(tmp_path) -> None:
-    """Local shards: each batch checks the blocks of the rows it copies (each block once), so the batches
-    before a corrupt block are delivered, checked, and the first batch does not hash its whole window."""
+    """Local shards: each batch checks the blocks of the rows it copies (each block once) before it leaves,
+    so the batches before a corrupt block are delivered and the one that copies it raises, naming it."""
     root = tmp_path / "ds"
     write_token_dataset(Store(str(root)), DOCS, block_tokens=16)
     middle = sorted((root / "shards").glob("*.tokens"))[10]  # halfway through (shuffle=False: in order)
