@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dataio.format.manifest import Manifest
-from dataio.format.tokens import OFFSET_DTYPE, document_lengths, offsets_path, read_array, read_shard
+from dataio.format.token_layout import OFFSET_DTYPE, document_lengths, offsets_path, read_array, read_shard
 from dataio.storage.store import Store
 from sharding.inspect import _human, skipped_table
 from sharding.sources.base import SourceError

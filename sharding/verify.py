@@ -21,7 +21,7 @@ from dataio.format.checksums import file_row_group_sums, parse_sums, sample_sums
 from dataio.format.manifest import MANIFEST_NAME, Manifest, checksum_bytes
 from dataio.format.provenance import read_sources, sources_path
 from dataio.format.tar_index import TarIndex, build_index, parse_index
-from dataio.format.tokens import OFFSET_DTYPE, SUM_DTYPE, check_blocks, check_offsets
+from dataio.format.token_layout import OFFSET_DTYPE, SUM_DTYPE, check_blocks, check_offsets
 from dataio.storage.store import Store
 
 

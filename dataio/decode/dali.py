@@ -103,8 +103,9 @@ class DaliDecoder:
         (out,) = self.map([batch])
         return out
 
-    def map(self, batches: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        """Decode batches in order, up to `prefetch_queue_depth` of them inside DALI at a time.
+    def map(self, batches: Iterable[dict[str, Any]], *, epoch: int | None = None) -> Iterator[dict[str, Any]]:
+        """Decode batches in order, up to `prefetch_queue_depth` of them inside DALI at a time (each
+        batch carries its epoch: `epoch` is the GPU feed's argument, unused here).
 
         A new map() (or call) supersedes one left unfinished: its queued batches are dropped and
         the old iterator raises RuntimeError if resumed.

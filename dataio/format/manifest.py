@@ -33,7 +33,7 @@ from dataio.format.manifest_parts import (
     part_paths,
     write_parts,
 )
-from dataio.format.tokens import TokensInfo
+from dataio.format.token_layout import TokensInfo
 from dataio.storage.paths import check_relative_many
 from dataio.storage.store import Store
 
@@ -46,7 +46,7 @@ LEGACY_JSON_VERSION = 1
 LEGACY_PARTED_VERSION = 2
 READ_VERSIONS = (LEGACY_JSON_VERSION, LEGACY_PARTED_VERSION, MANIFEST_VERSION)
 CHECKSUM_ALGORITHM = "xxh3_64"
-FORMATS = ("tar", "parquet", "tokens")  # tokens: dataio/format/tokens.py
+FORMATS = ("tar", "parquet", "tokens")  # tokens: dataio/format/token_layout.py
 FIELD_TYPES = ("image", "int", "float", "str", "json", "bytes", "npy")
 
 _TOP_KEYS = {

@@ -1,4 +1,5 @@
-"""Each iteration's first batch, made in the main process while the worker processes start.
+"""Each iteration's first batch, made in the main process while the worker processes start (the
+execution plan's first_batch="main": loader/execution.py decides when).
 
 With worker processes, a first batch used to wait for them to be forked (at the first next()),
 then for worker 0 to decode it on one core while worker 1 decoded the second batch on the other,
@@ -30,19 +31,10 @@ from typing import Any
 
 import torch
 
-from dataio.loader.config import LoaderConfig
 from dataio.plan.types import PlanState
 from dataio.stream.decoded import WorkerStream
 from dataio.stream.job import WorkerJob
 from dataio.stream.worker import BatchDataset
-
-
-def first_batch_in_main(config: LoaderConfig, *, uses_threads: bool, num_workers: int) -> bool:
-    """Whether the main process makes each iteration's first batch: early_start with worker
-    processes decoding on the CPU, and no hook (transform, collate) or slab that lives in a worker."""
-    c = config
-    return (c.early_start and num_workers > 0 and not uses_threads and c.decode == "cpu"
-            and c.transform is None and c.collate is None and not c.reuse_buffers)
 
 
 class FirstBatch:
@@ -50,7 +42,7 @@ class FirstBatch:
     `num_threads` threads; `head(state)` says whether it will (1) or the workers make it (0)."""
 
     def __init__(self, job: WorkerJob, *, num_threads: int) -> None:
-        assert job.decode == "cpu" and job.transform is None and job.collate is None and not job.reuse_buffers
+        assert job.decode_at == "worker" and job.transform is None and job.collate is None and not job.reuse_buffers
         self._dataset = BatchDataset(job, decode_threads=num_threads)
         self._state: PlanState | None = None
         self._stream: WorkerStream | None = None  # slot 0's stream from _state, batch 0 only

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import queue
 import threading
 import time
@@ -56,18 +55,6 @@ def device() -> torch.device | None:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return None
-
-
-def resolved(config: LoaderConfig) -> LoaderConfig:
-    """`config` with decode="auto" made "cpu" where no device decodes (no CUDA) or a hook needs the CPU."""
-    if config.decode == "auto" and (device() is None or config.transform is not None or config.collate is not None):
-        return dataclasses.replace(config, decode="cpu")
-    return config
-
-
-def job_decode(decode: str | None) -> str | None:
-    """What the workers do: RAW batches for "gpu"; for "auto", CPU decode unless a ticket says raw."""
-    return {"gpu": None, "auto": "cpu"}.get(decode, decode)  # type: ignore[arg-type]
 
 
 def ids_of(batch: dict[str, Any], mixture: Any) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """make_loader: the one entry point, its keyword options derived from LoaderConfig, and the one
 place the loader reads torch.distributed (rank and world size when not given).
 
-Every loader option and its default is written once, as a LoaderConfig field (rank, world_size
-and num_workers, which build the Topology, are make_loader's own); make_loader's runtime
-signature (inspect.signature, help()) and the option list in its docstring are made from those
-fields, and an unknown option is refused naming the closest one.
+Every loader option and its default is written once, as a LoaderConfig field (grouped by concern;
+rank, world_size and num_workers, which build the Topology, are make_loader's own); make_loader's
+runtime signature (inspect.signature, help()) and the option list in its docstring are made from
+LoaderConfig's flat view (LoaderConfig.options()), and an unknown option is refused naming the
+closest one.
 """
 
 from __future__ import annotations
@@ -20,17 +21,16 @@ import torch
 from dataio.loader.config import LoaderConfig, Source, check_int
 from dataio.loader.mixing import as_sources
 from dataio.loader.shard_loader import ShardLoader
-from dataio.loader.tokens import TokenLoader
 from dataio.plan.schedule import Schedule
 from dataio.plan.types import Topology
 
-_OPTIONS = {f.name: f for f in dataclasses.fields(LoaderConfig)}
+_OPTIONS = {o.name: o for o in LoaderConfig.options()}
 _TOPOLOGY = ("rank", "world_size", "num_workers")  # make_loader's own: they build the Topology
 
 
 def make_loader(url: str | Sequence[str | Source], *, weights: Sequence[float] | Schedule | None = None,
                 rank: int | None = None, world_size: int | None = None, num_workers: int = 2,
-                **options: Any) -> ShardLoader | TokenLoader:
+                **options: Any) -> ShardLoader:
     """Open the dataset at `url` and return a ShardLoader; batch_size is per rank.
 
     Several URLs (with `weights`, or Source objects with weight= or repeat=) make a mixture: one
@@ -41,21 +41,19 @@ def make_loader(url: str | Sequence[str | Source], *, weights: Sequence[float] |
     initialised, else (0, 1); num_workers plan workers read in worker processes or reader threads
     (0: in this process). These three build the Topology; every other keyword is a LoaderConfig
     field (listed below, with its default). With seq_len, a token dataset (or a mixture of them,
-    weights as token shares) gives batches of packed sequences instead (a TokenLoader).
+    weights as token shares) gives batches of packed sequences instead, through the same loader.
     """
     if isinstance(weights, Schedule):  # weights that change over the run (plan/schedule.py)
         options, weights = {**options, "mix_schedule": weights.pieces}, None
-    config = LoaderConfig(**checked_options(options))
+    config = LoaderConfig.from_options(**checked_options(options))
     topology, kv_store = job_topology(rank=rank, world_size=world_size, num_workers=num_workers)
-    if config.seq_len is not None:  # token datasets: packed sequences (loader/tokens.py)
-        return TokenLoader(as_sources(url, weights), config, topology=topology, in_process=num_workers == 0,
-                           kv_store=kv_store)
-    return ShardLoader(as_sources(url, weights), config, topology=topology, in_process=num_workers == 0,
-                       kv_store=kv_store)
+    loader = ShardLoader(as_sources(url, weights), config, topology=topology, num_workers=num_workers,
+                         kv_store=kv_store)
+    return loader.start()  # what the execution plan starts early (early_start)
 
 
 def checked_options(options: dict[str, Any]) -> dict[str, Any]:
-    """`options` if every key is a LoaderConfig field; TypeError naming the closest field otherwise."""
+    """`options` if every key is a LoaderConfig option; TypeError naming the closest one otherwise."""
     for name in options:
         if name not in _OPTIONS:
             close = difflib.get_close_matches(name, [*_OPTIONS, "weights", *_TOPOLOGY], n=1)
@@ -100,14 +98,19 @@ def _derive_signature() -> None:
     """make_loader's signature and the option list of its docstring, from LoaderConfig's fields."""
     params = list(inspect.signature(make_loader).parameters.values())[:5]  # url, weights, the Topology's
     lines = []
-    for f in dataclasses.fields(LoaderConfig):
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        default = inspect.Parameter.empty if required else f.default
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type))
-        lines.append(f"    {f.name}: {f.type}" + ("  (required)" if required else f" = {f.default!r}"))
-    signature = inspect.Signature(params, return_annotation="ShardLoader | TokenLoader")
+    for o in LoaderConfig.options():
+        required = o.default is dataclasses.MISSING
+        default = inspect.Parameter.empty if required else o.default
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=o.type))
+        lines.append(f"    {o.name}: {_type_name(o.type)}" + ("  (required)" if required else f" = {o.default!r}")
+                     + f"  -- {o.help}")
+    signature = inspect.Signature(params, return_annotation="ShardLoader")
     make_loader.__signature__ = signature  # type: ignore[attr-defined]
     make_loader.__doc__ = f"{make_loader.__doc__.rstrip()}\n\n    Options (LoaderConfig):\n\n" + "\n".join(lines) + "\n"
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
 _derive_signature()

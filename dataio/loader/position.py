@@ -1,6 +1,6 @@
-"""Where a loader stands in the run, shared by the image loader (ShardLoader) and the token loader
-(TokenLoader): its topology, the epoch and batches delivered, and the run's history of passes that
-`shardify which` replays. Each loader keeps its own plan; this is the bookkeeping around it."""
+"""Where a loader stands in the run (ShardLoader's bookkeeping, for samples and tokens alike): its
+topology, the epoch and batches delivered, and the run's history of passes that `shardify which`
+replays. The plan itself is the opened data's (loader/opened.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,14 @@ from dataio.plan.types import PlanConfig, PlanState, Topology
 
 class PlanPosition:
     """Mixin: the position (`_state`, `_delivered`, `_finished`) and history of a loader whose class
-    sets `topology`, `fingerprint`, `plan_config` and `history` when it is built, and replays a saved
-    position with its own `_steps_from(state)` (ValueError or IndexError past the epoch)."""
+    sets `topology`, `fingerprint`, `plan_config`, `data` and `history` when it is built, and replays a
+    saved position with its own `_steps_from(state)` (ValueError or IndexError past the epoch)."""
 
     topology: Topology
     fingerprint: str
     plan_config: PlanConfig
     history: HistoryKeeper
+    data: Any  # loader/opened.py OpenedData: checks that a state was saved by a loader of its kind
     mixture: Any  # plan.mix.Mixture (Mixture.single for one dataset), or a ScheduledMixture
     _state: PlanState
     _delivered: int
@@ -57,6 +58,7 @@ class PlanPosition:
         """Resume from a state saved by any rank of any topology; StateError says what does not fit."""
         if self._active_steps is not None:
             raise RuntimeError("load_state_dict during an iteration; call it between epochs")
+        self.data.check_kind(state_dict)
         state = check_state(state_dict, fingerprint=self.fingerprint, plan_config=self.plan_config,
                             mixture=self.mixture)
         try:

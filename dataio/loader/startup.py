@@ -71,7 +71,7 @@ def open_dataset(url: str, config: LoaderConfig) -> tuple[Store, Manifest]:
     """
     store = Store(url, config.storage)
     manifest = read_manifest(store.first_request())  # a stuck endpoint fails within 30 s
-    if manifest.format == "tokens":  # read by the token loader (loader/tokens.py), given seq_len
+    if manifest.format == "tokens":  # read by the token loader (loader/token_data.py), given seq_len
         raise ManifestError(f"{store.url}: a token dataset (manifest format 'tokens'): pass seq_len= (and "
                             "packing=) to make_loader for batches of packed sequences")
     check_fields(manifest, config.fields)

@@ -22,6 +22,8 @@ class LoaderStats:
     hedges_over_budget: int = 0
     # decode="gpu" / "auto" (loader/gpu_feed.py): the device decoder, samples per side, the split and rates.
     gpu_decode: dict[str, Any] = field(default_factory=dict)
+    # How the loader makes its batches, in one line (loader/execution.py ExecutionPlan.describe()).
+    execution: str = ""
 
     def add_hedges(self, counts: dict[str, int]) -> None:
         self.ranged_reads += counts.get("requests", 0)

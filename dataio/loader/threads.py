@@ -29,7 +29,6 @@ import torch
 
 from dataio.plan.types import PlanState
 from dataio.stream.job import Ticket, WorkerJob
-from dataio.stream.raw import raw_fast_path
 from dataio.stream.raw_io import process_io
 from dataio.stream.worker import BatchDataset, return_freed_buffers
 
@@ -43,7 +42,7 @@ class ReaderThreads:
     def __init__(self, job: WorkerJob, *, num_workers: int, prefetch_factor: int, pin_memory: bool) -> None:
         # RAW streams share one process's I/O threads and window buffers; decoding streams read
         # through their own Prefetcher (each its read-ahead budget, as each worker process has).
-        self.io = process_io(job, num_streams=num_workers) if raw_fast_path(job) else None
+        self.io = process_io(job, num_streams=num_workers) if job.stream == "raw" else None
         if self.io is None:
             return_freed_buffers(in_threads=True)  # the worker processes' malloc tuning, here
         self.datasets = [BatchDataset(job, io=self.io) for _ in range(num_workers)]

@@ -1,7 +1,7 @@
 """`shardify which` for token runs: the documents and token ranges of every sequence of optimizer step N.
 
-The TokenLoader's state carries the run's history (loader/history.py) like the image loader's; the
-token plan (plan/tokens.py, plan/token_mix.py) replays a step's batches from it, and each sequence's
+The token loader's state carries the run's history (loader/history.py) like the image loader's; the
+token plan (plan/token_plan.py, plan/token_mix.py) replays a step's batches from it, and each sequence's
 stream range maps back to global token ids, then to shards and documents through the offsets
 sidecars of the shards it touches (aligned packing: every shard's, as the loader reads them).
 Nothing is logged during training; no token is read here.
@@ -19,13 +19,14 @@ import numpy as np
 from dataio.errors import ManifestError, StateError
 from dataio.format.manifest import Manifest
 from dataio.format.provenance import read_sources
+from dataio.loader.token_data import doc_lengths_of
 from dataio.plan.mix import Mixture
 from dataio.plan.schedule import Piece
 from dataio.plan.token_mix import plan_token_mix_worker, token_mixture
-from dataio.plan.tokens import TokenPlanConfig, TokenWorkerPlan
+from dataio.plan.token_plan import TokenPlanConfig, TokenWorkerPlan
 from dataio.plan.types import PlanState, Progress, WorkerSlot
 from dataio.plan.which import HistoryPass, StepPlace
-from dataio.readers.tokens import TokenShards
+from dataio.readers.token_shards import TokenShards
 from dataio.storage.store import Store
 
 
@@ -73,7 +74,7 @@ def sequences_of_step(doc: dict[str, Any], chosen: HistoryPass, place: StepPlace
     shape = json.loads(state["tokens"])
     config = TokenPlanConfig(seq_len=int(shape["seq_len"]), packing=str(shape["packing"]), plan=chosen.plan)
     shards = [TokenShards(st, m, verify_checksums=True) for st, m in zip(stores, manifests)]
-    doc_lengths = tuple(_doc_lengths(s, config.packing) for s in shards)
+    doc_lengths = tuple(doc_lengths_of(s, config.packing) for s in shards)
     mixture = _mixture(state, shards, doc_lengths, config, chosen.fingerprint)
     names = _Names(shards)
     out = []
@@ -84,13 +85,6 @@ def sequences_of_step(doc: dict[str, Any], chosen: HistoryPass, place: StepPlace
                 out.append(StepSequence(rank=r, micro=micro, row=row, num_tokens=n, is_pad=pad,
                                         ranges=names.ranges(source, gids)))
     return out
-
-
-def _doc_lengths(shards: TokenShards, packing: str) -> tuple[np.ndarray, ...]:
-    """What the loader's plan cut (TokenLoader._doc_lengths): concat each shard's tokens, aligned its documents."""
-    if packing == "aligned":
-        return tuple(shards.document_lengths(range(shards.manifest.num_shards)))
-    return tuple(np.asarray([n] if n else [], dtype=np.int64) for n in shards.manifest.shard_num_tokens)
 
 
 def saved_mixture(state: dict[str, Any], fingerprint: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The token mixture plan: several token datasets blended into one epoch of sequences, weights as token shares.
 
-A pure function like tokens.py (no I/O, no torch). Each source's unit is its sequence of seq_len + 1
-tokens (tokens.py cuts it); the mixture plan (mix.py) gives source s an exact count of the epoch's
+A pure function like token_plan.py (no I/O, no torch). Each source's unit is its sequence of seq_len + 1
+tokens (token_plan.py cuts it); the mixture plan (mix.py) gives source s an exact count of the epoch's
 sequence positions by weight and interleaves them within 1 of the shares over every prefix. Every
 sequence carries seq_len tokens of input, so shares of sequences are shares of tokens (under aligned
 packing, of sequences with their padding). Source s's k-th position takes draw c = epoch * count_s + k
@@ -9,7 +9,7 @@ of an endless run of passes over its sequences: pass p = c // num_sequences_s is
 with its shards permuted by (its seed, p); a source that runs out starts a new pass (upsampling), one
 too big goes on where it stopped in the next epoch. Ranks, workers, windows, tails and resume are
 plan.py's (plan_positions), so the five properties hold in sequences of the mixture. A mixture of one
-(Mixture.single: what the loader builds for one dataset) is tokens.py's plan, bit for bit (its seed, its
+(Mixture.single: what the loader builds for one dataset) is token_plan.py's plan, bit for bit (its seed, its
 cut, its tail), as mix.py's is plan.py's: one path in the loader, and the single dataset's plan unchanged.
 
 A weight Schedule (schedule.py) is the image mixtures' segment design in sequences: pieces of weights
@@ -29,7 +29,7 @@ import numpy as np
 from dataio.plan.mix import MixSource, Mixture, delivered_epoch
 from dataio.plan.plan import Window, plan_positions
 from dataio.plan.schedule import Piece, ScheduledMixture, _plan_epoch, scheduled  # one segment keying for both
-from dataio.plan.tokens import (
+from dataio.plan.token_plan import (
     SequenceGroup,
     SequenceOrder,
     TokenPlanConfig,
@@ -74,7 +74,7 @@ def token_mixture(doc_lengths: Sequence[Sequence[Sequence[int]]], config: TokenP
 def token_mix_num_steps(doc_lengths: Sequence[Sequence[Sequence[int]]], mixture: Mixture, *, config: TokenPlanConfig,
                         world_size: int, state: PlanState) -> int:
     """Batches every rank delivers from the state's position to the mixture epoch's end (a schedule's: the
-    segments from the state's one on); a mixture of one: the single dataset's (plan/tokens.py)."""
+    segments from the state's one on); a mixture of one: the single dataset's (plan/token_plan.py)."""
     if mixture.single:
         return token_num_steps(doc_lengths[0], config=config, world_size=world_size, state=state)
     return int(mixture.steps_from(config=config.plan, world_size=world_size, state=state))

@@ -1,1 +1,3 @@
-"""The torch-facing loader: config, start-up, state, worker, collate and ShardLoader (make_loader)."""
+"""What one plan worker does with its tickets: the job it is given (job.py, a leaf), the stream of
+its kind (decoded, by_sample, raw, token_stream), collate, fields and slabs, and the DataLoader
+dataset over tickets (worker.py)."""

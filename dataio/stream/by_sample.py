@@ -23,19 +23,11 @@ from dataio.plan.types import Segment
 from dataio.readers.mixed import SourcePiece
 from dataio.readers.tar import TarPayload, TarReader, zero_copy
 from dataio.storage.prefetch import Prefetcher
-from dataio.stream.job import OpenJob, WorkerJob
+from dataio.stream.job import OpenJob
 from dataio.stream.raw_direct import ShardFiles, will_need
 from dataio.stream.slabs import recycled_uint8
 
 BatchRead = tuple[tuple[list[int], list[bool]], list[dict[str, Any]], float]  # ((ids, pads), samples, read_s)
-
-
-def reads_by_sample(job: WorkerJob) -> bool:
-    """Whether a decoding stream reads batch by batch: every dataset is tar shards in local files,
-    read without a disk cache (a cache's point is whole ranges). From the job alone: no reader opened."""
-    if job.decode is None or job.cache_dir is not None:
-        return False
-    return all(d.manifest.format == "tar" and d.store.is_local for d in job.datasets)
 
 
 def batch_ids(windows: Sequence[Window], *, start: int, skip: int, stop: int, batch_size: int,

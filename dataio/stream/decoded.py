@@ -17,7 +17,7 @@ import numpy as np
 from dataio.plan.types import PlanState
 from dataio.readers.tar import zero_copy
 from dataio.storage.prefetch import Prefetcher
-from dataio.stream.by_sample import BatchRead, SampleReads, batch_ids, batch_reads, reads_by_sample
+from dataio.stream.by_sample import BatchRead, SampleReads, batch_ids, batch_reads
 from dataio.stream.collate import HEDGES_KEY, assemble, hedges_since_last_batch
 from dataio.stream.job import OpenJob
 
@@ -44,7 +44,7 @@ class WorkerStream:
         self._select(*batches)
         self._last = int(self._numbers[-1]) if len(self._numbers) else -1
         # Local tar shards: each batch's samples read in its turn (by_sample.py), not whole windows.
-        self.by_sample = reads_by_sample(opened.job)
+        self.by_sample = opened.job.stream == "by_sample"
         if self.by_sample:
             self.reads_only_its_batches = bool(len(self._numbers))
         self._window_iter = self._batch_reads() if self.by_sample else self._windows()

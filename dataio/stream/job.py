@@ -1,7 +1,9 @@
 """What one worker is given and opens: Ticket, WorkerJob, and OpenJob (the job opened in a process).
 
-A leaf of the stream floor: the decoded stream, the RAW engine, collate and the DataLoader
-dataset all take an OpenJob, never the object that holds them. The job is picklable (the `spawn`
+A leaf of the stream floor: the decoded stream, the RAW engine, the token stream, collate and the
+DataLoader dataset all take an OpenJob, never the object that holds them. Which stream a job runs
+(STREAM_KINDS) was decided once, by the loader's execution plan (loader/execution.py): the job
+carries the decision, and nothing below re-decides it. The job is picklable (the `spawn`
 start method works); an OpenJob opens the job's reader and decoder once per process, lazily, and
 the plan of a worker slot is chosen here and nowhere else. A single dataset is a mixture of one
 (plan/mix.py): one reader over the job's datasets (readers/mixed.py), one plan call.
@@ -19,11 +21,20 @@ from dataio.decode.cpu import CpuDecoder, DecodeConfig
 from dataio.format.manifest import Manifest
 from dataio.plan.mix import MixState, Mixture, plan_mix_worker
 from dataio.plan.plan import WorkerPlan
+from dataio.plan.token_plan import TokenPlanConfig
 from dataio.plan.types import PlanConfig, PlanState, Segment, Topology
 from dataio.readers.by_format import make_reader
 from dataio.readers.mixed import MixedReader, SourcePiece
+from dataio.readers.token_shards import TokenShards, TokenSources
 from dataio.storage.cache import DiskCache
 from dataio.storage.store import Store
+
+
+# What a worker's stream makes of its windows: RAW tar bytes without per-sample objects (raw.py),
+# sample dicts decoded or not (decoded.py), the same read batch by batch from local files
+# (by_sample.py), packed token sequences (token_stream.py).
+STREAM_KINDS = ("raw", "decoded", "by_sample", "tokens")
+DECODE_AT = ("none", "worker", "main")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +66,19 @@ class JobDataset:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TokenSpec:
+    """What packing needs besides the plan: the sequence length and packing, what the plan cuts
+    (per source, per shard: concat one entry, the shard's tokens; aligned every document's length),
+    whether batches carry position_ids and doc_ids, and the padding token."""
+
+    seq_len: int
+    packing: str
+    doc_lengths: tuple[tuple[np.ndarray, ...], ...]
+    with_docs: bool = True
+    pad_id: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class WorkerJob:
     """Everything a worker needs, picklable; built once in the main process."""
 
@@ -64,7 +88,9 @@ class WorkerJob:
     topology: Topology
     verify_index: bool
     verify_checksums: bool
-    decode: str | None  # "cpu", "dali" or None (dali and gpu decode in the main process)
+    # Where images are decoded (the execution plan's call): "none" (bytes), "worker" (here, on the
+    # CPU), "main" (bytes, with each sample's id and the epoch, for a decoder in the main process).
+    decode_at: str
     decode_config: DecodeConfig | None
     image_fields: tuple[str, ...]  # a sample's image: the first of these it has (IMAGE_FIELD_ORDER)
     transform: Callable[..., Any] | None
@@ -80,6 +106,18 @@ class WorkerJob:
     # (image_slots.py): only where it sees the batch's own image tensor (no collate hook, no pinning).
     pooled_images: bool = False
     pooled_reads: bool = True  # batch-by-batch reads into StoragePool buffers (LoaderConfig.pooled_buffers)
+    stream: str = "decoded"  # one of STREAM_KINDS, decided by the execution plan
+    tokens: TokenSpec | None = None  # stream "tokens": packing's own settings
+
+    def __post_init__(self) -> None:
+        assert self.stream in STREAM_KINDS and (self.stream == "tokens") == (self.tokens is not None)
+        assert self.decode_at in DECODE_AT
+
+    @property
+    def token_config(self) -> TokenPlanConfig:
+        """The token plan's settings (stream "tokens"): the sequence cut and the plan's."""
+        assert self.tokens is not None
+        return TokenPlanConfig(seq_len=self.tokens.seq_len, packing=self.tokens.packing, plan=self.plan_config)
 
     @property
     def batch_size(self) -> int:
@@ -120,6 +158,7 @@ class OpenJob:
         self.job = job
         self.decode_threads = decode_threads  # threads decoding one batch (loader/first_batch.py: the main process's)
         self._reader: MixedReader | None = None
+        self._tokens: TokenSources | None = None
         self._decoder: CpuDecoder | None = None
         self.ship_raw = False  # the batch being made goes out undecoded (Ticket.raw)
 
@@ -128,9 +167,7 @@ class OpenJob:
         """Global segments in, samples with global ids out; each piece read by its dataset's reader."""
         if self._reader is None:
             job = self.job
-            cache = None
-            if job.cache_dir is not None:
-                cache = DiskCache(job.cache_dir, limit_bytes=job.cache_limit_bytes)
+            cache = self._cache()
             readers = [
                 make_reader(Store(d.store.raw_url, d.store.options, d.store.retry), d.manifest, fields=d.fields,
                             verify_index=job.verify_index, cache=cache, slice_bytes=job.slice_bytes,
@@ -140,6 +177,21 @@ class OpenJob:
             self._reader = MixedReader(readers, [d.manifest for d in job.datasets],
                                        label_fields=[d.label_field for d in job.datasets])
         return self._reader
+
+    @property
+    def token_reader(self) -> TokenSources:
+        """The token sources' shards (stream "tokens"), read by windows; one per process."""
+        if self._tokens is None:
+            job = self.job
+            cache = self._cache()
+            self._tokens = TokenSources([TokenShards(Store(d.store.raw_url, d.store.options, d.store.retry),
+                                                     d.manifest, verify_checksums=job.verify_checksums, cache=cache)
+                                         for d in job.datasets])
+        return self._tokens
+
+    def _cache(self) -> DiskCache | None:
+        job = self.job
+        return None if job.cache_dir is None else DiskCache(job.cache_dir, limit_bytes=job.cache_limit_bytes)
 
     def split(self, seg: Segment) -> list[SourcePiece]:
         """A window's segment as the pieces the reader fetches."""

@@ -37,18 +37,10 @@ from dataio.plan.types import PlanState, Segment
 from dataio.readers.mixed import MixedReader
 from dataio.readers.tar import TarReader
 from dataio.readers.tar_raw import TarColumns, columns_of, read_span_into
-from dataio.stream.job import OpenJob, WorkerJob
+from dataio.stream.job import OpenJob
 from dataio.stream.raw_batch import BatchBuilder, CarryArena, Part
 from dataio.stream.raw_direct import DirectReader, Rows, ShardSource, will_need
 from dataio.stream.raw_io import IO_THREAD_PREFIX, RawIo
-
-
-def raw_fast_path(job: WorkerJob) -> bool:
-    """Whether a WorkerJob's batches come from RawStream (else WorkerStream's sample dicts): RAW tar
-    datasets (one, or a mixture) whose labels need no renaming."""
-    if job.decode is not None or job.transform is not None or job.collate is not None:
-        return False
-    return all(d.manifest.format == "tar" for d in job.datasets) and len({d.label_field for d in job.datasets}) <= 1
 
 
 @dataclass(frozen=True, slots=True)

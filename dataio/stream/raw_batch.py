@@ -141,7 +141,7 @@ class BatchBuilder:
             batch[name] = collate_values(kind, values, pack_bytes)
         job = self.opened.job
         if not job.mixes:  # a field no sample of this batch holds is still a column (as in collate)
-            for name in batch_fields(self.manifest, job.fields, job.image_fields, decoded=job.decode is not None):
+            for name in batch_fields(self.manifest, job.fields, job.image_fields, decoded=job.decode_at != "none"):
                 if name not in batch:
                     kind = self.kinds.get(name) or kind_of(name, None)
                     batch[name] = collate_values(kind, [None] * len(ids), pack_bytes)

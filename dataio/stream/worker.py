@@ -2,8 +2,10 @@
 
 The main process hands each worker small tickets ("batch k of iteration t, starting from plan
 state S"); the worker computes its plan for its WorkerSlot (WorkerJob.plan: no shared memory, no
-locks: every worker can compute its own) and runs its slot's stream: decoded.py (sample dicts)
-or raw.py (RAW tar bytes), whole batches per the contract in dataio/batch.py. Everything here is
+locks: every worker can compute its own) and runs its slot's stream of the kind the job names
+(job.py STREAM_KINDS, decided once by the loader's execution plan): decoded.py and by_sample.py
+(sample dicts), raw.py (RAW tar bytes) or token_stream.py (packed sequences), whole batches per the
+contract in dataio/batch.py. Everything here is
 picklable, so the `spawn` start method works: the Store opens its fsspec client lazily inside
 the worker.
 """
@@ -19,9 +21,12 @@ from dataio.batch import M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES, glibc_mallopt
 from dataio.plan.types import PlanState
 from dataio.stream.decoded import WorkerStream
 from dataio.stream.job import OpenJob, Ticket, WorkerJob
-from dataio.stream.raw import RawStream, all_local, raw_fast_path
+from dataio.stream.raw import RawStream
 from dataio.stream.raw_io import RawIo, process_io
 from dataio.stream.slabs import SlabRing
+from dataio.stream.token_stream import TokenStream
+
+Stream = WorkerStream | RawStream | TokenStream
 
 _MALLOC_TUNED = False
 
@@ -54,9 +59,9 @@ class BatchDataset(torch.utils.data.Dataset):
         # (given), else this process's own (made when first needed).
         self._io, self._own_io = io, io is None
         self._token = -1
-        self._streams: dict[int, WorkerStream | RawStream] = {}
+        self._streams: dict[int, Stream] = {}
         # A stream read ahead on a bet: ((plan state, head), slot, stream).
-        self._spare: tuple[tuple[PlanState, int], int, WorkerStream | RawStream] | None = None
+        self._spare: tuple[tuple[PlanState, int], int, Stream] | None = None
         self._slabs: SlabRing | None = None
         self._pid = os.getpid()
 
@@ -104,7 +109,7 @@ class BatchDataset(torch.utils.data.Dataset):
             self._start_spare(stream, worker_id)
         return batch
 
-    def _start_spare(self, finished: WorkerStream | RawStream, worker_id: int) -> None:
+    def _start_spare(self, finished: Stream, worker_id: int) -> None:
         """Start reading this slot's next epoch in the background, betting on `set_epoch(e + 1)`.
 
         Persistent workers are otherwise idle between epochs, and every epoch would begin by
@@ -112,19 +117,17 @@ class BatchDataset(torch.utils.data.Dataset):
         """
         self._bet(worker_id, finished.state.next_epoch(finished.epoch + 1), getattr(finished, "head", 0))
 
-    def bet_in_process(self, state: PlanState) -> None:
-        """num_workers=0, RAW from local files: open slot 0's stream from `state` now (the loader is
-        being built) and lay out its first window in a thread; the first iteration that starts
-        there adopts it (see `_bet`). Object storage waits for the iteration: its reads would keep
-        I/O threads (and requests) alive for a loader that may never be iterated."""
-        if raw_fast_path(self.job) and all_local(self.opened.reader):
-            self._bet(0, state, 0, in_process=True)
+    def bet_here(self, state: PlanState) -> None:
+        """In this process (the execution plan's call: RAW from local files), open slot 0's stream
+        from `state` now (the loader is being built) and lay out its first window in a thread; the
+        first iteration that starts there adopts it (see `_bet`)."""
+        self._bet(0, state, 0, here=True)
 
-    def _bet(self, worker_id: int, state: PlanState, head: int, *, in_process: bool = False) -> None:
+    def _bet(self, worker_id: int, state: PlanState, head: int, *, here: bool = False) -> None:
         """Open this slot's stream from `state` and read its first window in the background; a bet
         that loses (another epoch, a loaded state, another head) is dropped when the next
-        iteration's first ticket shows it. Inside DataLoader workers, or `in_process`."""
-        if self._spare is not None or (torch.utils.data.get_worker_info() is None and not in_process):
+        iteration's first ticket shows it. Inside DataLoader workers, or `here` (this process)."""
+        if self._spare is not None or (torch.utils.data.get_worker_info() is None and not here):
             return
         stream = self._stream(worker_id, state, head)
         stream.warm_up()
@@ -140,9 +143,13 @@ class BatchDataset(torch.utils.data.Dataset):
         else:
             stream.close()
 
-    def _stream(self, worker_id: int, state: PlanState, head: int = 0) -> WorkerStream | RawStream:
-        if raw_fast_path(self.job):
+    def _stream(self, worker_id: int, state: PlanState, head: int = 0) -> Stream:
+        kind = self.job.stream
+        if kind == "raw" or kind == "tokens":
             assert head == 0, "the first batch is made in the main process only with decode='cpu'"
+        if kind == "tokens":
+            return TokenStream(self.opened, worker_id, state)
+        if kind == "raw":
             if self._io is None:
                 self._io = process_io(self.job, num_streams=1)
             return RawStream(self.opened, worker_id, state, self._io)

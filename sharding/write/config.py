@@ -23,7 +23,7 @@ class TokenOptions:
     eos_token: str | None = None  # None: the tokenizer's own (sharding/write/tokenizer.py EOS_CANDIDATES)
     min_tokens: int = 0  # documents with fewer tokens (EOS not counted) are dropped and counted
     max_tokens: int | None = None  # documents with more are dropped and counted
-    block_tokens: int = 1 << 16  # the checksum block (dataio/format/tokens.py)
+    block_tokens: int = 1 << 16  # the checksum block (dataio/format/token_layout.py)
 
     def __post_init__(self) -> None:
         if self.min_tokens < 0:

@@ -1,5 +1,5 @@
 """Token shards for `shardify write --tokenizer`: one worker's shard of documents, tokenized in batches by
-the Rust tokenizer, each ended by EOS, written as dataio/format/tokens.py lays out; and the manifest.
+the Rust tokenizer, each ended by EOS, written as dataio/format/token_layout.py lays out; and the manifest.
 
 It runs inside the one write engine (sharding/write/writer.py: plan, workers, journal, versions): the
 engine calls `write_token_shard` where it writes a tar or Parquet shard (sharding/write/shard.py).
@@ -19,7 +19,7 @@ from dataio.errors import CorruptSampleError, ShardifyError
 from dataio.format.checksums import Checksummer, checksum_bytes
 from dataio.format.manifest import Manifest
 from dataio.format.provenance import dumps_sources, sources_path
-from dataio.format.tokens import (
+from dataio.format.token_layout import (
     DTYPES,
     OFFSET_DTYPE,
     SUM_DTYPE,

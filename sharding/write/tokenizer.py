@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from dataio.format.tokens import TokenizerInfo, dtype_for
+from dataio.format.token_layout import TokenizerInfo, dtype_for
 from sharding.sources.base import SourceError
 
 # Tried in order when no --eos-token is given: the names common tokenizers give their end marker.

@@ -22,7 +22,7 @@ from dataio.loader.config import (
 )
 from dataio.plan.types import PlanState
 from dataio.readers.tar import TarReader
-from dataio.stream import decoded
+from dataio.loader import execution
 from dataio.stream.by_sample import SampleReads
 from dataio.stream.decoded import WorkerStream
 from dataio.stream.job import OpenJob
@@ -32,25 +32,25 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_decoding_reads_ahead_a_few_batches_not_128_mib() -> None:
-    config = LoaderConfig(batch_size=256)
+    config = LoaderConfig.from_options(batch_size=256)
     jpegs = 100_000  # ImageNet-like: ~100 KB a sample
     assert read_ahead_bytes(config, decoding=True, mean_sample_bytes=jpegs) == DECODE_PREFETCH_BATCHES * 256 * jpegs
     assert DECODE_PREFETCH_BATCHES * 256 * jpegs < 64 * MiB < RAW_PREFETCH_BYTES
     assert read_ahead_bytes(config, decoding=True, mean_sample_bytes=100) == DECODE_PREFETCH_FLOOR_BYTES  # floor
     assert read_ahead_bytes(config, decoding=True, mean_sample_bytes=10**7) == RAW_PREFETCH_BYTES  # capped
     assert read_ahead_bytes(config, decoding=False, mean_sample_bytes=jpegs) == RAW_PREFETCH_BYTES  # RAW keeps it
-    explicit = LoaderConfig(batch_size=256, prefetch_bytes=300 * MiB)
+    explicit = LoaderConfig.from_options(batch_size=256, prefetch_bytes=300 * MiB)
     assert read_ahead_bytes(explicit, decoding=True, mean_sample_bytes=jpegs) == 300 * MiB  # the user's wins
     with pytest.raises(ValueError, match="prefetch_bytes"):
-        LoaderConfig(batch_size=4, prefetch_bytes=0)
+        LoaderConfig.from_options(batch_size=4, prefetch_bytes=0)
 
 
 def test_the_loader_gives_its_workers_the_budget_of_its_task(dataset) -> None:
     for decode, budget in (("cpu", DECODE_PREFETCH_FLOOR_BYTES), (None, RAW_PREFETCH_BYTES)):
         with make_loader(dataset, batch_size=4, image_size=8, decode=decode) as loader:
-            assert loader._worker_job().prefetch_bytes == budget  # tiny samples: the decode floor
+            assert loader.job.prefetch_bytes == budget  # tiny samples: the decode floor
     with make_loader(dataset, batch_size=4, image_size=8, prefetch_bytes=5 * MiB) as loader:
-        assert loader._worker_job().prefetch_bytes == 5 * MiB
+        assert loader.job.prefetch_bytes == 5 * MiB
 
 
 def epoch_summaries(url: str, **options) -> list[tuple]:
@@ -72,7 +72,8 @@ def test_batch_by_batch_reads_make_the_batches_whole_windows_make(
     options = dict(num_workers=num_workers, batch_size=batch_size, shuffle_window=shuffle_window, tail=tail,
                    multiprocessing_context="fork" if num_workers else None)
     by_batch = epoch_summaries(dataset, **options)
-    monkeypatch.setattr(decoded, "reads_by_sample", lambda job: False)
+    kind = execution._stream_kind  # the plan's choice, made once: whole windows instead of batch by batch
+    monkeypatch.setattr(execution, "_stream_kind", lambda *a: "decoded" if kind(*a) == "by_sample" else kind(*a))
     whole_windows = epoch_summaries(dataset, **options)
     assert by_batch == whole_windows  # keys, masks, labels, pixels, batch numbers, in order
     assert len(by_batch) >= 2 * (TOTAL // batch_size)
@@ -100,7 +101,7 @@ def test_local_shards_are_read_one_sample_per_read_and_only_for_batches(dataset,
 
 def test_a_worker_decodes_into_the_shared_memory_the_batch_travels_in(dataset, monkeypatch) -> None:
     with make_loader(dataset, batch_size=4, image_size=8) as loader:
-        job = loader._worker_job()
+        job = loader.job
     stream = WorkerStream(OpenJob(job), 0, PlanState(epoch=0))
     here = stream.batch(0)
     stream.close()

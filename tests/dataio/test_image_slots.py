@@ -139,7 +139,7 @@ def test_pooled_buffers_false_gives_fresh_memory_and_the_same_batches(dataset):
     options = dict(num_workers=2, worker_mode="processes", multiprocessing_context="fork")
     pooled = _epochs(dataset, 1, **options)
     with make_loader(dataset, pooled_buffers=False, **options, **OPTIONS) as loader:
-        assert not loader._worker_job().pooled_images and not loader._worker_job().pooled_reads
+        assert not loader.job.pooled_images and not loader.job.pooled_reads
         fresh = [b["image"].clone() for b in loader]
         assert loader._slot_releaser is None
     assert len(fresh) == len(pooled[0]) and all(torch.equal(a, b) for a, b in zip(fresh, pooled[0]))

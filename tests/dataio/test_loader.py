@@ -252,7 +252,7 @@ def test_damaged_index_fails_with_its_url(tmp_path) -> None:
 ])
 def test_bad_arguments(options, error) -> None:
     with pytest.raises(error):
-        LoaderConfig(**options)
+        LoaderConfig.from_options(**options)
 
 
 @pytest.mark.parametrize("topology", [dict(rank=1), dict(rank=2, world_size=2), dict(rank=0, world_size=0),
@@ -269,7 +269,7 @@ def test_make_loader_takes_exactly_the_config_fields_with_the_same_defaults() ->
     import inspect
 
     params = inspect.signature(make_loader).parameters
-    fields = {f.name: f.default for f in dataclasses.fields(LoaderConfig)}
+    fields = {o.name: o.default for o in LoaderConfig.options()}
     # weights belong to the URLs (Source objects); rank, world_size and num_workers build the Topology
     assert list(params)[:5] == ["url", "weights", "rank", "world_size", "num_workers"]
     assert set(params) - {"url", "weights", "rank", "world_size", "num_workers"} == set(fields)
@@ -277,6 +277,33 @@ def test_make_loader_takes_exactly_the_config_fields_with_the_same_defaults() ->
     assert all(params[name].default == default for name, default in fields.items() if name != "batch_size")
     assert params["batch_size"].default is inspect.Parameter.empty
     assert all(f"    {name}: " in make_loader.__doc__ for name in fields)  # the docstring lists every option
+
+
+def test_the_config_is_grouped_by_concern_and_read_flat() -> None:
+    """Nested frozen sub-configs; from_options puts each flat option in its group; every option is read
+    by its flat name too; the flat view lists each once, with its default, type and help."""
+    import dataclasses
+
+    config = LoaderConfig.from_options(batch_size=3, decode=None, prefetch_bytes=1 << 20, seq_len=8,
+                                       worker_mode="threads", label_space="union")
+    assert (config.images.decode, config.reading.prefetch_bytes, config.tokens.seq_len) == (None, 1 << 20, 8)
+    assert (config.workers.worker_mode, config.mixing.label_space, config.batch_size) == ("threads", "union", 3)
+    assert (config.decode, config.prefetch_bytes, config.seq_len, config.worker_mode) == (None, 1 << 20, 8, "threads")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.images.decode = "cpu"  # type: ignore[misc]
+    options = LoaderConfig.options()
+    names = [o.name for o in options]
+    assert len(names) == len(set(names)) == 37 and all(o.help and "\n" not in o.help for o in options)
+    assert {o.group for o in options} == {"", "reading", "workers", "images", "tokens", "mixing"}
+    by_name = {o.name: o for o in options}
+    assert by_name["batch_size"].default is dataclasses.MISSING and by_name["image_size"].default == 224
+    assert by_name["prefetch_bytes"].type == (int | None) and by_name["decode"].group == "images"
+    defaults = LoaderConfig.from_options(batch_size=1)
+    assert all(getattr(defaults, o.name) == o.default for o in options if o.name != "batch_size")
+    with pytest.raises(TypeError, match="unknown loader option 'imagesize'; did you mean 'image_size'"):
+        LoaderConfig.from_options(batch_size=1, imagesize=3)
+    with pytest.raises(AttributeError, match="no option 'nope'"):
+        _ = config.nope
 
 
 def test_an_unknown_option_is_refused_naming_the_closest() -> None:
@@ -292,9 +319,9 @@ def test_topology_is_built_once_by_make_loader_and_passed_down(dataset) -> None:
         assert (loader.rank, loader.world_size) == (1, 3)
     with make_loader(dataset, batch_size=2, num_workers=2, decode=None) as loader:  # no process group
         assert loader.topology == Topology(rank=0, world_size=1, num_workers=2)
-    config = LoaderConfig(batch_size=2, decode=None)
-    with pytest.raises(ValueError, match="in-process loader plans 1 worker"):
-        ShardLoader(dataset, config, topology=Topology(rank=0, world_size=1, num_workers=2), in_process=True)
+    config = LoaderConfig.from_options(batch_size=2, decode=None)
+    with pytest.raises(ValueError, match=r"in this process \(num_workers=0\) plans 1 worker"):
+        ShardLoader(dataset, config, topology=Topology(rank=0, world_size=1, num_workers=2), num_workers=0)
     with ShardLoader(dataset, config, topology=Topology(rank=1, world_size=2, num_workers=2)) as loader:
         assert len(loader) == TOTAL // (2 * 2) and loader.num_workers == 2
 
@@ -308,7 +335,7 @@ def test_unknown_option_and_field(dataset) -> None:
 
 def test_a_token_dataset_without_seq_len_is_refused_up_front(tmp_path) -> None:
     from dataio.format.manifest import Manifest, checksum_bytes, write_manifest
-    from dataio.format.tokens import TokenizerInfo, TokensInfo
+    from dataio.format.token_layout import TokenizerInfo, TokensInfo
 
     tokenizer = TokenizerInfo(name="byte", kind="hf", vocab_size=256, eos_id=0)
     c = checksum_bytes(b"")  # the manifest alone is read: no shard is

@@ -63,12 +63,12 @@ def test_zero_copy_parse_matches_the_copying_parse(dataset: str) -> None:
 def test_window_is_capped_by_bytes_of_the_mean_sample(dataset: str) -> None:
     manifest = read_manifest(Store(dataset))
     mean = sum(manifest.shard_num_bytes) / sum(manifest.shard_num_samples)
-    config = LoaderConfig(batch_size=2, shuffle_window=4096, shuffle_window_bytes=int(5 * mean) + 1)
+    config = LoaderConfig.from_options(batch_size=2, shuffle_window=4096, shuffle_window_bytes=int(5 * mean) + 1)
     assert window_samples(manifest, config) == 5
     assert window_samples(manifest, dataclasses.replace(config, shuffle_window_bytes=None)) == 4096
     assert window_samples(manifest, dataclasses.replace(config, shuffle_window=3)) == 3
     with pytest.raises(ValueError, match="shuffle_window_bytes"):
-        LoaderConfig(batch_size=2, shuffle_window_bytes=0)
+        LoaderConfig.from_options(batch_size=2, shuffle_window_bytes=0)
 
 
 def _epochs(url: str, epochs: list[int], **options) -> list[list[tuple[list[str], torch.Tensor]]]:

@@ -13,7 +13,6 @@ from dataio import CorruptSampleError, ManifestError, Source, StateError, make_l
 from dataio.format.manifest import Field, read_manifest, write_manifest
 from dataio.loader.config import read_ahead_bytes
 from dataio.storage.store import Store
-from dataio.stream.raw import raw_fast_path
 from tests.dataio.loader_helpers import batch_summary, take
 from tests.dataio.resume_harness import (
     check_resume,
@@ -232,7 +231,7 @@ def test_one_window_and_one_prefetch_budget_for_all_sources(sources) -> None:
         counts, total = loader.mixture.counts.tolist(), loader.mixture.total
         mean = sum(c / total * m.num_bytes / m.num_samples for c, m in zip(counts, manifests))
         assert loader.plan_config.shuffle_window == int(budget // mean)
-        job = loader._worker_job()
+        job = loader.job
         assert job.prefetch_bytes == read_ahead_bytes(loader.config, decoding=False)  # one budget, whatever the sources
         assert [d.manifest.num_samples for d in job.datasets] == [48, 16]
 
@@ -252,7 +251,7 @@ def raw_summaries(urls: list, epochs: int = 2, **options) -> list[list[tuple]]:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             out.append([batch_summary(b) for b in loader])
-        assert raw_fast_path(loader._worker_job()) == ("transform" not in options)
+        assert (loader.execution.stream == "raw") == ("transform" not in options)
     return out
 
 

@@ -94,9 +94,9 @@ def test_reuse_buffers_is_refused_with_dali():
     from dataio import LoaderConfig
 
     with pytest.raises(ValueError, match="reuse_buffers"):
-        LoaderConfig(batch_size=4, decode="dali", reuse_buffers=True)
+        LoaderConfig.from_options(batch_size=4, decode="dali", reuse_buffers=True)
     with pytest.raises(TypeError):
-        LoaderConfig(batch_size=4, reuse_buffers=1)
+        LoaderConfig.from_options(batch_size=4, reuse_buffers=1)
 
 
 def test_the_main_process_keeps_only_slab_storages_and_a_bounded_number():

@@ -61,7 +61,7 @@ def test_reader_threads_deliver_what_worker_processes_deliver(dataset, num_worke
     processes = summaries(dataset, worker_mode="processes", multiprocessing_context="fork", **options)
     assert threads == processes
     with make_loader(dataset, rank=0, world_size=1, batch_size=4, **RAW, num_workers=2) as loader:
-        assert loader.uses_threads  # the default for RAW tar
+        assert loader.execution.readers == "threads"  # the default for RAW tar
     assert not reader_threads()
 
 
@@ -175,20 +175,20 @@ def test_worker_mode_is_checked():
     from dataio import LoaderConfig
 
     with pytest.raises(ValueError, match="worker_mode"):
-        LoaderConfig(batch_size=4, worker_mode="fibers")
+        LoaderConfig.from_options(batch_size=4, worker_mode="fibers")
     with pytest.raises(ValueError, match="decode=None or 'cpu'"):
-        LoaderConfig(batch_size=4, decode="dali", worker_mode="threads")
+        LoaderConfig.from_options(batch_size=4, decode="dali", worker_mode="threads")
 
 
 def test_decoding_and_parquet_keep_worker_processes(dataset, tmp_path):
     from tests.dataio.shardgen import write_parquet_dataset
 
     with make_loader(dataset, rank=0, world_size=1, batch_size=4, num_workers=2, image_size=8) as loader:
-        assert not loader.uses_threads
+        assert loader.execution.readers == "processes"
     url = str(tmp_path / "pq")
     write_parquet_dataset(Store(url), [5, 3], row_group_size=2)
     with make_loader(url, rank=0, world_size=1, batch_size=4, num_workers=2, decode=None) as loader:
-        assert not loader.uses_threads
+        assert loader.execution.readers == "processes"
     with make_loader(url, rank=0, world_size=1, batch_size=4, num_workers=2, decode=None,
                      worker_mode="threads") as loader:
-        assert loader.uses_threads and sum(int(b["mask"].sum()) for b in loader) == 8
+        assert loader.execution.readers == "threads" and sum(int(b["mask"].sum()) for b in loader) == 8

@@ -93,9 +93,9 @@ def test_a_corrupt_jpeg_is_substituted_as_in_processes(corrupt_dataset):
 def test_threads_refuse_dali_and_accept_cpu_decode():
     from dataio import LoaderConfig
 
-    LoaderConfig(batch_size=4, decode="cpu", worker_mode="threads")
+    LoaderConfig.from_options(batch_size=4, decode="cpu", worker_mode="threads")
     with pytest.raises(ValueError, match="decode='dali'.*worker_mode='processes'"):
-        LoaderConfig(batch_size=4, decode="dali", worker_mode="threads")
+        LoaderConfig.from_options(batch_size=4, decode="dali", worker_mode="threads")
 
 
 @pytest.mark.parametrize("num_workers,mode,context", [

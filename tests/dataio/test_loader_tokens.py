@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dataio import make_loader
-from dataio.loader.token_batches import worker_batches
 from dataio.plan.types import PlanState
+from dataio.stream.job import Ticket
+from dataio.stream.worker import BatchDataset
 from dataio.errors import ManifestError, ShardFormatError, StateError
 from dataio.storage.store import Store
 from tests.dataio.resume_harness import check_resume, check_save_load_state, loader_advance, loader_deliver
@@ -154,10 +155,9 @@ def test_worker_processes_deliver_what_the_interleaved_streams_do(token_url) -> 
         got_a, got_p = list(a), list(p)
         assert len(got_a) == len(got_p) > 0
         assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got_a, got_p))
-    job = pickle.loads(pickle.dumps(auto[0].job))
-    topology = auto[0].topology
-    mine = next(worker_batches(job, topology.slot(0), PlanState(epoch=0)))
-    theirs = next(worker_batches(auto[0].job, topology.slot(0), PlanState(epoch=0)))
+    ticket = Ticket(1, PlanState(epoch=0), 0)
+    mine = BatchDataset(pickle.loads(pickle.dumps(auto[0].job)))[ticket]
+    theirs = BatchDataset(auto[0].job)[ticket]
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
 
@@ -188,8 +188,27 @@ def test_a_corrupt_shard_names_the_shard_and_document(tmp_path, num_workers, mod
     data[2 * 20] ^= 0xFF  # token 20 of the shard: block 1, its 4th document (offsets 0 2 4 13 46)
     path.write_bytes(bytes(data))
     with pytest.raises(ShardFormatError, match=r"shard-000003\.tokens: token block 1 \(document 3 from token 16\)"):
-        for _ in make_loader(str(root), seq_len=SEQ_LEN, batch_size=BATCH, num_workers=num_workers, worker_mode=mode):
-            pass
+        with make_loader(str(root), seq_len=SEQ_LEN, batch_size=BATCH, num_workers=num_workers,
+                         worker_mode=mode) as loader:  # persistent worker processes stop at close()
+            for _ in loader:
+                pass
+
+
+def test_a_corrupt_block_fails_the_batch_that_reads_it_not_the_first(tmp_path) -> None:
+    """Local shards: each batch checks the blocks of the rows it copies (each block once) before it leaves,
+    so the batches before a corrupt block are delivered and the one that copies it raises, naming it."""
+    root = tmp_path / "ds"
+    write_token_dataset(Store(str(root)), DOCS, block_tokens=16)
+    middle = sorted((root / "shards").glob("*.tokens"))[10]  # halfway through (shuffle=False: in order)
+    data = bytearray(middle.read_bytes())
+    data[0] ^= 0xFF  # its first token
+    middle.write_bytes(bytes(data))
+    delivered = 0
+    with pytest.raises(ShardFormatError, match=rf"{middle.name}: token block 0"):
+        with make_loader(str(root), seq_len=SEQ_LEN, batch_size=BATCH, num_workers=0, shuffle=False) as loader:
+            for _ in loader:  # one window holds the whole dataset
+                delivered += 1
+    assert delivered > 0
 
 
 def test_object_storage_reads_ranged_windows(s3_server, token_url, tmp_path) -> None:
@@ -205,7 +224,8 @@ def test_object_storage_reads_ranged_windows(s3_server, token_url, tmp_path) -> 
         remote = [b["input_ids"].tolist() for b in loader]
         local = [b["input_ids"].tolist() for b in make_loader(token_url, **kw)]
         assert remote == local and remote
-    stats = loader.job.reader.shards[0].cache.stats  # the last pass: every ranged read a hit
+    # The last pass (its plan workers' streams interleaved in this process): every ranged read a hit.
+    stats = loader._get_dataloader().dataset.opened.token_reader.shards[0].cache.stats
     assert stats.hits > 0 and stats.misses == 0
 
 

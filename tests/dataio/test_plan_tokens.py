@@ -1,4 +1,4 @@
-"""The token plan (dataio/plan/tokens.py), every rank and worker in one process: the five plan
+"""The token plan (dataio/plan/token_plan.py), every rank and worker in one process: the five plan
 properties in tokens, for concat and aligned packing, hypothesis varying document lengths, topologies
 and stop points."""
 
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dataio.plan.token_mix import plan_token_mix_worker, token_mix_num_steps, token_mixture
-from dataio.plan.tokens import SequenceOrder, TokenPlanConfig, plan_token_worker, token_num_steps
+from dataio.plan.token_plan import SequenceOrder, TokenPlanConfig, plan_token_worker, token_num_steps
 from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
 from tests.dataio.resume_harness import Topology, check_resume, check_same_topology_resume
 

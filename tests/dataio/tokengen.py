@@ -10,7 +10,7 @@ import numpy as np
 
 from dataio.format.checksums import checksum_bytes
 from dataio.format.manifest import Manifest, write_manifest
-from dataio.format.tokens import TokenizerInfo, TokensInfo, offsets_path, token_sums_path
+from dataio.format.token_layout import TokenizerInfo, TokensInfo, offsets_path, token_sums_path
 from dataio.storage.store import Store
 from sharding.write.token_writer import TokenShardWriter
 

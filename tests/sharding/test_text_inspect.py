@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dataio.format.manifest import read_manifest
-from dataio.format.tokens import SUM_DTYPE, read_array, read_token_range, token_sums_path
+from dataio.format.token_layout import SUM_DTYPE, read_array, read_token_range, token_sums_path
 from dataio.storage.store import Store
 from sharding.write.tokenizer import load_tokenizer
 from tests.sharding.conftest import manifest_of, run

@@ -15,7 +15,7 @@ import pytest
 import sharding.write.writer
 from dataio.errors import ShardFormatError
 from dataio.format.manifest import read_manifest
-from dataio.format.tokens import read_shard
+from dataio.format.token_layout import read_shard
 from dataio.storage.store import Store
 from sharding.write.tokenizer import load_tokenizer
 from tests.sharding.conftest import manifest_of, run
@@ -153,7 +153,7 @@ def test_missing_text_field_is_named_with_its_line_or_row(corpus, tmp_path, caps
 def test_dtype_follows_the_vocabulary(tmp_path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from dataio.format.tokens import TokenizerInfo, TokensInfo, dtype_for
+    from dataio.format.token_layout import TokenizerInfo, TokensInfo, dtype_for
 
     assert dtype_for(65536) == "uint16" and dtype_for(65537) == "uint32"
     with pytest.raises(ValueError, match="does not fit"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dataio.errors import ShardFormatError, StorageError
-from dataio.format.tokens import (
+from dataio.format.token_layout import (
     TokenizerInfo,
     TokensInfo,
     block_sums,

@@ -1,4 +1,4 @@
-"""Reading token ranges of a token dataset's shards (dataio/format/tokens.py), checked block by block.
+"""Reading token ranges of a token dataset's shards (dataio/format/token_layout.py), checked block by block.
 
 Local shards are memory-mapped: a range is a view of the map, its checksum blocks hashed once per
 process the first time they are read (one pass over pages the copy into the batch touches anyway).
@@ -21,7 +21,7 @@ import xxhash
 
 from dataio.errors import ShardFormatError
 from dataio.format.manifest import Manifest
-from dataio.format.tokens import (
+from dataio.format.token_layout import (
     OFFSET_DTYPE,
     SUM_DTYPE,
     block_range,
@@ -64,6 +64,7 @@ class TokenShards:
         self._sums: dict[int, np.ndarray] = {}
         self._maps: dict[int, np.ndarray] = {}
         self._checked: dict[int, np.ndarray] = {}  # local shards: (num_blocks,) bool, blocks already hashed
+        self._all_checked: set[int] = set()  # local shards whose every block is hashed
         # Global document number of each shard's first document (manifest order).
         self.doc_base = np.concatenate([[0], np.cumsum(np.asarray(manifest.shard_num_samples, dtype=np.int64))])
 
@@ -106,10 +107,11 @@ class TokenShards:
                 self._sums[shard] = got
         return got
 
-    def read(self, seg: Segment) -> Piece:
-        """The tokens of `seg` (token offsets in its shard), checked against the block checksums."""
+    def read(self, seg: Segment, *, check: bool = True) -> Piece:
+        """The tokens of `seg` (token offsets in its shard), checked against the block checksums (local
+        shards with check=False: a view of the map, its blocks checked as they are used, check_ranges)."""
         if self.store.is_local:
-            return Piece(seg.shard, seg.start, seg.stop, self._local(seg))
+            return Piece(seg.shard, seg.start, seg.stop, self._local(seg, check=check))
         rel, n = self.manifest.shard_paths[seg.shard], self.manifest.shard_num_tokens[seg.shard]
         sums = self.sums(seg.shard) if self.verify else None
         if sums is None:
@@ -125,34 +127,49 @@ class TokenShards:
             raise
         return Piece(seg.shard, seg.start, seg.stop, tokens)
 
-    def _local(self, seg: Segment) -> np.ndarray:
+    def _local(self, seg: Segment, *, check: bool = True) -> np.ndarray:
         mm = self._maps.get(seg.shard)
         if mm is None:
             rel = self.manifest.shard_paths[seg.shard]
-            mm = memmap_tokens(self.store.path(rel), self.info)
+            # A plain ndarray over the map: slicing a np.memmap costs its subclass hooks per slice (~4 us a row).
+            mm = memmap_tokens(self.store.path(rel), self.info).view(np.ndarray)
             if len(mm) != self.manifest.shard_num_tokens[seg.shard]:
                 raise ShardFormatError(f"{self.url_of(seg.shard)}: {len(mm)} tokens, its manifest says "
                                        f"{self.manifest.shard_num_tokens[seg.shard]}; rewrite the dataset")
             with self._lock:
                 self._maps[seg.shard] = mm
-        if self.verify:
-            self._check_local(seg, mm)
+        if self.verify and check:
+            first, end, _, _ = block_range(seg.start, seg.stop, self.info.block_tokens, len(mm))
+            self._check_blocks(seg.shard, mm, np.arange(first, end))
         return mm[seg.start:seg.stop]
 
-    def _check_local(self, seg: Segment, mm: np.ndarray) -> None:
-        """Hash the blocks of `seg` not hashed yet in this process (each block once)."""
-        sums = self.sums(seg.shard)
-        checked = self._checked.get(seg.shard)
-        if checked is None:
-            checked = self._checked.setdefault(seg.shard, np.zeros(len(sums), dtype=bool))
-        first, end, _, _ = block_range(seg.start, seg.stop, self.info.block_tokens, len(mm))
+    def check_ranges(self, shard: int, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Check the blocks holding tokens [lo[i], hi[i]) of a local shard read with check=False (each block
+        once per process): a batch checks what it copies, so a first batch hashes its rows, not its window."""
+        if not (self.verify and self.store.is_local) or not len(lo) or shard in self._all_checked:
+            return
         bt = self.info.block_tokens
-        for block in np.flatnonzero(~checked[first:end]) + first:
+        first, last = lo // bt, (np.maximum(hi, lo + 1) - 1) // bt  # (k,) each range's first and last block
+        if bool((last - first > 1).any()):  # a range over three blocks or more (a seq_len above a block)
+            blocks = np.concatenate([np.arange(f, g + 1) for f, g in zip(first.tolist(), last.tolist())])
+        else:
+            blocks = np.concatenate([first, last])
+        self._check_blocks(shard, self._maps[shard], np.unique(blocks))
+
+    def _check_blocks(self, shard: int, mm: np.ndarray, blocks: np.ndarray) -> None:
+        """Hash those of `blocks` not hashed yet in this process (each block once)."""
+        sums = self.sums(shard)
+        checked = self._checked.get(shard)
+        if checked is None:
+            checked = self._checked.setdefault(shard, np.zeros(len(sums), dtype=bool))
+        bt = self.info.block_tokens
+        for block in blocks[~checked[blocks]].tolist():
             data = memoryview(mm[block * bt:(block + 1) * bt]).cast("B")
             if xxhash.xxh3_64_intdigest(data) != int(sums[block]):
-                check_blocks(data, sums, int(block), self.info, url=self.url_of(seg.shard),
-                             offsets=self.offsets(seg.shard))
+                check_blocks(data, sums, int(block), self.info, url=self.url_of(shard), offsets=self.offsets(shard))
             checked[block] = True
+        if checked.all():
+            self._all_checked.add(shard)  # every later batch of this shard: no check left to make
 
 
 class _CachedRanges:
@@ -197,10 +214,15 @@ class TokenSources:
             got = self._located[shard] = (self.shards[source], shard - int(self.shard_base[source]))
         return got
 
-    def read(self, seg: Segment) -> Piece:
+    def read(self, seg: Segment, *, check: bool = True) -> Piece:
         src, local = self.locate(seg.shard)
-        piece = src.read(Segment(shard=local, start=seg.start, stop=seg.stop))
+        piece = src.read(Segment(shard=local, start=seg.start, stop=seg.stop), check=check)
         return Piece(seg.shard, seg.start, seg.stop, piece.tokens)
+
+    def check_ranges(self, shard: int, lo: np.ndarray, hi: np.ndarray) -> None:
+        """TokenShards.check_ranges for a global shard: tokens [lo[i], hi[i]) of it, local offsets."""
+        src, local = self.locate(shard)
+        src.check_ranges(local, lo, hi)
 
     def doc_runs(self, shard: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """(start relative to lo, document number in its dataset) of each document run in tokens [lo, hi)."""
@@ -213,12 +235,27 @@ class TokenSources:
         starts[0] = 0
         return starts, np.arange(d0, d1, dtype=np.int64) + int(src.doc_base[local])
 
+    def doc_runs_many(self, shard: int, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """doc_runs of several token ranges [lo[i], hi[i]) of one shard at once: per run, its range i, its
+        start relative to lo[i] and its document number in its dataset (a batch's rows in a few array ops)."""
+        src, local = self.locate(shard)
+        offsets = src.offsets(local)
+        d0 = offsets.searchsorted(lo, side="right") - 1  # (k,) each range's first document
+        counts = offsets.searchsorted(hi, side="left") - d0  # (k,) documents starting before hi, >= 1
+        first = np.cumsum(counts) - counts  # (k,) where each range's runs begin among all runs
+        ranges = np.repeat(np.arange(len(lo), dtype=np.int64), counts)  # (runs,)
+        docs = np.arange(len(ranges), dtype=np.int64) - first[ranges] + d0[ranges]
+        starts = offsets[docs] - lo[ranges]
+        starts[first] = 0  # a range starts a run of its first document, wherever that document began
+        return ranges, starts, docs + int(src.doc_base[local])
+
     def windows(self, segments: Iterable[tuple[Segment, ...]], *, budget_bytes: int,
                 max_in_flight: int) -> Iterator[list[Piece]]:
-        """The pieces of each window's segments, in order; object storage read ahead (Prefetcher)."""
+        """The pieces of each window's segments, in order; object storage read ahead (Prefetcher) and
+        checked as read; local shards mapped, their blocks checked by whoever uses them (check_ranges)."""
         if self.is_local:
             for segs in segments:
-                yield [self.read(s) for s in segs]
+                yield [self.read(s, check=False) for s in segs]
             return
         size = self.itemsize
         flat = ((k, s) for k, segs in enumerate(_announce(segments)) for s in segs)
