@@ -44,7 +44,7 @@ def run(url: str, decode: str, *, twin: CpuTwin | None = None, **options) -> tup
     with device_twin(lambda: twin) if twin is not None else warnings.catch_warnings():
         with make_loader(url, decode=decode, **{**OPTIONS, **options}) as loader:
             batches = list(loader)
-            return batches, dict(loader.stats.gpu_decode, resolved=loader.config.decode)
+            return batches, dict(loader.stats.gpu_decode, resolved=loader.execution.decode)
 
 
 def contract(batches: list[dict]) -> list[tuple]:
@@ -63,7 +63,7 @@ def test_cpu_gpu_and_auto_give_the_same_keys_labels_and_order(dataset, num_worke
         assert mean_abs(g["image"], c["image"]) < MAX_MEAN_ABS_SCALED
         assert mean_abs(a["image"], c["image"]) < MAX_MEAN_ABS_SCALED
     assert gpu_stats["device_samples"] == 4 * len(gpu) and gpu_stats["codec"].startswith("CPU twin")
-    assert auto_stats["resolved"] == "auto"
+    assert auto_stats["resolved"] == "cpu+gpu"
     # Both sides made batches; together exactly the epoch's.
     assert auto_stats["gpu_batches"] > 0 and auto_stats["cpu_batches"] > 0
     assert auto_stats["gpu_batches"] + auto_stats["cpu_batches"] == len(auto)

@@ -5,12 +5,15 @@ one line (also in the stats), and the workers' job carries the decision (its str
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
 
 from dataio import make_loader
+from dataio.decode.gpu_codecs import CpuTwin
 from dataio.loader.execution import ExecutionPlan
+from dataio.loader.gpu_feed import device_twin
 from dataio.storage.store import Store
 from tests.dataio.shardgen import write_parquet_dataset
 from tests.dataio.tokengen import write_token_dataset
@@ -73,9 +76,20 @@ def test_a_token_dataset_runs_the_token_stream_on_the_same_readers(tokens, mode,
     assert not plan.pooled_reads and not plan.pooled_images
 
 
-def test_a_gpu_decode_without_the_gpu_decoder_is_refused_at_build(dataset) -> None:
-    with pytest.raises(ValueError, match="decode='gpu'.*no GPU decoder"):
-        make_loader(dataset, batch_size=2, num_workers=0, decode="gpu")
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_gpu_and_auto_have_their_decode_places(dataset) -> None:
+    """decode="gpu": the workers stream RAW tar batches for the GPU feed; "auto": the CPU without a
+    device, CPU workers beside the GPU feed with one (the CPU twin stands in), the CPU again with a hook."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "no GPU decoder: the CPU path" (said once)
+        gpu = plan_of(dataset, decode="gpu", num_workers=2)
+    assert (gpu.decode, gpu.stream, gpu.readers, gpu.first_batch) == ("gpu", "raw", "threads", "readers")
+    assert plan_of(dataset, decode="auto", num_workers=2).decode == "cpu"
+    with device_twin(lambda: CpuTwin()):
+        hybrid = plan_of(dataset, decode="auto", num_workers=2)
+        hooked = plan_of(dataset, decode="auto", num_workers=2, transform=lambda image: image)
+    assert (hybrid.decode, hybrid.hybrid, hybrid.readers, hybrid.first_batch) == ("cpu+gpu", True, "processes", "readers")
+    assert (hooked.decode, hooked.hybrid) == ("cpu", False)
 
 
 def test_no_mode_is_decided_outside_the_execution_plan() -> None:
