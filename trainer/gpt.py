@@ -1,4 +1,4 @@
-"""`--model gpt`: a small decoder-only transformer trained on token batches (dataio/loader/tokens.py).
+"""`--model gpt`: a small decoder-only transformer trained on token batches (make_loader with seq_len: the token stream, dataio/stream/token_stream.py).
 
 Attention is torch.nn.functional.scaled_dot_product_attention: causal, and with document masking
 (block-diagonal causal: a token attends only to earlier tokens of its own document) when the batch

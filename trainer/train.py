@@ -262,7 +262,7 @@ def save(run: Run, *, epoch_done: bool) -> None:
 
 def loader_sidecar(run: Run, loader_state: dict[str, Any]) -> bytes:
     """The loader-state sidecar (dataio/loader/which.py) of the run's position: state, step, sources."""
-    opened = run.loader.opened  # a TokenLoader's: its (store, manifest) pairs
+    opened = run.loader.opened  # OpenSources (samples and tokens alike)
     stores = opened.stores if hasattr(opened, "stores") else [st for st, _ in opened]
     urls = [st.url for st in stores]  # redacted; credentials come from the storage options
     weights = [s.weight for s in run.cfg.sources] if len(urls) == len(run.cfg.sources) else [None] * len(urls)
