@@ -126,6 +126,9 @@ class LoaderConfig:
     tokenizer: str | None = None
     # A mixture's weights over the run (plan/schedule.py Pieces): make_loader(weights=Schedule); None: fixed.
     mix_schedule: tuple[Any, ...] | None = None
+    # Image-text pairs (stream/captions.py): each batch's captions tokenized in the workers with
+    # `tokenizer` into input_ids and attention_mask [B, context_length]; None: captions stay text.
+    context_length: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "image_size", "shuffle_window", "max_in_flight",
@@ -175,6 +178,11 @@ class LoaderConfig:
         if self.reuse_buffers and self.decode == "dali":
             raise ValueError("reuse_buffers=True is for decode=None or 'cpu'; DALI holds batches ahead")
         check_label_space(self.label_space)
+        if self.context_length is not None:  # image-text pairs
+            check_int("context_length", self.context_length, minimum=2)
+            if self.seq_len is not None or self.decode is None:
+                raise ValueError("context_length tokenizes the captions of image-text pairs beside their decoded "
+                                 "images: use it with decode='cpu' or 'dali', without seq_len (token datasets)")
         if self.decode == "dali" and (self.transform is not None or self.collate is not None):
             raise ValueError("decode='dali' decodes in the main process: transform/collate hooks need decode='cpu' or None")
 

@@ -45,6 +45,7 @@ from dataio.loader.tickets import TicketSampler
 from dataio.plan.skip import ids_to_ranges, in_ranges
 from dataio.plan.types import PlanConfig, PlanState, Topology
 from dataio.storage.store import Store
+from dataio.stream.captions import caption_stage
 from dataio.stream.collate import HEDGES_KEY, SKIPPED_KEY
 from dataio.stream.image_slots import SlotReleaser
 from dataio.stream.job import JobDataset, WorkerJob
@@ -312,6 +313,8 @@ class ShardLoader(PlanPosition):
             max_in_flight=c.max_in_flight, cache_dir=c.cache_dir,
             cache_limit_bytes=c.cache_limit_bytes, slice_bytes=c.shuffle_window_bytes, reuse_buffers=c.reuse_buffers,
             pooled_images=self._pools_images(), pooled_reads=c.pooled_buffers,
+            captions=caption_stage(opened.manifests, tokenizer=c.tokenizer, context_length=c.context_length,
+                                   seed=c.seed),
         )
 
     def _pools_images(self) -> bool:

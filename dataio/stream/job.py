@@ -78,6 +78,7 @@ class WorkerJob:
     # (image_slots.py): only where it sees the batch's own image tensor (no collate hook, no pinning).
     pooled_images: bool = False
     pooled_reads: bool = True  # batch-by-batch reads into StoragePool buffers (LoaderConfig.pooled_buffers)
+    captions: Any = None  # image-text pairs: the caption stage (stream/captions.py CaptionStage), or None
 
     @property
     def batch_size(self) -> int:
