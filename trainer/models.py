@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from trainer.clip import clip
 from trainer.gpt import gpt
 
 
@@ -79,7 +80,7 @@ def mlp(*, num_classes: int, image_size: int, in_features: int = 0) -> nn.Module
     return MLP(num_classes, in_features=in_features or 3 * image_size * image_size)
 
 
-REGISTRY: dict[str, Callable[..., nn.Module]] = {"resnet": resnet, "mlp": mlp, "gpt": gpt}
+REGISTRY: dict[str, Callable[..., nn.Module]] = {"resnet": resnet, "mlp": mlp, "gpt": gpt, "clip": clip}
 
 
 def resolve_factory(name: str) -> Callable[..., nn.Module]:
