@@ -59,12 +59,10 @@ class TextTower(nn.Module):
 class CLIP(nn.Module):
     """Image and text towers projecting to one embedding space, and the learned logit scale."""
 
-    def __init__(self, *, vocab_size: int, context_length: int, embed_dim: int = 64, width: int = 64,
-                 layers: int = 2, heads: int = 4, image_size: int = 32) -> None:
+    def __init__(self, *, visual: nn.Module, vocab_size: int, context_length: int, embed_dim: int = 64,
+                 width: int = 64, layers: int = 2, heads: int = 4) -> None:
         super().__init__()
-        from trainer.models import SmallResNet  # the registry imports this module
-
-        self.visual = SmallResNet(embed_dim, stem_stride=2 if image_size >= 32 else 1)
+        self.visual = visual  # images [B, 3, H, W] -> [B, embed_dim]: the registry's ResNet (models.clip)
         self.text = TextTower(vocab_size=vocab_size, context_length=context_length, width=width, layers=layers,
                               heads=heads, embed_dim=embed_dim)
         self.context_length = context_length
@@ -83,13 +81,6 @@ class CLIP(nn.Module):
     def forward(self, images: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.encode_image(images), self.encode_text(ids, mask), self.scale()
-
-
-def clip(*, num_classes: int, image_size: int, in_features: int = 0, context_length: int = 32) -> nn.Module:
-    """The registry's factory: num_classes is the tokenizer's vocabulary size."""
-    if in_features:
-        raise ValueError("model 'clip' takes image-text pairs, not --features rows")
-    return CLIP(vocab_size=num_classes, context_length=context_length, image_size=image_size)
 
 
 def gather_features(local: torch.Tensor, *, rank: int, world_size: int) -> torch.Tensor:

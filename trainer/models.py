@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from trainer.clip import clip
+from trainer.clip import CLIP
 from trainer.gpt import gpt
 
 
@@ -78,6 +78,15 @@ def resnet(*, num_classes: int, image_size: int, in_features: int = 0) -> nn.Mod
 def mlp(*, num_classes: int, image_size: int, in_features: int = 0) -> nn.Module:
     """An MLP over table rows of `in_features` columns, or over flattened 3 x image_size^2 images."""
     return MLP(num_classes, in_features=in_features or 3 * image_size * image_size)
+
+
+def clip(*, num_classes: int, image_size: int, in_features: int = 0, context_length: int = 32,
+         embed_dim: int = 64) -> nn.Module:
+    """A small CLIP (trainer/clip.py) with the compact ResNet as image tower; num_classes: the vocabulary."""
+    if in_features:
+        raise ValueError("model 'clip' takes image-text pairs, not --features rows")
+    visual = SmallResNet(embed_dim, stem_stride=2 if image_size >= 32 else 1)
+    return CLIP(visual=visual, vocab_size=num_classes, context_length=context_length, embed_dim=embed_dim)
 
 
 REGISTRY: dict[str, Callable[..., nn.Module]] = {"resnet": resnet, "mlp": mlp, "gpt": gpt, "clip": clip}

@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.clip import CLIP, MAX_LOGIT_SCALE, contrastive_loss, ddp_loss
+from trainer.models import SmallResNet
 
 pytestmark = pytest.mark.timeout(180)
 B, T, VOCAB = 3, 6, 50  # per rank
@@ -20,7 +21,8 @@ B, T, VOCAB = 3, 6, 50  # per rank
 
 def _model() -> CLIP:
     torch.manual_seed(0)
-    return CLIP(vocab_size=VOCAB, context_length=T, embed_dim=16, width=16, layers=1, heads=2, image_size=16).eval()
+    return CLIP(visual=SmallResNet(16), vocab_size=VOCAB, context_length=T, embed_dim=16, width=16, layers=1,
+                heads=2).eval()
 
 
 def _global_batch(world_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
