@@ -103,3 +103,17 @@ def write_pair_table(path: Path, n: int, *, seed: int = 0) -> Path:
         rows.append({"image": data, "caption": captions, "id": i})
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
+
+
+def write_labelled_images(root: Path, per_class: int, *, seed: int = 1, size: int = 32) -> Path:
+    """ROOT/CLASS/N.jpg for each of CLASSES ("red circle" -> folder red_circle): the held-out set
+    zero-shot validation names by its class folders."""
+    rng = random.Random(seed)
+    for name in CLASSES:
+        colour, shape = name.split()
+        folder = root / name.replace(" ", "_")
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            img = draw(shape, colour, rng.choice(PLACES), size=size, seed=rng.randrange(1 << 30))
+            img.save(folder / f"{i:04d}.jpg", format="JPEG", quality=90)
+    return root

@@ -149,25 +149,43 @@ def prompt_ids(class_names: Sequence[str], tokenizer: str, context_length: int) 
     return out["input_ids"], out["attention_mask"]
 
 
+def vocab_size_of(cfg: Any) -> int:
+    """The text tower's vocabulary: the --tokenizer's; ValueError without one."""
+    from dataio.stream.captions import load_caption_tokenizer
+
+    if not cfg.tokenizer:
+        raise ValueError("--model clip tokenizes captions: give --tokenizer FILE (a tokenizer.json or .tiktoken; "
+                         "make one with `shardify tokenizer train`)")
+    return load_caption_tokenizer(cfg.tokenizer).vocab_size
+
+
 @torch.no_grad()
-def zero_shot(model: CLIP, loader: TrainLoader, rt: runtime.Runtime, *, class_names: Sequence[str],
-              tokenizer: str, epoch: int) -> dict[str, float]:
-    """Zero-shot accuracy over a held-out labelled image set (every sample once, padding masked);
-    the same numbers on every rank."""
+def zero_shot(model: CLIP, loader: TrainLoader, rt: runtime.Runtime, *, tokenizer: str, epoch: int,
+              class_names: Sequence[str] | None = None) -> dict[str, float]:
+    """Zero-shot accuracy (and the contrastive loss of image against class prompt) over a held-out
+    labelled image set, every sample once, padding masked; class names: the set's label names. The
+    same numbers on every rank."""
+    names = class_names or loader.label_names
+    if not names:
+        raise ValueError("--model clip validates zero-shot: --val-data must be a labelled image set whose "
+                         "manifest names its classes (shardify write of class folders, or --label-names)")
     was_training = model.training
     model.eval()
     loader.set_epoch(epoch)
-    correct, count = 0.0, 0.0
+    correct, count, loss_sum = 0.0, 0.0, 0.0
     try:
-        ids, mask = prompt_ids(class_names, tokenizer, model.context_length)
+        ids, mask = prompt_ids(names, tokenizer, model.context_length)
         classes = model.encode_text(ids.to(rt.device), mask.to(rt.device))  # [C, D]
         for batch in loader:
             images = batch["image"].to(rt.device).float().div_(255)
-            predicted = (model.encode_image(images) @ classes.T).argmax(1).cpu()
-            keep = batch["mask"] & (batch["label"] >= 0)
-            correct += float((predicted == batch["label"])[keep].sum())
+            logits = (model.scale() * model.encode_image(images) @ classes.T).float().cpu()  # [B, C]
+            labels = batch["label"]
+            keep = batch["mask"] & (labels >= 0)
+            loss_sum += float(F.cross_entropy(logits, labels.clamp(min=0), reduction="none")[keep].sum())
+            correct += float((logits.argmax(1) == labels)[keep].sum())
             count += float(keep.sum())
     finally:
         model.train(was_training)
-    correct, count = runtime.all_sum(rt, [correct, count])
-    return {"accuracy": correct / max(count, 1.0), "chance": 1.0 / max(len(class_names), 1), "samples": int(count)}
+    correct, count, loss_sum = runtime.all_sum(rt, [correct, count, loss_sum])
+    return {"loss": loss_sum / max(count, 1.0), "accuracy": correct / max(count, 1.0),
+            "chance": 1.0 / len(names), "samples": int(count)}

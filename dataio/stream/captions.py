@@ -36,6 +36,12 @@ class CaptionTokenizer:
     kind: str  # "hf" or "tiktoken"
     end_id: int
 
+    @property
+    def vocab_size(self) -> int:
+        if self.kind == "hf":
+            return int(self.impl.get_vocab_size(with_added_tokens=True))
+        return int(self.impl.n_vocab)
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         if self.kind == "hf":
             encode = getattr(self.impl, "encode_batch_fast", self.impl.encode_batch)
