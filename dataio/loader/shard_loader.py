@@ -314,7 +314,7 @@ class ShardLoader(PlanPosition):
             cache_limit_bytes=c.cache_limit_bytes, slice_bytes=c.shuffle_window_bytes, reuse_buffers=c.reuse_buffers,
             pooled_images=self._pools_images(), pooled_reads=c.pooled_buffers,
             captions=caption_stage(opened.manifests, tokenizer=c.tokenizer, context_length=c.context_length,
-                                   seed=c.seed),
+                                   seed=c.seed, urls=[s.url for s in opened.stores]),
         )
 
     def _pools_images(self) -> bool:

@@ -147,13 +147,19 @@ class CaptionStage:
 
 
 def caption_stage(manifests: Sequence[Manifest], *, tokenizer: str | None, context_length: int | None,
-                  seed: int) -> CaptionStage | None:
+                  seed: int, urls: Sequence[str] = ()) -> CaptionStage | None:
     """The stage for make_loader(..., tokenizer=, context_length=), or None without context_length;
-    the caption field from the first pair dataset's manifest (`txt`, img2dataset's, otherwise)."""
+    the caption field from the first pair dataset's manifest (`txt`, img2dataset's, otherwise).
+    ValueError for a mixture with a source that has no captions (one kind per batch)."""
     if context_length is None:
         return None
     if tokenizer is None:
         raise ValueError("context_length tokenizes captions: give tokenizer= (a tokenizer.json or .tiktoken file)")
+    for url, m in zip(urls or [f"source {i}" for i in range(len(manifests))], manifests):
+        if m.captions is None and CAPTION_FIELD not in m.field_names:
+            raise ValueError(f"{url} holds no captions (fields {list(m.field_names)}), and image-label, image-text "
+                             "and token datasets cannot share a batch: load it with a loader of its own, without "
+                             "context_length")
     load_caption_tokenizer(tokenizer)  # a bad file fails here, once, not in every worker
     info = next((m.captions for m in manifests if m.captions is not None), None)
     if info is None:

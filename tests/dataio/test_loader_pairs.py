@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from dataio import make_loader
-from dataio.errors import CorruptSampleError
 from dataio.stream.captions import load_caption_tokenizer
 from sharding.cli import main as shardify
 from sharding.write.tokenizer import train_bpe
 from tests.dataio.loader_helpers import batch_summary
 from tests.dataio.resume_harness import check_resume, check_save_load_state, loader_advance, loader_deliver
-from tools.pair_data import pair, write_pair_folder
+from tools.pair_data import pair, write_img2dataset_tars, write_pair_folder
 
 pytestmark = pytest.mark.timeout(300)
 NUM = 27  # every third sample has three captions (write_pair_folder)
@@ -117,14 +116,24 @@ def test_stop_save_load_replays_captions_of_this_and_the_next_epoch(pairs) -> No
     check_save_load_state(lambda: _ranks(url, tok, 2, 0), stop=2, summary=batch_summary)
 
 
-def test_a_dataset_without_captions_is_refused_naming_the_sample(tmp_path, pairs) -> None:
+def test_a_dataset_or_mixture_source_without_captions_is_refused_in_one_sentence(tmp_path, pairs) -> None:
     from tests.sharding.conftest import make_image_folder
 
     src = make_image_folder(tmp_path / "images", per_class=2)
     assert shardify(["write", str(src), str(tmp_path / "ds"), "--quiet"]) == 0
-    loader = make_loader(str(tmp_path / "ds"), num_workers=0, **_options(pairs[1]))
-    with pytest.raises(CorruptSampleError, match=r"sample '\d+' has no caption .*shardify write --captions"):
-        next(iter(loader))
+    images = str(tmp_path / "ds")
+    for url in (images, [pairs[0], images]):
+        with pytest.raises(ValueError, match=r"ds holds no captions \(fields \['jpg', 'png', 'cls'\]\), and "
+                                             r"image-label, image-text and token datasets cannot share a batch"):
+            make_loader(url, num_workers=0, **_options(pairs[1]))
+
+
+def test_img2dataset_tars_written_as_they_are_load_unchanged(tmp_path, pairs) -> None:
+    tars = write_img2dataset_tars(tmp_path / "tars", 3, failed=0)
+    assert shardify(["write", str(tars), str(tmp_path / "ds"), "--quiet"]) == 0  # no --captions: txt as it is
+    loader = make_loader(str(tmp_path / "ds"), num_workers=0, **{**_options(pairs[1]), "batch_size": 1})
+    got = {b["__key__"][0]: b["input_ids"][0].tolist() for b in loader}
+    assert got == {f"00000{i:04d}": _expected(pairs[1], pair(i)[1][0], 6)[0] for i in range(3)}
 
 
 def test_bad_options_are_refused(pairs) -> None:
@@ -138,3 +147,14 @@ def test_bad_options_are_refused(pairs) -> None:
     with pytest.raises(ValueError, match="cannot read it"):
         make_loader(url, batch_size=2, tokenizer=str(Path(tok).with_name("none.json")), context_length=8,
                     num_workers=0)
+
+
+def test_a_sample_without_its_caption_is_named() -> None:
+    from dataio.errors import CorruptSampleError
+    from dataio.stream.captions import CaptionStage
+
+    stage = CaptionStage(tokenizer="unused.json", context_length=8, seed=0)
+    assert stage.captions({"txt": b"a cat", "json": {"captions": ["a cat", "a kitten"]}}) == ["a cat", "a kitten"]
+    with pytest.raises(CorruptSampleError, match=r"s3://b/shard-000001.tar: sample '000042' has no caption "
+                                                 r"\(field 'txt'; it has \['jpg'\]\)"):
+        stage.captions({"__key__": "000042", "__url__": "s3://b/shard-000001.tar", "jpg": b"..."})
