@@ -113,3 +113,26 @@ def test_inspect_shows_caption_lengths_in_characters_and_tokens(tmp_path, capsys
     assert run("inspect", tmp_path / "ds", "--tokenizer", tmp_path / "tok.json") == 0
     out = capsys.readouterr().out
     assert "caption lengths (tokens)" in out and "0 longer than a context of 32" in out
+
+
+def test_captions_section_round_trips_in_both_manifest_forms_and_is_checked(tmp_path) -> None:
+    from dataio.errors import ManifestError
+    from dataio.format.manifest import read_manifest
+    from dataio.storage.store import Store
+
+    src = write_pair_folder(tmp_path / "src", 4)
+    assert run("write", src, tmp_path / "parted", "--captions", "--quiet", "--manifest-parts-above", "0",
+               "--max-samples-per-shard", "2") == 0
+    parted = read_manifest(Store(str(tmp_path / "parted")))
+    assert parted.parted is not None and parted.captions.to_json() == {"field": "txt", "list_key": "captions"}
+    assert run("write", src, tmp_path / "one", "--captions", "--quiet") == 0
+    doc = manifest_of(tmp_path / "one")
+    assert Manifest.from_json(doc).captions == parted.captions
+    with pytest.raises(ManifestError, match="'captions' must be"):
+        Manifest.from_json({**doc, "captions": {"field": "txt", "extra": 1}})
+    plain = write_pair_folder(tmp_path / "plain", 2)
+    (plain / "cls").mkdir()
+    for f in plain.glob("*.jpg"):
+        f.rename(plain / "cls" / f.name)
+    assert run("write", plain, tmp_path / "images", "--quiet") == 0
+    assert "captions" not in manifest_of(tmp_path / "images")  # other datasets' manifests are as before
