@@ -120,7 +120,8 @@ class LoaderConfig:
     # "union" (merged by name, sorted), or a map {source: {name: index}} / {name: index}.
     label_space: str | Mapping[str, Any] = "same"
     # Token datasets (loader/tokens.py): batches of seq_len-token packed sequences (None: a dataset of
-    # samples); packing "concat" or "aligned"; the dataset's tokenizer file, refused unless its hash matches.
+    # samples); packing "concat" or "aligned"; the dataset's tokenizer file, refused unless its hash matches
+    # (image-text pairs, with context_length: the tokenizer of the captions).
     seq_len: int | None = None
     packing: str = "concat"
     tokenizer: str | None = None

@@ -4,22 +4,19 @@ zero-shot accuracy well above chance (1 in 9) on held-out labelled images."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from tests.trainer.harness import env_for
-from tools.demo_pairs import CLASSES
+from tests.trainer.harness import REPO, env_for
+from tools.pair_data import CLASSES
 
 pytestmark = [pytest.mark.slow]
 
 
 @pytest.mark.timeout(900)
 def test_demo_reaches_well_above_chance(tmp_path) -> None:
-    import subprocess
-    import sys
-
-    from tests.trainer.harness import REPO
-
     done = subprocess.run([sys.executable, "-m", "tools.demo_pairs", "--root", str(tmp_path)], cwd=REPO,
                           env=env_for(), capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stderr[-3000:]
