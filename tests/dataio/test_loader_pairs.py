@@ -158,3 +158,15 @@ def test_a_sample_without_its_caption_is_named() -> None:
     with pytest.raises(CorruptSampleError, match=r"s3://b/shard-000001.tar: sample '000042' has no caption "
                                                  r"\(field 'txt'; it has \['jpg'\]\)"):
         stage.captions({"__key__": "000042", "__url__": "s3://b/shard-000001.tar", "jpg": b"..."})
+
+
+def test_a_mixture_of_pair_datasets_tokenizes_every_source(tmp_path, pairs) -> None:
+    tars = write_img2dataset_tars(tmp_path / "tars", 12, failed=0)
+    assert shardify(["write", str(tars), str(tmp_path / "i2d"), "--captions", "--quiet"]) == 0
+    loader = make_loader([pairs[0], str(tmp_path / "i2d")], weights=[2, 1], num_workers=0, **_options(pairs[1]))
+    seen = {0: 0, 1: 0}
+    for batch in loader:
+        assert batch["input_ids"].shape == (3, 6) and (batch["attention_mask"].sum(1) > 0).all()
+        for s in batch["source"].tolist():
+            seen[s] += 1
+    assert seen[0] > seen[1] > 0

@@ -29,6 +29,7 @@ def _members(dest) -> dict[str, dict[str, bytes]]:
 def test_pair_folder_writes_captions_and_alternatives(tmp_path) -> None:
     src = write_pair_folder(tmp_path / "src", 9)
     assert run("write", src, tmp_path / "ds", "--captions", "--quiet") == 0
+    assert run("verify", tmp_path / "ds", "--quiet") == 0
     m = manifest_of(tmp_path / "ds")
     assert m["captions"] == {"field": "txt", "list_key": "captions"}
     assert Manifest.from_json(m).captions.field == "txt"
@@ -68,6 +69,7 @@ def test_img2dataset_tars_write_unchanged_and_note_failed_downloads(tmp_path, ca
     assert run("write", src, tmp_path / "ds", "--captions", "--quiet") == 0
     out = capsys.readouterr().out
     assert "6 sample(s) that failed to download" in out and "HTTP 404" in out
+    assert run("verify", tmp_path / "ds", "--quiet") == 0
     m = manifest_of(tmp_path / "ds")
     assert m["num_samples"] == 20 and m["captions"]["field"] == "txt"
     members = _members(tmp_path / "ds")
@@ -79,6 +81,7 @@ def test_img2dataset_tars_write_unchanged_and_note_failed_downloads(tmp_path, ca
 def test_table_with_a_list_of_captions(tmp_path) -> None:
     table = write_pair_table(tmp_path / "pairs.parquet", 6)
     assert run("write", table, tmp_path / "ds", "--captions", "--quiet") == 0
+    assert run("verify", tmp_path / "ds", "--quiet") == 0
     members = _members(tmp_path / "ds")
     assert len(members) == 6
     fields = members["000003"]
