@@ -1,13 +1,15 @@
-"""Everything a lent GPU machine should tell us, in one run of at most 4 minutes.
+"""Everything a lent GPU machine should tell us, in one run of at most 5 minutes.
 
     PYTHONPATH=. python3 -m benchmarks.gpu_check [--results benchmarks/results_gpu.md]
     PYTHONPATH=. python3 -m benchmarks.gpu_check --dry-run    # every step on CPU twins, tiny sizes
 
-Steps: the environment (GPU, driver, CUDA, torch, NCCL, DALI or not); the project's GPU-only tests
-that run without DALI; GPU decode of the loader's RAW stream at batch 256 on a set generated here
-(nvJPEG through torchvision; DALI's mixed decoders when DALI imports) against our CPU decode per
-core; 60 steps of the ResNet trainer on 1 GPU with NCCL under torchrun, with its overlap report.
-Writes the results file (GPU model, date, every figure); exits 2 on a machine without a GPU.
+Steps: the environment (GPU, driver, CUDA, torch, NCCL, nvImageCodec, DALI or not); the project's
+GPU tests; GPU decode of the loader's RAW stream at batch 256 on a set generated here (nvJPEG through
+torchvision, the loader's own GPU decoder, DALI's mixed decoders when DALI imports) against our CPU
+decode per core; the race (gpu_race.py: the synthetic ceiling, ImageFolder, decode="cpu", "gpu" and
+"auto" feeding ResNet-50 bf16 channels_last at batch 256 in one loop); the trainer on 1 GPU with NCCL
+under torchrun with the same settings where its flags exist, with its overlap report. Writes the
+results file (GPU model, date, every figure); exits 2 on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,9 +33,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 # The tests that skip without a CUDA GPU (grep tests for cuda skips): nvJPEG vs region decode runs
 # without DALI; DALI's mixed-decoder test skips where DALI is absent (the GPU machine's image).
-GPU_TESTS = ("tests/dataio/test_decode_region.py", "tests/dataio/test_decode_dali.py")
+GPU_TESTS = ("tests/dataio/test_decode_region.py", "tests/dataio/test_decode_dali.py",
+             "tests/dataio/test_decode_gpu.py")
 GPU_SELECT = "gpu or cuda or nvjpeg"
-BUDGET_S = 240.0
+BUDGET_S = 300.0
 
 
 class Sizes:
@@ -47,6 +51,8 @@ class Sizes:
         self.train_batch = 8 if dry_run else 256
         self.num_workers = 1 if dry_run else min(12, max(2, (os.cpu_count() or 4) - 2))
         self.step_timeout_s = 120 if dry_run else 150
+        self.race_warmup = 1 if dry_run else 5  # untimed steps per race row (cuDNN autotune, workers' start)
+        self.race_steps = 3 if dry_run else 25
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -62,7 +68,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         env["driver"] = _nvidia_smi("driver_version")
     else:
         env["gpu"] = "none (dry run: CPU twins)"
-    for name in ("torchvision", "nvidia.dali", "simplejpeg"):
+    for name in ("torchvision", "nvidia.nvimgcodec", "nvidia.dali", "simplejpeg"):
         env[name] = _version(name)
     env["region decode"] = "built" if region.available() else f"not built ({region.why_unavailable()})"
     return env
@@ -125,18 +131,41 @@ def decode_step(url: str, sizes: Sizes, device: torch.device) -> dict[str, Any]:
     batches = gpu_decode.raw_batches(url, batch_size=sizes.batch_size, num_batches=sizes.num_batches)
     out = gpu_decode.measure_nvjpeg(batches, device)
     out["dali"] = gpu_decode.dali_rows(batches, device)
+    out["gpu_decoder"] = gpu_decode.measure_gpu_decoder(batches, device)
     out["cpu_per_core"] = gpu_decode.measure_cpu_per_core(batches)
     return out
+
+
+def race_step(url: str, work: Path, sizes: Sizes, device: torch.device, dry_run: bool) -> dict[str, Any]:
+    from benchmarks import gpu_race
+
+    return gpu_race.race(url, work / "images", sizes=sizes, device=device, dry_run=dry_run)
+
+
+def trainer_flags(help_text: str, *, dry_run: bool) -> tuple[list[str], list[str]]:
+    """(the race's settings among the trainer's flags, those it lacks): --decode auto, bf16, channels_last,
+    ResNet-50 (the dry run keeps the toy ResNet and the CPU)."""
+    decode_help = re.search(r"--decode DECODE(.*?)(\n  --|$)", help_text, re.S)
+    wanted = [("--decode auto", bool(decode_help and "auto" in decode_help.group(1))),
+              ("--precision bf16", "--precision" in help_text), ("--channels-last", "--channels-last" in help_text)]
+    if not dry_run:
+        wanted.append(("--model resnet50", "resnet50" in help_text))
+    have = [w for w, ok in wanted if ok]
+    return [part for w in have for part in w.split()], [w for w, ok in wanted if not ok]
 
 
 def train_step(url: str, work: Path, sizes: Sizes, device: torch.device, timeout_s: float) -> dict[str, Any]:
     """`torchrun --nproc_per_node=1 -m trainer` (NCCL on a GPU, gloo on the dry run), its summary.json."""
     out_dir = work / "run"
+    extra, missing = trainer_flags(_run([sys.executable, "-m", "trainer", "--help"], 60)["stdout"],
+                                   dry_run=device.type != "cuda")
     cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=1", "-m", "trainer",
            "--data", url, "--model", "resnet", "--max-steps", str(sizes.train_steps), "--epochs", "1000",
            "--batch-size", str(sizes.train_batch), "--image-size", str(sizes.image_size),
            "--num-workers", str(sizes.num_workers), "--log-every", str(max(1, sizes.train_steps // 3)),
-           "--device", device.type, "--out", str(out_dir), "--resume", "none", "--dist-timeout-s", "60"]
+           "--device", device.type, "--out", str(out_dir), "--resume", "none", "--dist-timeout-s", "60", *extra]
+    if "--model" in extra:  # the race's model replaces the toy ResNet (the first --model given)
+        del cmd[cmd.index("--model"): cmd.index("--model") + 2]
     if not Path(cmd[0]).exists():
         cmd[:1] = [sys.executable, "-m", "torch.distributed.run"]
     run = _run(cmd, timeout_s, env={"OMP_NUM_THREADS": "1"})
@@ -145,7 +174,8 @@ def train_step(url: str, work: Path, sizes: Sizes, device: torch.device, timeout
         return {"error": f"trainer exit {run['returncode']}: {run['stderr'][-1500:]}"}
     summary = json.loads(summary_path.read_text())
     keys = ("steps", "samples_per_s", "wait_share", "stage_share", "hidden_load_share", "slowest_stage", "verdict")
-    return {"command": " ".join(["torchrun", *cmd[cmd.index("--standalone"):]]), **{k: summary.get(k) for k in keys}}
+    return {"command": " ".join(["torchrun", *cmd[cmd.index("--standalone"):]]), "missing_flags": missing,
+            **{k: summary.get(k) for k in keys}}
 
 
 def _run(cmd: list[str], timeout_s: float, *, check: bool = False, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -171,6 +201,7 @@ def run_all(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         steps = (("tests", lambda: gpu_tests(sizes, sizes.step_timeout_s)),
                  ("dataset", lambda: make_dataset(work, sizes)),
                  ("decode", lambda: decode_step(res["dataset"], sizes, device)),
+                 ("race", lambda: race_step(res["dataset"], work, sizes, device, args.dry_run)),
                  ("train", lambda: train_step(res["dataset"], work, sizes, device, sizes.step_timeout_s)))
         for name, step in steps:
             t0 = time.monotonic()
@@ -209,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(render(res))
     print(f"gpu_check: {res['seconds']['total']:.0f} s, results in {results}", flush=True)
-    failed = [k for k in ("tests", "decode", "train") if isinstance(res.get(k), dict) and "error" in res[k]]
+    failed = [k for k in ("tests", "decode", "race", "train") if isinstance(res.get(k), dict) and "error" in res[k]]
     if failed:
         print(f"gpu_check: steps that failed: {', '.join(failed)} (see {results})", file=sys.stderr)
     return 1 if failed else 0

@@ -101,6 +101,26 @@ def measure_nvjpeg(batches: list[dict[str, Any]], device: torch.device) -> dict[
             "decode_crop_per_s": _timed(batches, full, sync)}
 
 
+def measure_gpu_decoder(batches: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """The loader's own GPU decoder (dataio.decode.gpu, decode="gpu"): images/s of decode + RRC crop +
+    resize 224 + flip with the first device decoder that builds (nvImageCodec, else nvJPEG); its CPU
+    twin on the dry run."""
+    from dataio.batch import PackedBytes
+    from dataio.decode.gpu import GpuDecoder
+    from dataio.decode.gpu_codecs import CpuTwin, pick_codec
+
+    codec, why = pick_codec(device) if device.type == "cuda" else (CpuTwin(), "")
+    if codec is None:
+        return {"error": why}
+    dec = GpuDecoder(DecodeConfig(size=SIZE), seed=0, codec=codec)
+    raw = [{"__key__": [str(i) for i in b["ids"]], "jpg": PackedBytes.pack(b["jpg"]),
+            "__id__": torch.tensor(b["ids"]), "epoch": 0} for b in batches]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rate = _timed(raw, lambda b: dec(dict(b)), sync)
+    return {"codec": codec.name, "per_s": rate, "cpu_path_samples": dec.num_cpu_samples,
+            "device_samples": dec.num_device_samples}
+
+
 def measure_cpu_per_core(batches: list[dict[str, Any]], num_images: int = 128) -> float:
     """Our CpuDecoder (region decode where built) on one core: images per CPU-second, as in DECODE."""
     threads = torch.get_num_threads()

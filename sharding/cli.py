@@ -18,6 +18,7 @@ from dataio.decode.images import DEFAULT_MAX_PIXELS
 from dataio.errors import ShardifyError
 from dataio.format.manifest import read_manifest
 from dataio.format.manifest_parts import PARTS_THRESHOLD
+from dataio.storage.cloud_options import AZURE_PROTOCOLS, GCS_PROTOCOLS
 from dataio.storage.redact import split_userinfo, url_secrets
 from dataio.storage.store import StorageOptions, Store, redact, with_retry
 from sharding.flags import label_names, num_cores, parse_duration, parse_size, positive_int, positive_seconds
@@ -175,9 +176,18 @@ def _check_reachable(store: Store) -> None:
                           secrets=probe.secrets):
             raise ShardifyError(f"{store.url}: bucket {bucket!r} does not exist; create it first")
     except ShardifyError as exc:
-        raise ShardifyError(
-            f"{exc}; check --endpoint-url (is the server up?), the bucket name and --access-key/--secret-key"
-        ) from None
+        raise ShardifyError(f"{exc}; {_advice(store.protocol)}") from None
+
+
+def _advice(protocol: str) -> str:
+    """What to check when a remote prefix does not answer: the flags and settings of its cloud."""
+    if protocol in GCS_PROTOCOLS:
+        return ("check --gcs-endpoint-url (is the server up?), the bucket name and the [gcs] token of "
+                "--storage-config (or GOOGLE_APPLICATION_CREDENTIALS)")
+    if protocol in AZURE_PROTOCOLS:
+        return ("check the container name and the [azure] account_name and account_key, connection_string or "
+                "sas_token of --storage-config (or the AZURE_STORAGE_* variables)")
+    return "check --endpoint-url (is the server up?), the bucket name and --access-key/--secret-key"
 
 
 def _write(args: argparse.Namespace) -> int:

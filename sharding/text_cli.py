@@ -96,6 +96,16 @@ def write_text(args: argparse.Namespace, base: WriteConfig, dest: Store, options
           f"version {report.version}")
     left = {"duplicate": counts["duplicate"], "empty": counts["empty"], **report.dropped}
     print("documents left out: " + ", ".join(f"{k} {v}" for k, v in left.items())
-          + f"; documents with bad UTF-8 replaced: {counts['bad_utf8']}"
+          + f"; documents with bad UTF-8 replaced: {counts['bad_utf8']}" + _named(source.bad_utf8_at)
           + (f"; skipped {len(m.skipped)} unreadable (listed in the manifest)" if m.skipped else ""))
+    if report.lease_note:  # as image writes say it (cli.py)
+        print(f"note: {report.lease_note}")
     return 0
+
+
+def _named(where: list[str], most: int = 5) -> str:
+    """" (in a, b and 3 more)": the documents a count is about, so they can be found."""
+    if not where:
+        return ""
+    more = f" and {len(where) - most} more" if len(where) > most else ""
+    return f" (in {', '.join(where[:most])}{more})"

@@ -15,7 +15,9 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -229,17 +231,26 @@ def main(argv: list[str] | None = None) -> int:
                                                  "endpoint on 127.0.0.1 until Ctrl-C.")
     parser.add_argument("kind", choices=("gcs", "azure"), help="which emulator to run")
     args = parser.parse_args(argv)
+    stop = threading.Event()
+    # SIGINT too: a shell starts a background job with SIGINT ignored, and Python keeps it so; either
+    # signal ends the loop below, so the `with` stops the emulator and removes its temporary folder.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     server = GcsServer() if args.kind == "gcs" else AzuriteServer()
     with server:
         bucket = server.new_bucket()
-        print(f"{server.name} at {server.endpoint_url}; bucket {server.scheme}://{bucket}")
+        print(f"{server.name} at {server.endpoint_url}; bucket {server.scheme}://{bucket} (process {server.pid}, "
+              f"files in {server._tmp})")
         if args.kind == "gcs":
             print(f"shardify flags: --gcs-endpoint-url {server.endpoint_url} (token: anon)")
         else:
             print("storage config: [azure] connection_string = '<the Azurite development connection string>'")
-        with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                time.sleep(3600)
+        print("Ctrl-C (or SIGTERM) stops it.", flush=True)
+        while not stop.wait(0.5) and server._proc is not None and server._proc.poll() is None:
+            pass
+        if not stop.is_set():
+            print(f"{server.name} exited; log tail:\n{server.log_tail()}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -1,8 +1,9 @@
 """Entry point: `torchrun --nproc_per_node=N -m trainer [flags]`, or `python -m trainer` for one process.
 
 Exit codes: 0 done, 2 bad configuration or data (rank 0 prints the message; every rank exits),
-3 trained to the end but no checkpoint could be stored (nothing to resume from), 1 anything
-unexpected (its traceback printed with credentials redacted).
+3 trained to the end but no checkpoint could be stored (nothing to resume from), 1 a NaN or inf
+loss or gradient stopped the run (every rank says which step, rank and samples; trainer/nonfinite.py)
+or anything unexpected (its traceback printed with credentials redacted).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import traceback
 from dataio.errors import ShardifyError
 from trainer import runtime
 from trainer.config import parse_config
+from trainer.nonfinite import NonFiniteStep
 from trainer.redaction import scrub, secrets_of
 
 _SECRETS: list[str] = []  # the credentials of this run's flags and storage options, redacted in messages
@@ -72,6 +74,10 @@ def _main(argv: list[str] | None) -> int:
         wrap(run)
         try:
             train(run)
+        except NonFiniteStep as exc:  # every rank meets it in the same step (trainer/nonfinite.py)
+            run.recorder.event({"kind": "stopped", "why": "nonfinite", "step": run.step + 1, "text": str(exc)})
+            _say(True, str(exc))
+            return 1
         except (ValueError, ShardifyError) as exc:  # bad data met in training: this rank says which
             _say(True, f"{exc}" + (f" (on rank {rt.rank})" if rt.world_size > 1 else ""))
             return 2

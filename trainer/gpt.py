@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dataio.loader.protocol import TrainLoader
-from trainer import runtime
+from trainer import nonfinite, runtime
 
 # Dense bf16 peak FLOP/s per accelerator, by a substring of torch.cuda.get_device_name().
 PEAK_FLOPS = (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L4", 121e12))
@@ -144,7 +144,7 @@ def micro_step(run: Any, batch: dict[str, Any], last: bool) -> tuple[float, int]
     sync = run.net.no_sync() if (rt.distributed and not last) else contextlib.nullcontext()
     with timer.phase("fwd_bwd"), sync:
         loss = token_loss(run.net, *tensors) / cfg.grad_accum
-        loss.backward()
+        nonfinite.carried(loss).backward()  # NaN gradients on every rank when this loss is not finite
     return float(loss.detach()), int(batch["mask"].sum())
 
 

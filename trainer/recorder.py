@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import socket
 import sys
@@ -20,6 +21,7 @@ from rich.console import Console
 from trainer import runtime, spikes
 from trainer.config import TrainConfig, config_dict, config_secrets
 from trainer.display import LiveTable, print_summary
+from trainer.nonfinite import finite_json
 from trainer.redaction import scrub
 from trainer.report import combine, metrics_line, source_rows, summarize
 from trainer.scaling import cost
@@ -82,7 +84,7 @@ class Recorder:
     def event(self, record: dict[str, Any]) -> None:
         """Append one record to metrics.jsonl (rank 0 only), credentials redacted."""
         if self.rt.is_main:
-            line = json.dumps(scrub(record, self.secrets)) + "\n"
+            line = json.dumps(finite_json(scrub(record, self.secrets)), allow_nan=False) + "\n"
             self._saving(os.path.join(self.cfg.out, "metrics.jsonl"), lambda path: _append(path, line))
 
     def _saving(self, path: str, write: Callable[[str], None]) -> None:
@@ -191,12 +193,14 @@ class Recorder:
                 row["keys"], row["keys_error"] = None, f"{type(exc).__name__}: {exc}"
             row = scrub(row, self.secrets)
             self.spike_rows.append(row)
-            line = json.dumps(row) + "\n"
+            line = json.dumps(finite_json(row), allow_nan=False) + "\n"
             self._saving(os.path.join(self.cfg.out, "spikes.jsonl"), lambda path: _append(path, line))
             self.event({"kind": "spike", **row})
-            loss = max(row["loss"].values())
+            losses, medians = row["loss"].values(), [m for m in row["median"].values() if m is not None]
+            loss = next((v for v in losses if not math.isfinite(v)), max(losses))  # a NaN or inf first
+            median = f"{max(medians):.4g}" if medians else f"not yet: under {spikes.MIN_STEPS} steps"
             self.note(f"loss spike at step {row['step']} on rank(s) {row['ranks']}: {loss:.4g} (median "
-                      f"{max(row['median'].values()):.4g}); its samples are in spikes.jsonl")
+                      f"{median}); its samples are in spikes.jsonl")
 
     def validation(self, val: dict[str, float], *, step: int, epoch: int) -> None:
         self.event({"kind": "validation", "step": step, "epoch": epoch, **val})
@@ -265,7 +269,7 @@ def _append(path: str, text: str) -> None:
 
 def _dump(path: str, record: dict[str, Any]) -> None:
     with open(path, "w") as f:
-        json.dump(record, f, indent=1)
+        json.dump(finite_json(record), f, indent=1, allow_nan=False)
 
 
 def _add(total: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Loss spikes, named: a running median of each rank's loss, and the steps that jump above it.
 
 A step whose loss on a rank exceeds --spike-factor x the median of that rank's last WINDOW_STEPS
-losses (after MIN_STEPS steps) is a spike on that rank. The recorder gathers the ranks' spikes at
+finite losses (after MIN_STEPS steps), or is NaN or inf, is a spike on that rank. The recorder gathers the ranks' spikes at
 each log interval; rank 0 names the samples behind each spiking step from the plan (the loader
 state's history: nothing is logged per step) and writes spikes.jsonl. With --spike-sample-losses
 each rank also keeps its step's per-sample losses, so a spike names its worst samples too.
@@ -9,6 +9,7 @@ each rank also keeps its step's per-sample losses, so a spike names its worst sa
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
@@ -28,10 +29,13 @@ class SpikeWatch:
 
     def observe(self, step: int, loss: float, *, rank: int, keys: Sequence[str] = (),
                 sample_losses: Sequence[float] | None = None) -> dict[str, Any] | None:
-        """Record the step's loss; a spike when it passes factor x the median of the steps before."""
+        """Record the step's loss; a spike when it passes factor x the median of the steps before, or is
+        NaN or inf (whatever the median: a spike at once). Only finite losses enter the median."""
         median = statistics.median(self.losses) if len(self.losses) >= MIN_STEPS else None
-        self.losses.append(loss)
-        if not self.factor or median is None or not loss > self.factor * median:
+        finite = math.isfinite(loss)
+        if finite:
+            self.losses.append(loss)
+        if not self.factor or (finite and (median is None or not loss > self.factor * median)):
             return None
         spike: dict[str, Any] = {"step": step, "rank": rank, "loss": loss, "median": median}
         if sample_losses is not None:

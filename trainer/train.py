@@ -18,7 +18,7 @@ from dataio.loader.protocol import TrainLoader
 from dataio.loader.which import samples_of_step, sidecar_doc
 from dataio.storage.store import RetryPolicy, Store
 from trainer import checkpoint as ckpt_io
-from trainer import clip, comm_hooks, data, gpt, runtime
+from trainer import clip, comm_hooks, data, gpt, nonfinite, runtime
 from trainer.config import TrainConfig, config_dict
 from trainer.models import build_model
 from trainer.recorder import Recorder
@@ -82,10 +82,12 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
         loader.history.grad_accum = cfg.grad_accum
     steps_per_epoch = len(loader) // cfg.grad_accum
     if steps_per_epoch < 1:
+        seqs = f" sequences of --seq-len {cfg.seq_len} tokens" if cfg.model == "gpt" else ""
         raise ValueError(
             f"{cfg.data_label}: one optimizer step needs {rt.world_size} ranks x {cfg.batch_size} x "
-            f"{cfg.grad_accum} micro-steps, more than the dataset gives (a rank's share is "
-            f"{len(loader)} batches); use a smaller --batch-size or --grad-accum, or fewer ranks"
+            f"{cfg.grad_accum} micro-steps{seqs}, more than the dataset gives (a rank's share is "
+            f"{len(loader)} batches); use a smaller " + ("--seq-len, " if seqs else "")
+            + "--batch-size or --grad-accum, or fewer ranks"
         )
     tokens = cfg.model == "gpt"  # token batches: the vocabulary is the model's output (trainer/gpt.py)
     pairs = cfg.model == "clip"  # image-text pairs: the captions' vocabulary is the text tower's (trainer/clip.py)
@@ -233,7 +235,7 @@ def save(run: Run, *, epoch_done: bool) -> None:
     """Write a checkpoint (rank 0), with every rank's RNG state; all ranks take part. A save that fails
     (disk full, permission, the store refusing it) is reported and not recorded; training goes on."""
     rngs = runtime.gather(run.rt, ckpt_io.rng_state())
-    if run.rt.is_main:
+    if run.rt.is_main and not nonfinite.refused_save(run):
         payload = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
                    "schedule": run.schedule.state_dict(), "scaler": run.scaler.state_dict(),
                    "step": run.step, "epoch": run.epoch, "epoch_done": epoch_done,
@@ -351,8 +353,10 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
                 loss = per.sum() / mask.sum().clamp(min=1) / cfg.grad_accum
             else:
                 loss = nn.functional.cross_entropy(logits.float(), target, ignore_index=-1) / cfg.grad_accum
-            loss.backward()
+            nonfinite.carried(loss).backward()  # NaN gradients on every rank when this loss is not finite
         loss_total += float(loss.detach())
+    nonfinite.check_step(step=run.step + 1, rank=rt.rank, loss=loss_total, model=run.model, keys=keys,
+                         grads_checked=not run.scaler.is_enabled())  # NonFiniteStep: stop before the update
     with timer.phase("opt"):
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -22,16 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from dataio.batch import PackedBytes
-from dataio.decode.cpu import CpuDecoder, DecodeConfig
+from dataio.decode.cpu import DecodeConfig
 from dataio.decode.dali_pipeline import build_pipeline, resolve_device, to_torch
-from dataio.decode.images import IMAGE_FIELD_ORDER, check_pixels, read_header
-from dataio.decode.transforms import CropBox, center_crop, random_resized_crop
-from dataio.errors import CorruptSampleError
-from dataio.rand import SampleRandom, sample_seed
+from dataio.decode.device_batch import RowFixer, image_items, plan_row, sample_seeds
+from dataio.decode.images import IMAGE_FIELD_ORDER
+from dataio.decode.transforms import CropBox
 
 ON_CORRUPT = ("raise", "skip")
-SKIPPED_KEY = "__skipped__"  # same key as dataio.stream.worker: "URL#key" of substituted samples
 _DALI_FORMATS = ("jpeg", "png", "webp", "bmp")  # formats DALI decodes like PIL; the rest go to the CPU
 # Colour modes DALI turns into the CPU path's pixels. Alpha (RGBA, LA, palettes that may carry
 # transparency) is composited on black by the CPU path, which DALI does not do; 16-bit modes
@@ -85,12 +81,16 @@ class DaliDecoder:
         self.image_fields = tuple(image_fields)  # each row's image: the first of these it has bytes in
         self.epoch = 0
         self.num_rebuilds = 0  # pipelines rebuilt after DALI failed on a batch
-        self.num_cpu_samples = 0  # samples decoded by the CPU path instead (refused or failed in DALI)
-        self._cpu = CpuDecoder(decode_config)
+        self._rows = RowFixer(decode_config, on_corrupt=on_corrupt, url_of=url_of)
         self._pipe: Any = None
         self._started = False  # DALI's first run queues `prefetch_queue_depth` iterations at once
         self._in_flight: deque[_Job] = deque()
         self._generation = 0  # bumped by every map(): an abandoned iterator cannot disturb a newer one
+
+    @property
+    def num_cpu_samples(self) -> int:
+        """Samples decoded by the CPU path instead (refused or failed in DALI)."""
+        return self._rows.num_cpu_samples
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch mixed into the augmentation seed of batches that carry no "epoch" of their own."""
@@ -144,11 +144,11 @@ class DaliDecoder:
 
     # --- preparation: header checks, crop boxes, flips ---------------------------------------
     def _prepare(self, batch: dict[str, Any]) -> _Job:
-        fields, items = _image_items(batch, self.image_fields)
+        fields, items = image_items(batch, self.image_fields)
         keys = [str(k) for k in batch["__key__"]]
         if len(keys) != len(items) or not 0 < len(items) <= self.batch_size:
             raise ValueError(f"batch has {len(keys)} keys and {len(items)} images; expected 1..{self.batch_size} of each")
-        seeds = self._seeds(batch, keys)
+        seeds = sample_seeds(batch, keys, seed=self.seed, epoch=self.epoch)
         dali_rows, cpu_rows, boxes, flips = [], [], [], []
         for i, data in enumerate(items):
             plan = self._plan(data, seeds[i])
@@ -166,34 +166,9 @@ class DaliDecoder:
                      "shape": np.ascontiguousarray(box[:, 2:]), "mirror": np.asarray(flips, dtype=np.int32)}
         return _Job(batch, fields, items, seeds, dali_rows, cpu_rows, feeds)
 
-    def _seeds(self, batch: dict[str, Any], keys: list[str]) -> list[int]:
-        """Per-sample seeds: the CPU path's (seed, epoch, sample id) when the batch has ids."""
-        epoch = int(batch.get("epoch", self.epoch))
-        ids = batch.get("__id__")
-        if ids is not None:
-            return [sample_seed(self.seed, epoch, int(i)) for i in ids]
-        return [sample_seed(self.seed, epoch, zlib.crc32(k.encode()) | (len(k) << 32)) for k in keys]
-
     def _plan(self, data: np.ndarray, seed: int) -> tuple[CropBox, bool] | None:
         """(crop box, flip) from the header, or None when the CPU path should decode this sample."""
-        if not len(data):
-            return None  # no image field in this sample: the CPU path reports it
-        header = read_header(data)
-        if header is None:
-            return None
-        fmt, mode, width, height = header.format, header.mode, header.width, header.height
-        try:
-            check_pixels(width, height, max_pixels=self.config.max_pixels)
-        except CorruptSampleError:
-            return None  # the CPU decoder raises it again, naming the URL and key
-        if fmt not in _DALI_FORMATS or mode not in _DALI_MODES:
-            return None
-        cfg = self.config
-        if not cfg.train:
-            return center_crop(height, width, fraction=cfg.crop_fraction), False
-        rng = SampleRandom(seed)  # same draws, in the same order, as CpuDecoder._plan
-        box = random_resized_crop(height, width, rng, scale=cfg.scale, ratio=cfg.ratio)
-        return box, cfg.flip and rng.uniform() < 0.5
+        return plan_row(self.config, data, seed, formats=_DALI_FORMATS, modes=_DALI_MODES)
 
     # --- DALI: in-flight queue, failure recovery ----------------------------------------------
     def _submit(self, job: _Job) -> None:
@@ -280,97 +255,7 @@ class DaliDecoder:
         images = torch.empty((n, 3, size, size), dtype=dtype, device=self.device)
         if dali_images is not None:
             images[job.dali_rows] = dali_images
-        bad = self._decode_cpu_rows(job, images)
-        batch = {k: v for k, v in job.batch.items() if k not in (*job.fields, "__id__", "epoch")}
-        mask = batch.get("mask")
-        mask = torch.ones(n, dtype=torch.bool) if mask is None else mask.clone()
-        if bad:
-            batch[SKIPPED_KEY] = list(batch.get(SKIPPED_KEY, [])) + self._substitute(job, batch, images, mask, bad)
-        batch["image"], batch["mask"] = images, mask
-        batch["decode_s"] = float(batch.get("decode_s", 0.0)) + job.dali_s + time.perf_counter() - start
-        return batch
-
-    def _decode_cpu_rows(self, job: _Job, images: torch.Tensor) -> list[int]:
-        """Decode job.cpu_rows with CpuDecoder into `images`; the rows that are corrupt (policy "skip")."""
-        bad = []
-        keys = job.batch["__key__"]
-        for i in job.cpu_rows:
-            self.num_cpu_samples += 1
-            try:
-                if not len(job.items[i]):
-                    url = self._url(job, i)
-                    raise CorruptSampleError(
-                        f"{url}: sample {str(keys[i])!r} has no image (none of {list(job.fields)} holds bytes); "
-                        "pass on_corrupt='skip' to leave such samples out, or fix the shard", url=url, key=str(keys[i]))
-                arr = self._cpu.decode(job.items[i].tobytes(), seed=job.seeds[i], key=str(keys[i]), url=self._url(job, i))
-            except CorruptSampleError:
-                if self.on_corrupt == "raise":
-                    raise
-                bad.append(i)
-                continue
-            images[i] = torch.from_numpy(arr)
-        return bad
-
-    def _substitute(self, job: _Job, batch: dict[str, Any], images: torch.Tensor, mask: torch.Tensor,
-                    bad: list[int]) -> list[str]:
-        """Replace each corrupt row of the output `batch` by the next good one (cyclically), masked
-        out, as the CPU path does; the skipped samples' descriptions."""
-        keys = job.batch["__key__"]
-        good = [i for i in range(len(job.items)) if i not in set(bad)]
-        if not good:
-            raise CorruptSampleError(
-                f"{self._url(job, bad[0])}: every sample of a batch is corrupt (first {keys[bad[0]]!r}); "
-                "nothing to substitute with on_corrupt='skip': check the dataset",
-                url=self._url(job, bad[0]), key=str(keys[bad[0]]),
-            )
-        skipped = [f"{self._url(job, i)}#{keys[i]}" for i in bad]
-        rows = {i: next((g for g in good if g > i), good[0]) for i in bad}
-        for i, j in rows.items():
-            images[i] = images[j]
-            mask[i] = False
-        _substitute_rows(batch, rows, len(job.items))
-        return skipped
-
-    def _url(self, job: _Job, row: int) -> str:
-        ids = job.batch.get("__id__")
-        if self.url_of is None or ids is None:
-            return ""
-        return self.url_of(int(ids[row]))
-
-
-def _substitute_rows(batch: dict[str, Any], rows: dict[int, int], n: int) -> None:
-    """Row i of every per-sample entry (keys, labels, other fields) becomes row rows[i]'s, as the
-    CPU path's substitute is the whole next good sample (collate.substitute); `image` and `mask`
-    are the caller's, `__id__` stays (it names what was read)."""
-    for name, value in list(batch.items()):
-        if name in ("image", "mask", "__id__"):
-            continue
-        if isinstance(value, PackedBytes) and len(value) == n:
-            items = value.to_list()
-            batch[name] = PackedBytes.pack([items[rows.get(i, i)] for i in range(n)])
-        elif isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
-            value = batch[name] = value.clone()
-            for i, j in rows.items():
-                value[i] = value[j]
-        elif isinstance(value, list) and len(value) == n:
-            batch[name] = [value[rows.get(i, i)] for i in range(n)]
-
-
-def _image_items(batch: dict[str, Any], order: tuple[str, ...]) -> tuple[tuple[str, ...], list[np.ndarray]]:
-    """(the batch's raw image fields, each row's image bytes): per row the first of `order` holding
-    non-empty bytes (absent fields are empty items in the loader's raw batches); empty if none."""
-    fields = tuple(n for n in order if isinstance(batch.get(n), PackedBytes))
-    if not fields:
-        raise ValueError(
-            f"batch has no raw image field (one of {list(order)} as PackedBytes; it has {sorted(batch)}); "
-            "DaliDecoder needs the loader's decode='dali' raw batches"
-        )
-    columns = []
-    for name in fields:
-        packed: PackedBytes = batch[name]
-        buf, offsets = packed.data.numpy(), packed.offsets.tolist()
-        columns.append([buf[offsets[i]: offsets[i + 1]] for i in range(len(offsets) - 1)])
-    items = []
-    for row in zip(*columns):
-        items.append(next((view for view in row if len(view)), row[0]))
-    return fields, items
+        done, bad = self._rows.decode_rows(job.batch, job.fields, job.items, job.seeds, job.cpu_rows)
+        for i, image in done.items():
+            images[i] = image
+        return self._rows.output(job.batch, job.fields, images, bad, job.dali_s + time.perf_counter() - start)

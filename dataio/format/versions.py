@@ -38,6 +38,7 @@ import xxhash
 from dataio.errors import ManifestError
 from dataio.format.manifest import MANIFEST_NAME
 from dataio.format.manifest_parts import PARTS_DIR
+from dataio.format.schema import damage, typed
 from dataio.storage.store import Store
 
 JOURNAL_VERSION = 1
@@ -149,10 +150,22 @@ class JournalHead:
     def from_json(cls, doc: Any, *, where: str) -> JournalHead:
         if not isinstance(doc, dict) or doc.get("shardify_journal") != JOURNAL_VERSION:
             raise ManifestError(f"{where}: not a shardify journal of version {JOURNAL_VERSION}")
+        why = damage(doc, _HEAD_FIELDS)
         try:
+            if why is not None:
+                raise ValueError(why)
             return cls(**{k: doc[k] for k in doc if k != "shardify_journal"})
         except (TypeError, ValueError) as exc:
-            raise ManifestError(f"{where}: malformed journal ({exc})") from None
+            raise ManifestError(f"{where}: malformed journal ({exc}); restore it, or remove its version's folder "
+                                "to give up that write (`shardify gc` then deletes what it left)") from None
+
+
+_SECONDS = typed(float, optional=True)
+_HEAD_FIELDS = {"version": typed(str), "fingerprint": typed(str), "options": typed(dict, optional=True),
+                "source": typed(str, optional=True), "state": typed(str, optional=True), "started_s": _SECONDS,
+                "updated_s": _SECONDS, "published_s": typed(float, None, optional=True),
+                "retired_s": typed(float, None, optional=True),
+                "manifest_fingerprint": typed(str, None, optional=True), "error": typed(str, optional=True)}
 
 
 def batch_name(version: str, number: int) -> str:

@@ -14,7 +14,7 @@ from dataio.format.manifest import Manifest
 from dataio.plan.tokens import PACKINGS
 from dataio.storage.store import StorageOptions
 
-DECODES = ("cpu", "dali", None)
+DECODES = ("cpu", "dali", "gpu", "auto", None)
 TAILS = ("drop", "pad")
 ON_CORRUPT = ("raise", "skip")
 START_METHODS = (None, "fork", "spawn", "forkserver")
@@ -57,7 +57,9 @@ class LoaderConfig:
 
     batch_size: int
     seed: int = 0
-    decode: str | None = "cpu"  # "cpu": uint8 N3HW images; None: raw bytes; "dali": DALI in the main process
+    # "cpu": uint8 N3HW images; None: raw bytes; "dali": DALI in the main process; "gpu": raw batches decoded on
+    # the rank's GPU in the main process; "auto": CPU workers and the GPU both decode on a CUDA device, else "cpu".
+    decode: str | None = "cpu"
     image_size: int = 224
     train: bool = True  # random resized crop + flip; False: resize + centre crop
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -146,9 +148,9 @@ class LoaderConfig:
         check_choice("on_corrupt", self.on_corrupt, ON_CORRUPT)
         check_choice("multiprocessing_context", self.multiprocessing_context, START_METHODS)
         check_choice("worker_mode", self.worker_mode, WORKER_MODES)
-        if self.worker_mode == "threads" and self.decode == "dali":
-            raise ValueError("worker_mode='threads' is for decode=None or 'cpu'; decode='dali' reads its bytes "
-                             "in worker processes (worker_mode='processes' or 'auto')")
+        if self.worker_mode == "threads" and self.decode in ("dali", "auto"):
+            raise ValueError(f"worker_mode='threads' is for decode=None or 'cpu' (or 'gpu'); decode={self.decode!r} "
+                             "reads its bytes in worker processes (worker_mode='processes' or 'auto')")
         if isinstance(self.fields, str):
             raise TypeError(f"fields must be a sequence of names, not the string {self.fields!r}")
         if self.fields is not None:
@@ -176,16 +178,17 @@ class LoaderConfig:
             raise TypeError(f"pooled_buffers must be True or False, got {self.pooled_buffers!r}")
         if not isinstance(self.reuse_buffers, bool):
             raise TypeError(f"reuse_buffers must be True or False, got {self.reuse_buffers!r}")
-        if self.reuse_buffers and self.decode == "dali":
-            raise ValueError("reuse_buffers=True is for decode=None or 'cpu'; DALI holds batches ahead")
+        if self.reuse_buffers and self.decode in ("dali", "gpu", "auto"):
+            raise ValueError(f"reuse_buffers=True is for decode=None or 'cpu'; decode={self.decode!r} holds batches ahead")
         check_label_space(self.label_space)
         if self.context_length is not None:  # image-text pairs
             check_int("context_length", self.context_length, minimum=2)
-            if self.seq_len is not None or self.decode is None:
+            if self.seq_len is not None or self.decode not in ("cpu", "dali"):
                 raise ValueError("context_length tokenizes the captions of image-text pairs beside their decoded "
                                  "images: use it with decode='cpu' or 'dali', without seq_len (token datasets)")
-        if self.decode == "dali" and (self.transform is not None or self.collate is not None):
-            raise ValueError("decode='dali' decodes in the main process: transform/collate hooks need decode='cpu' or None")
+        if self.decode in ("dali", "gpu") and (self.transform is not None or self.collate is not None):
+            raise ValueError(f"decode={self.decode!r} decodes in the main process: transform/collate hooks need "
+                             "decode='cpu' or None")
 
 
 def window_samples(manifest: Manifest, config: LoaderConfig) -> int:

@@ -25,6 +25,8 @@ from dataio.format.manifest import Manifest
 from dataio.loader.config import LoaderConfig, Source, mean_sample_bytes, read_ahead_bytes
 from dataio.loader.facts import dataset_facts, where
 from dataio.loader.first_batch import FirstBatch, first_batch_in_main
+from dataio.loader.gpu_feed import GpuFeed, job_decode, resolved
+from dataio.loader.hybrid import Split
 from dataio.loader.history import HistoryKeeper
 from dataio.loader.mixing import (
     OpenSources,
@@ -80,6 +82,7 @@ class ShardLoader(PlanPosition):
         if in_process and topology.num_workers != 1:
             raise ValueError(f"an in-process loader plans 1 worker, not {topology.num_workers}")
         self.num_workers = 0 if in_process else topology.num_workers  # worker processes or reader threads
+        config = resolved(config)  # decode="auto" without a CUDA device: "cpu"
         self.config = config
         self.topology = topology
         sources = as_sources(url, None)  # one dataset: a mixture of one
@@ -103,6 +106,9 @@ class ShardLoader(PlanPosition):
         self._active_steps: int | None = None
         self._token = 0  # the iteration in progress (or last started): older generators stop
         self._sampler = TicketSampler()
+        self._split = Split(num_workers=self.num_workers) if config.decode == "auto" else None  # hybrid.py
+        self._sampler.raw_of = self._split.raw_of if self._split is not None else None
+        self._gpu: GpuFeed | None = None
         self.history = HistoryKeeper()  # every pass of the run, for `shardify which` (loader/history.py)
         self._dataloader: torch.utils.data.DataLoader | None = None
         self._threads: ReaderThreads | None = None
@@ -229,7 +235,10 @@ class ShardLoader(PlanPosition):
     def _deliver(self, dataloader: Any, token: int, steps: int) -> Iterator[dict[str, Any]]:
         if token != self._token:
             raise RuntimeError("this loader started a newer iteration before this one began; use that one")
-        batches: Iterator[Any] = iter(dataloader)
+        if self.config.decode in ("gpu", "auto"):  # a thread decodes ahead on the GPU (the last one's stopped first)
+            batches: Iterator[Any] = self._gpu_feed().map(dataloader, epoch=self._state.epoch)
+        else:
+            batches = iter(dataloader)
         if self.config.decode == "dali":
             batches = self._dali_decoder().map(batches)  # a few batches in flight inside DALI
         try:
@@ -305,10 +314,10 @@ class ShardLoader(PlanPosition):
                                                                       fields.projections, fields.label_fields))
         return WorkerJob(
             datasets=datasets, mixture=self.mixture, plan_config=self.plan_config, topology=self.topology,
-            verify_index=c.verify_index, decode=c.decode, decode_config=self._decode_config(),
+            verify_index=c.verify_index, decode=job_decode(c.decode), decode_config=self._decode_config(),
             verify_checksums=c.verify_checksums,
             image_fields=self.image_fields, transform=c.transform, collate=c.collate, on_corrupt=c.on_corrupt,
-            prefetch_bytes=read_ahead_bytes(c, decoding=c.decode is not None,
+            prefetch_bytes=read_ahead_bytes(c, decoding=job_decode(c.decode) is not None,
                                             mean_sample_bytes=mean_sample_bytes(opened.manifests)),
             max_in_flight=c.max_in_flight, cache_dir=c.cache_dir,
             cache_limit_bytes=c.cache_limit_bytes, slice_bytes=c.shuffle_window_bytes, reuse_buffers=c.reuse_buffers,
@@ -337,6 +346,12 @@ class ShardLoader(PlanPosition):
                 image_fields=self.image_fields,
             )
         return self._dali
+
+    def _gpu_feed(self) -> GpuFeed:
+        if self._gpu is None:
+            self._gpu = GpuFeed(self._decode_config(), self.config, mixture=self.mixture, url_of=mixed_url_of(self.opened),
+                                image_fields=self.image_fields, split=self._split, stats=self.stats)
+        return self._gpu
 
     # --- Stateful (torch.distributed.checkpoint) -------------------------------------------
     def state_dict(self) -> dict[str, Any]:

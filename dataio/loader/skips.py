@@ -5,14 +5,15 @@ keys or ids. ShardLoader.skip(ids) then drops them from the rest of the run (pla
 
 from __future__ import annotations
 
-import json
+import os
 from collections.abc import Sequence
 
 import numpy as np
 
 from dataio.errors import StateError
 from dataio.format.manifest import Manifest
-from dataio.loader.which import SIDECAR_SUFFIX, ids_of_steps
+from dataio.loader.sidecar import SIDECAR_SUFFIX, absolute, read_sidecar, resolve_sources
+from dataio.loader.which import ids_of_steps
 from dataio.plan.types import Segment
 from dataio.readers.by_format import make_reader
 from dataio.storage.store import StorageOptions, Store
@@ -37,7 +38,7 @@ def sidecar_covering(stores: Sequence[Store], last: int) -> tuple[dict, str]:
     for store in stores:
         names = sorted(n for n in (store.list() if store.prefix_exists() else []) if n.endswith(SIDECAR_SUFFIX))
         for name in reversed(names):
-            doc = json.loads(store.read(name))
+            doc = resolve_sources(read_sidecar(store, name), store)
             newest = max(newest or 0, int(doc.get("step", 0)))
             if int(doc.get("step", 0)) >= last:
                 return doc, store.url_of(name)
@@ -53,7 +54,7 @@ def ids_of_skipped_steps(stores: Sequence[Store], text: str, urls: Sequence[str]
     first, last = parse_steps(text)
     doc, where = sidecar_covering(stores, last)
     saved = [s["url"] for s in doc["sources"]]
-    if saved != list(urls):
+    if saved != [absolute(u, os.getcwd()) for u in urls]:  # (local paths are saved absolute)
         raise StateError(f"{where} was saved by a run reading {saved}, this run reads {list(urls)}: sample ids are "
                          "numbered by the sources in order; skip with the same --data")
     return ids_of_steps(doc, first, last, storage), where

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -19,6 +20,8 @@ class LoaderStats:
     hedged_reads: int = 0
     hedges_won: int = 0
     hedges_over_budget: int = 0
+    # decode="gpu" / "auto" (loader/gpu_feed.py): the device decoder, samples per side, the split and rates.
+    gpu_decode: dict[str, Any] = field(default_factory=dict)
 
     def add_hedges(self, counts: dict[str, int]) -> None:
         self.ranged_reads += counts.get("requests", 0)

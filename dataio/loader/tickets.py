@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -17,6 +17,7 @@ class TicketSampler(torch.utils.data.Sampler):
         self._token, self._plan, self._steps = 0, PlanState(epoch=0), 0
         self._head, self._warm = 0, False
         self.released_below = 0  # batches of this iteration the caller has moved past
+        self.raw_of: Callable[[int], bool] | None = None  # decode="auto": which tickets ship raw (hybrid.py)
 
     def start(self, token: int, plan: PlanState, steps: int, head: int = 0) -> None:
         """Tickets for an iteration: batches below `head` are made in the main process."""
@@ -30,7 +31,9 @@ class TicketSampler(torch.utils.data.Sampler):
     def __iter__(self) -> Iterator[Ticket]:
         token, plan, head, warm = self._token, self._plan, self._head, self._warm
         # Lazy: each ticket is made when the DataLoader sends it, with the mark as it is then.
-        return (Ticket(token, plan, k, self.released_below, head=head, warm=warm) for k in range(self._steps))
+        raw_of = self.raw_of if not warm else None
+        return (Ticket(token, plan, k, self.released_below, head=head, warm=warm, raw=bool(raw_of and raw_of(k)))
+                for k in range(self._steps))
 
     def __len__(self) -> int:
         return self._steps

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from dataio.loader.state import make_state
 from dataio.loader.token_batches import TokenJob, worker_batches
 from dataio.loader.token_open import open_token_sources, token_facts
 from dataio.loader.token_procs import TokenProcesses
+from dataio.plan.token_fit import token_shortfall
 from dataio.plan.token_mix import token_mix_num_steps, token_mixture
 from dataio.plan.tokens import SequenceOrder, TokenPlanConfig
 from dataio.plan.types import PlanConfig, PlanState, Topology
@@ -105,6 +107,11 @@ class TokenLoader(PlanPosition):
         self._token = 0
         self._threads: _Workers | TokenProcesses | None = None
         self.history = HistoryKeeper()  # every pass of the run, for `shardify which` and spikes (loader/history.py)
+        short = token_shortfall(num_tokens=sum(sum(m.shard_num_tokens) for _, m in opened), seq_len=self.seq_len,
+                                batch_size=config.batch_size, world_size=topology.world_size, tail=config.tail,
+                                packing=self.packing)
+        if short is not None and len(self) == 0:  # 0 batches, silently, otherwise (a mixture may repeat)
+            warnings.warn(f"{', '.join(st.url for st, _ in opened)}: {short}", UserWarning, stacklevel=3)
 
     # --- TrainLoader (protocol.py) ------------------------------------------------------------
     @property

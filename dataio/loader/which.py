@@ -24,6 +24,7 @@ from dataio.errors import ManifestError, StateError
 from dataio.format.manifest import Manifest, read_manifest
 from dataio.format.provenance import read_sources
 from dataio.loader.history import HISTORY_KEY, loads_history, resolved_grad_accum
+from dataio.loader.sidecar import SIDECAR_SUFFIX, checked_sidecar, read_sidecar, resolve_sources, sidecar_doc
 from dataio.loader.token_which import StepSequence, is_token_run, saved_mixture, sequences_of_step
 from dataio.plan.mix import MixSource, Mixture
 from dataio.plan.schedule import Piece, scheduled
@@ -33,16 +34,7 @@ from dataio.readers.by_format import make_reader
 from dataio.storage.store import StorageOptions, Store
 from dataio.stream.fields import label_field
 
-SIDECAR_SUFFIX = ".loader-state.json"
-SIDECAR_VERSION = 1
-
-
-def sidecar_doc(*, step: int, epoch: int, grad_accum: int, sources: Sequence[tuple[str, float | None]],
-                loader_state: dict[str, Any]) -> bytes:
-    """The sidecar's bytes: `sources` are (redacted URL, weight) in the loader's order."""
-    return json.dumps({"shardify_loader_state": SIDECAR_VERSION, "step": step, "epoch": epoch,
-                       "grad_accum": grad_accum, "sources": [{"url": u, "weight": w} for u, w in sources],
-                       "loader": loader_state}, sort_keys=True).encode()
+__all__ = ["SIDECAR_SUFFIX", "find_sidecar", "ids_of_steps", "run_which", "samples_of_step", "sidecar_doc"]
 
 
 def find_sidecar(where: str, storage: StorageOptions | None = None) -> tuple[Store, str]:
@@ -86,9 +78,7 @@ def samples_of_step(doc: dict[str, Any], step: int, *, ranks: Sequence[int] | No
                     storage: StorageOptions | None = None) -> list[StepSample] | list[StepSequence]:
     """Every requested rank's samples of optimizer step `step` per the sidecar `doc` (a token run's:
     its sequences, each named by document and token range, loader/token_which.py)."""
-    if doc.get("shardify_loader_state") != SIDECAR_VERSION:
-        raise StateError(f"loader-state sidecar version {doc.get('shardify_loader_state')!r} is not "
-                         f"{SIDECAR_VERSION}: ask with the shardify that wrote it")
+    doc = resolve_sources(checked_sidecar(doc))
     passes = history_of(doc)
     place = locate_step(passes, step, last_step=int(doc["step"]))
     chosen = passes[place.pass_index]
@@ -125,9 +115,7 @@ def history_of(doc: dict[str, Any]) -> tuple[HistoryPass, ...]:
 def ids_of_steps(doc: dict[str, Any], first: int, last: int, storage: StorageOptions | None = None) -> np.ndarray:
     """(n,) int64 sorted global ids of every real (not padding) sample of optimizer steps first..last,
     on every rank that ran them, from a sidecar document: the manifests are read, never a shard."""
-    if doc.get("shardify_loader_state") != SIDECAR_VERSION:
-        raise StateError(f"loader-state sidecar version {doc.get('shardify_loader_state')!r} is not "
-                         f"{SIDECAR_VERSION}: use the shardify that wrote it")
+    doc = resolve_sources(checked_sidecar(doc))
     passes = history_of(doc)
     stores = [Store(s["url"], storage) for s in doc["sources"]]
     manifests = [read_manifest(st) for st in stores]
@@ -265,10 +253,7 @@ def add_which_arguments(parser: argparse.ArgumentParser) -> None:
 def run_which(args: argparse.Namespace, storage: StorageOptions | None = None) -> list[str]:
     """The lines the command prints; raises ShardifyError/ValueError with what to do."""
     store, name = find_sidecar(args.run, storage)
-    try:
-        doc = json.loads(store.read(name))
-    except ValueError as exc:
-        raise StateError(f"{store.url_of(name)}: not valid JSON ({exc})") from None
+    doc = resolve_sources(read_sidecar(store, name), store)
     samples = samples_of_step(doc, args.step, ranks=args.rank, storage=storage)
     lines = [] if args.json else [f"step {args.step} (from {store.url_of(name)}):"]
     if samples and isinstance(samples[0], StepSequence):

@@ -56,7 +56,7 @@ class Schedule:
     pieces: tuple[Piece, ...]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "pieces", pieces_checked(self.pieces))
+        object.__setattr__(self, "pieces", open_ended(pieces_checked(self.pieces)))
 
     @classmethod
     def parse(cls, text: str) -> Schedule:
@@ -91,7 +91,7 @@ def parse_schedule(text: str) -> tuple[Piece, ...]:
         except ValueError as exc:
             raise ValueError(f"mix schedule piece {part!r}: {exc} (expected W1,W2,...@SAMPLES, or "
                              "FROM~TO@SAMPLES/PIECES for a ramp; the last piece without @SAMPLES)") from None
-    return pieces_checked(pieces)
+    return open_ended(pieces_checked(pieces))
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -107,6 +107,18 @@ def pieces_checked(pieces: Sequence[Piece]) -> tuple[Piece, ...]:
         raise ValueError(f"every schedule piece needs one weight per source, got {[len(p.weights) for p in pieces]}")
     if any(p.samples is None for p in pieces[:-1]):
         raise ValueError("only the last schedule piece may last to the end (give the others a sample count)")
+    return pieces
+
+
+def open_ended(pieces: tuple[Piece, ...]) -> tuple[Piece, ...]:
+    """`pieces`; ValueError, naming it, when the last piece has a length. A run past it would end
+    there, early and silently, so a schedule given by a user must end open-ended. (A state saved
+    before this check may hold such a piece: replaying it, scheduled() still takes it.)"""
+    last = pieces[-1]
+    if last.samples is not None:
+        raise ValueError(f"the last schedule piece ({','.join(f'{w:g}' for w in last.weights)}@{last.samples}) "
+                         "has a length, but the last piece lasts to the end of the run: drop its @SAMPLES, or "
+                         "add a last piece without one (after a ramp: its end weights, to hold them)")
     return pieces
 
 

@@ -81,6 +81,9 @@ def locate_step(passes: tuple[HistoryPass, ...], step: int, *, last_step: int) -
     """The place of optimizer step `step` (1-based); `last_step` is the run's step after the
     history's last run (the checkpoint's step). ValueError when the history does not reach it."""
     first = last_step - history_steps(passes) + 1
+    if step < 1:
+        raise ValueError(f"step {step} is not an optimizer step: they count from 1 (the first); ask for "
+                         f"one of {max(first, 1)}..{last_step}")
     if not first <= step <= last_step:
         raise ValueError(f"step {step} is outside the steps this state's history covers ({first}..{last_step}); "
                          + ("ask a later checkpoint for later steps" if step > last_step else

@@ -11,17 +11,34 @@ Every object's tag is its generation, which GCS changes with every write of that
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 from urllib.parse import quote
+
+from dataio.errors import StorageError
 
 _CHANGED = (412, 409)  # precondition failed; a conflicting concurrent request
 
 
 def open_fs(url: str, kwargs: dict[str, Any]) -> tuple[Any, str]:
-    """(gcsfs's core filesystem for `kwargs`, the path of `url` on it, "bucket/key")."""
+    """(gcsfs's core filesystem for `kwargs`, the path of `url` on it, "bucket/key"); StorageError naming a
+    credentials file (the token) that is missing or that Google's libraries cannot use."""
     from gcsfs.core import GCSFileSystem
 
-    return GCSFileSystem(**kwargs), GCSFileSystem._strip_protocol(url)
+    token = kwargs.get("token")
+    is_file = isinstance(token, str) and (os.path.exists(token) or token.endswith(".json"))
+    if is_file and not os.path.isfile(token):  # gcsfs would take the path for a raw access token
+        raise StorageError(f"{token}: no such Google credentials file (the GCS token); give the path of a "
+                           "service-account key or an authorized-user JSON file")
+    try:
+        return GCSFileSystem(**kwargs), GCSFileSystem._strip_protocol(url)
+    except Exception as exc:  # noqa: BLE001 - google-auth raises KeyError, ValueError, ... on a malformed file
+        if not is_file:
+            raise
+        why = f"no {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise StorageError(f"{token}: not a usable Google credentials file ({why}); give a service-account key "
+                           "(JSON with \"type\": \"service_account\", from the Cloud console) or an authorized-user "
+                           "file (`gcloud auth application-default login`)") from None
 
 
 def _status(exc: BaseException) -> int | None:

@@ -167,28 +167,29 @@ def assemble(
 ) -> dict[str, Any]:
     """One batch dict per the contract in dataio/batch.py (or the user's collate output)."""
     job = opened.job
+    decode = None if opened.ship_raw else job.decode  # a raw ticket (decode="auto"): bytes out, as decode=None
     skipped: list[str] = []
     images = None
     start = time.perf_counter()
     kinds = field_kinds(job.manifest)
     label = label_field(job.manifest)
     bad: set[int] = set()
-    if job.decode != "cpu" and job.transform is not None:  # the hook sees the raw sample (bytes)
+    if decode != "cpu" and job.transform is not None:  # the hook sees the raw sample (bytes)
         samples = [job.transform(as_bytes(s)) for s in samples]
     if job.collate is None:
         samples = parse_fields(opened, samples, kinds, bad)
-        if bad and job.decode != "cpu":
+        if bad and decode != "cpu":
             samples, mask, skipped = substitute(opened, samples, [None if i in bad else True for i in range(len(samples))], mask)
-    if job.decode == "cpu":
+    if decode == "cpu":
         samples, mask, skipped, images = decode_images(opened, samples, mask, epoch=epoch, bad=bad)
-    decode_s = time.perf_counter() - start if job.decode == "cpu" else 0.0
+    decode_s = time.perf_counter() - start if decode == "cpu" else 0.0
     if job.collate is not None:
         if images is not None:  # the hook sees each sample's decoded (3, H, W) image
             samples = [{**s, "image": images[i]} for i, s in enumerate(samples)]
         batch = job.collate([as_bytes(s) for s in samples])
     else:
         expected = () if job.mixes else batch_fields(job.manifest, job.fields, job.image_fields,
-                                                      decoded=job.decode is not None)
+                                                      decoded=decode is not None)
         batch = default_collate(samples, images=images, image_fields=job.image_fields,
                                 kinds=kinds, label=label, expected=expected)
     if isinstance(batch, dict):
@@ -197,7 +198,7 @@ def assemble(
         source, source_shard, position = job.mixture.sources_of(ids)
         if job.mixes:
             batch.setdefault("source", torch.from_numpy(source))
-        if job.decode == "dali":  # DALI seeds each sample's crop like the CPU path: (seed, epoch, id)
+        if decode == "dali":  # DALI seeds each sample's crop like the CPU path: (seed, epoch, id)
             batch["__id__"] = torch.tensor(ids, dtype=torch.int64)
             batch["epoch"] = epoch
         if job.collate is None:

@@ -40,6 +40,8 @@ class Ticket:
     # Only open the slot's stream from plan_state and read its first window (a bet the next
     # iteration starts there, as when the loader is built); returns None.
     warm: bool = False
+    # decode="auto" (loader/hybrid.py): ship this batch undecoded; the main process decodes it on the GPU.
+    raw: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,7 +64,7 @@ class WorkerJob:
     topology: Topology
     verify_index: bool
     verify_checksums: bool
-    decode: str | None  # "cpu", "dali" or None (dali decodes in the main process)
+    decode: str | None  # "cpu", "dali" or None (dali and gpu decode in the main process)
     decode_config: DecodeConfig | None
     image_fields: tuple[str, ...]  # a sample's image: the first of these it has (IMAGE_FIELD_ORDER)
     transform: Callable[..., Any] | None
@@ -120,6 +122,7 @@ class OpenJob:
         self.decode_threads = decode_threads  # threads decoding one batch (loader/first_batch.py: the main process's)
         self._reader: MixedReader | None = None
         self._decoder: CpuDecoder | None = None
+        self.ship_raw = False  # the batch being made goes out undecoded (Ticket.raw)
 
     @property
     def reader(self) -> MixedReader:

@@ -92,6 +92,7 @@ class BatchDataset(torch.utils.data.Dataset):
             self._streams[worker_id] = stream
         if ticket.batch_index < ticket.head:
             return None  # type: ignore[return-value]  # the main process made it; the stream skips it
+        self.opened.ship_raw = ticket.raw  # decode="auto": this batch goes to the GPU undecoded
         if self.job.reuse_buffers:
             if self._slabs is None:
                 self._slabs = SlabRing(shared=torch.utils.data.get_worker_info() is not None)

@@ -170,6 +170,7 @@ class TextSource(Source):
     files: tuple[str, ...]
     scan: TextScan
     counts: dict[str, int] = field(default_factory=dict)  # documents, duplicate, empty, bad_utf8
+    bad_utf8_at: list[str] = field(default_factory=list)  # where each document with bad UTF-8 is (file, line)
 
     def where(self, loc: tuple[int, int, int, int]) -> str:
         """A document's provenance: its file relative to SRC, and its line or row."""
@@ -219,6 +220,8 @@ class TextSource(Source):
             except (ShardifyError, OSError) as exc:
                 yield ref, SampleLoadError(redact(str(exc)), where=self.store.url_of(self.files[ref.loc[0]]))
                 continue
+            if text.isspace():  # a whitespace-only document (--keep-empty) is kept as just its EOS
+                text = ""
             yield ref, RawSample(ref.key, None, None, None, {"text": text}, self.store.url_of(self.files[ref.loc[0]]),
                                  origin=where)
 
@@ -232,6 +235,10 @@ def _file_docs(store: Store, rel: str, scan: TextScan) -> Iterator[tuple[tuple[i
         return
     data = _read_file(store, rel)
     if kind == "plain":
+        nul = data.find(b"\0")
+        if nul >= 0:  # no text file holds NUL: a binary file named .txt / .md
+            raise SourceError(f"{url}: holds NUL bytes (the first at byte {nul}): a binary file, not text; move it "
+                              "out of the source folder, or give the text files one by one")
         yield (0, 0, len(data)), *_decode(data, scan, url)
         return
     for number, start, end in _lines(data):
@@ -265,9 +272,12 @@ def open_text(src: str, *, scan: TextScan, storage: Any = None) -> TextSource:
     sizes: list[int] = []
     seen: set[int] = set()
     counts = {"documents": 0, "duplicate": 0, "empty": 0, "bad_utf8": 0}
+    bad_at: list[str] = []
     for index, rel in enumerate(files):
         for (number, start, end), text, bad in _file_docs(store, rel, scan):
             counts["bad_utf8"] += bad
+            if bad:
+                bad_at.append(rel + _at(rel, number))
             if not scan.keep_empty and not text.strip():
                 counts["empty"] += 1
                 continue
@@ -287,7 +297,7 @@ def open_text(src: str, *, scan: TextScan, storage: Any = None) -> TextSource:
     width = key_width(len(locs))
     refs = [Ref(f"{i:0{width}d}", None, loc, size, 0) for i, (loc, size) in enumerate(zip(locs, sizes))]
     return TextSource(description=shown, refs=refs, label_names=None, image_exts=(), has_labels=False,
-                      store=store, files=tuple(files), scan=scan, counts=counts)
+                      store=store, files=tuple(files), scan=scan, counts=counts, bad_utf8_at=bad_at)
 
 
 def sample_texts(source: TextSource, num: int = 256) -> list[str]:

@@ -24,6 +24,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, replace
 from dataio.errors import ShardifyError
+from dataio.format.schema import damage, typed
 from dataio.format.versions import LEASE_NAME
 from dataio.storage.store import Store
 
@@ -54,16 +55,28 @@ class LeaseInfo:
     @classmethod
     def parse(cls, data: bytes) -> LeaseInfo | None:
         """The lease in `data`; None if it is not one (damaged: treated as expired)."""
+        return cls.read(data)[0]
+
+    @classmethod
+    def read(cls, data: bytes) -> tuple[LeaseInfo | None, str]:
+        """(the lease in `data`, "") or (None, what is damaged: a field of the wrong type counts too)."""
         try:
             doc = json.loads(data)
-            return cls(**{k: doc[k] for k in ("host", "pid", "command", "token", "started_s", "heartbeat_s",
-                                              "beat")})
-        except (ValueError, TypeError, KeyError):
-            return None
+        except ValueError:
+            return None, "it is not JSON"
+        why = damage(doc, _FIELDS)
+        if why is not None:
+            return None, why
+        return cls(**{k: doc[k] for k in _FIELDS}), ""
 
     def describe(self, now_s: float) -> str:
         return (f"`shardify {self.command}` on host {self.host}, process {self.pid}, started "
                 f"{_ago(now_s - self.started_s)}, last heartbeat {_ago(now_s - self.heartbeat_s)}")
+
+
+_FIELDS = {"host": typed(str), "pid": typed(int, ok=lambda v: v >= 1, says=">= 1"), "command": typed(str),
+           "token": typed(str), "started_s": typed(float), "heartbeat_s": typed(float),
+           "beat": typed(int, ok=lambda v: v >= 0, says=">= 0")}
 
 
 def _ago(seconds: float) -> str:
@@ -151,7 +164,7 @@ class Lease:
             if got is None:
                 continue
             data, tag = got
-            other = LeaseInfo.parse(data)
+            other, damaged = LeaseInfo.read(data)
             if other is not None and other.token == self.info.token:  # our create was applied, its answer lost
                 self.tag = tag
                 return
@@ -162,7 +175,7 @@ class Lease:
             self.tag = self._replace(body, tag)
             if self.tag is not None:
                 self.took_over = (f"took over the expired lease of {other.describe(now)}: {why}" if other
-                                  else f"took over a damaged lease ({why})")
+                                  else f"took over a damaged lease, {self.store.url_of(LEASE_NAME)} ({damaged})")
                 return
         raise LeaseError(f"{self.store.url}: could not take the destination's lease: other commands keep taking "
                          "and releasing it; rerun when they are done")

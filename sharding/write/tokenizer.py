@@ -34,6 +34,13 @@ def file_hash(path: str) -> str:
         return "xxh3_64:" + xxhash.xxh3_64_hexdigest(f.read())
 
 
+# A document longer than LONG_DOCUMENT_CHARS is encoded in pieces of about PIECE_CHARS, PIECES_PER_CALL
+# at a time: tokenizers hold ~200 bytes per character while encoding (a 50 MB document took 11 GB whole).
+LONG_DOCUMENT_CHARS = 1 << 20
+PIECE_CHARS = 1 << 18
+PIECES_PER_CALL = 4
+
+
 @dataclass(frozen=True, slots=True)
 class Tokenizer:
     """A loaded tokenizer: batch encoding to ids (no EOS added), decoding, and its manifest record."""
@@ -41,12 +48,33 @@ class Tokenizer:
     impl: Any
     info: TokenizerInfo
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Each text's ids (uint32). A text over LONG_DOCUMENT_CHARS is encoded in pieces cut by `cut_points`,
+        in bounded memory; for byte-level BPE (GPT-2 / cl100k split patterns) the ids are the whole text's."""
+        out: list[np.ndarray | None] = [None] * len(texts)
+        short = [i for i, t in enumerate(texts) if len(t) <= LONG_DOCUMENT_CHARS]
+        for i, ids in zip(short, self._encode([texts[i] for i in short])):
+            out[i] = np.asarray(ids, dtype=np.uint32)
+        for i, text in enumerate(texts):
+            if out[i] is None:
+                out[i] = self._encode_long(text)
+        return out  # type: ignore[return-value]
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
         if self.info.kind == "hf":
             # encode_batch_fast (tokenizers >= 0.21) skips the offsets we do not keep: about 2x faster here
             encode = getattr(self.impl, "encode_batch_fast", self.impl.encode_batch)
-            return [e.ids for e in encode(list(texts), add_special_tokens=False)]
-        return self.impl.encode_ordinary_batch(list(texts))
+            return [e.ids for e in encode(texts, add_special_tokens=False)]
+        return self.impl.encode_ordinary_batch(texts)
+
+    def _encode_long(self, text: str) -> np.ndarray:
+        cuts = [0, *cut_points(text, PIECE_CHARS), len(text)]
+        spans = list(zip(cuts[:-1], cuts[1:]))
+        parts = []
+        for k in range(0, len(spans), PIECES_PER_CALL):
+            encoded = self._encode([text[a:b] for a, b in spans[k:k + PIECES_PER_CALL]])
+            parts += [np.asarray(ids, dtype=np.uint32) for ids in encoded]
+        return np.concatenate(parts)
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = [int(i) for i in ids]
@@ -95,7 +123,9 @@ def _load_hf(path: str, eos_token: str | None) -> Tokenizer:
                           "`tokenizers` tokenizer, or a .tiktoken file") from None
     special = {t.content: i for i, t in impl.get_added_tokens_decoder().items() if t.special}
     eos = _resolve_eos(path, eos_token, special, impl.token_to_id)
-    info = TokenizerInfo(name=os.path.basename(path), kind="hf", vocab_size=impl.get_vocab_size(with_added_tokens=True),
+    vocab_size = impl.get_vocab_size(with_added_tokens=True)
+    _check_ids(path, vocab_size, impl.get_vocab(with_added_tokens=True))
+    info = TokenizerInfo(name=os.path.basename(path), kind="hf", vocab_size=vocab_size,
                          eos_id=eos, special_ids=special, file_hash=file_hash(path))
     _check_fits(info, path)
     return Tokenizer(impl, info)
@@ -138,6 +168,17 @@ def _resolve_eos(path: str, eos_token: str | None, special: dict[str, int], toke
                       f"are {sorted(special)}); name one with --eos-token")
 
 
+def _check_ids(path: str, vocab_size: int, vocab: dict[str, int]) -> None:
+    """SourceError naming the file and the ids when an id is not below the vocabulary size: shards size
+    their dtype, and models their embedding, by that size."""
+    past = sorted((i, t) for t, i in vocab.items() if not 0 <= i < vocab_size)
+    if past:
+        shown = ", ".join(f"{t!r}={i}" for i, t in past[:5]) + (f" and {len(past) - 5} more" if len(past) > 5 else "")
+        raise SourceError(f"{path}: {len(past)} token id(s) lie outside its vocabulary of {vocab_size} ids "
+                          f"(0..{vocab_size - 1}): {shown}; number the tokenizer's vocabulary 0..N-1 (or retrain it "
+                          "with `shardify tokenizer train`)")
+
+
 def _check_fits(info: TokenizerInfo, path: str) -> None:
     try:
         dtype_for(info.vocab_size, where=path)
@@ -153,6 +194,10 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_path: str, *, eos_token
 
     if vocab_size < 257:
         raise ValueError(f"vocab size {vocab_size}: a byte-level BPE needs at least 257 ids (256 bytes and EOS)")
+    folder = os.path.dirname(out_path) or "."
+    if not os.path.isdir(folder):  # before training, not after (the library's error names no path)
+        raise SourceError(f"-o {out_path}: the folder {folder} does not exist; create it first (mkdir -p {folder}), "
+                          "or write the tokenizer elsewhere")
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -160,24 +205,48 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_path: str, *, eos_token
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer=trainer)
     tmp = f"{out_path}.tmp-{os.getpid()}"
-    tok.save(tmp)
-    os.replace(tmp, out_path)
+    try:
+        tok.save(tmp)
+        os.replace(tmp, out_path)
+    except Exception as exc:  # noqa: BLE001 - the Rust side raises plain Exception ("os error 13")
+        raise SourceError(f"-o {out_path}: cannot write the tokenizer there ({exc})") from None
     return load_tokenizer(out_path, eos_token=eos_token).info
 
 
+def cut_points(text: str, size: int) -> list[int]:
+    """Where to cut `text` into pieces of at most `size` characters: before a space that follows a non-space.
+    No pre-token of a byte-level BPE (GPT-2's or cl100k's split pattern) holds a non-space and then a space,
+    so each piece pre-tokenizes, and encodes, as that stretch of the whole text does. A stretch of `size`
+    with no such space (one long word, or only whitespace) is cut at `size`: there alone the ids may
+    differ from the whole text's (a pre-token split in two)."""
+    cuts, start = [], 0
+    while len(text) - start > size:
+        end = start + size
+        p = text.rfind(" ", start + 1, end)
+        while p > start and text[p - 1].isspace():
+            p = text.rfind(" ", start + 1, p)
+        start = p if p > start else end
+        cuts.append(start)
+    return cuts
+
+
 def bytes_per_token(tokenizer: Tokenizer, texts: Sequence[str]) -> float:
-    """UTF-8 bytes per token over `texts` (EOS counted), to cut shards near --tokens-per-shard."""
+    """UTF-8 bytes per token over `texts` (EOS counted), to cut shards near --tokens-per-shard; of a long
+    document, its first PIECE_CHARS only (they say enough, in bounded memory)."""
     if not texts:
         return 4.0
+    texts = [t[:PIECE_CHARS] for t in texts]
     num_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
-    num_tokens = sum(len(tokenizer.impl.encode(t).ids) if tokenizer.info.kind == "hf"
-                     else len(tokenizer.impl.encode_ordinary(t)) for t in texts) + len(texts)
+    num_tokens = sum(len(ids) for ids in tokenizer.encode_batch(texts)) + len(texts)
     return max(num_bytes / num_tokens, 0.25)
 
 
-def as_token_array(ids: Sequence[int], eos_id: int, dtype: str) -> np.ndarray:
+def as_token_array(ids: Sequence[int] | np.ndarray, eos_id: int, dtype: str) -> np.ndarray:
     """One document's ids and its EOS as a little-endian array of the dataset's dtype."""
     out = np.empty(len(ids) + 1, dtype="<u2" if dtype == "uint16" else "<u4")
+    ids = np.asarray(ids)
+    if len(ids) and int(ids.max()) > np.iinfo(out.dtype).max:  # (load_tokenizer's _check_ids refuses this first)
+        raise ValueError(f"token id {int(ids.max())} does not fit the dataset's {dtype}")
     out[:-1] = ids
     out[-1] = eos_id
     return out

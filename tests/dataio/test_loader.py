@@ -244,7 +244,7 @@ def test_damaged_index_fails_with_its_url(tmp_path) -> None:
 @pytest.mark.parametrize("options,error", [
     (dict(batch_size=0), ValueError),
     (dict(batch_size=2, tail="wrap"), ValueError),
-    (dict(batch_size=2, decode="gpu"), ValueError),
+    (dict(batch_size=2, decode="tpu"), ValueError),
     (dict(batch_size=2, on_corrupt="ignore"), ValueError),
     (dict(batch_size=2, cache_dir="/tmp/x"), ValueError),
     (dict(batch_size=2, fields="jpg"), TypeError),

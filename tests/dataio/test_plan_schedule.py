@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dataio.errors import StateError
 from dataio.plan.mix import MixSource, MixState, MixWindow, mix_num_steps, plan_mix_worker
-from dataio.plan.schedule import Piece, linear_ramp, parse_schedule, scheduled
+from dataio.plan.schedule import Piece, Schedule, linear_ramp, parse_schedule, scheduled
 from dataio.plan.types import PlanConfig, PlanState, WorkerSlot
 
 B = 2
@@ -127,3 +127,13 @@ def test_schedule_text_and_ramps():
     assert linear_ramp((1, 0), (0, 1), samples=10, num_pieces=3)[1].weights == (0.5, 0.5)
     with pytest.raises(ValueError, match="only the last schedule piece"):
         parse_schedule("0.5,0.5; 0.2,0.8@10")
+
+
+@pytest.mark.parametrize("text", ["0.5,0.5@16", "0.7,0.3@100; 0.5,0.5@16", "1,0~0,1@100/4"])
+def test_a_last_piece_with_a_length_is_refused_naming_it(text):
+    # It used to be taken, and the run ended silently where the piece ended (issue 32, failure 2).
+    with pytest.raises(ValueError, match=r"the last schedule piece \(.*@\d+\) has a length"):
+        parse_schedule(text)
+    with pytest.raises(ValueError, match="has a length"):
+        Schedule((Piece((0.5, 0.5), 10), Piece((0.2, 0.8), 16)))
+    assert Schedule.parse("0.5,0.5@16; 0.5,0.5").pieces[-1].samples is None

@@ -58,3 +58,24 @@ def test_inspect_does_not_advise_the_option_the_write_used(image_folder: Path, t
     console.print(skipped_table(old, 20, write_options(store, m)))
     shown = console.export_text()
     assert "re-export it" in shown and "--on-error skip" not in shown
+
+
+def test_a_malformed_gcs_credentials_file_is_named_in_one_line(tmp_path: Path, capsys) -> None:
+    # It used to end a 68-line traceback with KeyError: 'refresh_token', naming no file (issue 32, failure 7).
+    bad, missing = tmp_path / "sa.json", tmp_path / "none.json"
+    bad.write_text('{"client_email": "someone@example.iam.gserviceaccount.com"}')
+    for token, said in ((bad, f"{bad}: not a usable Google credentials file (no 'refresh_token')"),
+                        (missing, f"{missing}: no such Google credentials file")):
+        conf = tmp_path / "storage.toml"
+        conf.write_text(f'[gcs]\ntoken = "{token}"\nendpoint_url = "http://127.0.0.1:9"\n')
+        assert run("inspect", "gs://bucket/ds", "--storage-config", conf) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert "[gcs] token of --storage-config" in err and "--access-key" not in err  # not the S3 advice
+
+
+def test_remote_advice_names_the_flags_of_its_cloud() -> None:
+    from sharding.cli import _advice
+
+    assert "--access-key" in _advice("s3") and "--gcs-endpoint-url" in _advice("gs")
+    assert "[azure]" in _advice("az") and "--access-key" not in _advice("abfs") + _advice("gs")

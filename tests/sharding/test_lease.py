@@ -211,3 +211,34 @@ def test_gc_never_deletes_the_lease() -> None:
     plan = plan_gc(old, current_paths=frozenset(), current_parts_dir=None, current_published_s=None,
                    current_version=None, versions={}, now_s=1e9, grace_s=0.0)
     assert plan.delete == ("shards/shard-000000.tar",)
+
+
+_WRONG_TYPES = {"host": 7, "pid": "12345", "command": ["write"], "token": None, "started_s": "0",
+                "heartbeat_s": "1700000000", "beat": 1.5}
+
+
+@pytest.mark.parametrize("field", sorted(_WRONG_TYPES))
+def test_a_lease_field_of_the_wrong_type_is_a_damaged_lease_taken_over(tmp_path: Path, field: str) -> None:
+    # `"pid": "12345"` used to raise TypeError in every write and gc until the file was deleted (issue 32, 4).
+    now = time.time()
+    doc = json.loads(LeaseInfo(host="h", pid=1, command="write", token="theirs", started_s=now,
+                               heartbeat_s=now).to_bytes())
+    (tmp_path / "versions").mkdir()
+    (tmp_path / LEASE_NAME).write_text(json.dumps({**doc, field: _WRONG_TYPES[field]}))
+    with Lease(Store(str(tmp_path)), "write") as lease:
+        assert f"took over a damaged lease, {tmp_path / LEASE_NAME}" in lease.took_over
+        assert f"its {field!r} is {_WRONG_TYPES[field]!r}" in lease.took_over, lease.took_over
+    del doc["beat"]
+    (tmp_path / LEASE_NAME).write_text(json.dumps(doc))
+    assert LeaseInfo.read(json.dumps(doc).encode()) == (None, "it has no 'beat'")
+
+
+def test_write_and_gc_take_over_a_lease_whose_pid_is_a_string(image_folder: Path, tmp_path: Path, capsys) -> None:
+    dest = tmp_path / "ds"
+    for command in (("write", image_folder, dest, "--workers", 1), ("gc", dest)):
+        _plant(dest, pid=1, host="other-host", heartbeat_age_s=0)
+        doc = json.loads((dest / LEASE_NAME).read_text())
+        (dest / LEASE_NAME).write_text(json.dumps({**doc, "pid": "12345"}))
+        assert run(*command) == 0
+        out = capsys.readouterr().out
+        assert "took over a damaged lease" in out and "its 'pid' is '12345' (a string), not an integer" in out, out

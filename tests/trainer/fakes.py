@@ -61,3 +61,26 @@ def delayed_allreduce() -> tuple[None, object]:
         return dist.all_reduce(tensor, async_op=True).get_future()
 
     return None, hook
+
+
+class NanLater(Sleepy):
+    """Sleepy, whose logits turn NaN from its FAKE_NAN_AT-th training forward on rank FAKE_NAN_RANK."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__(num_classes, 0.0)
+        self.calls = 0
+        self.nan_at = int(os.environ.get("FAKE_NAN_AT", "0"))
+        self.mine = os.environ.get("RANK", "0") == os.environ.get("FAKE_NAN_RANK", "0")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.training:
+            self.calls += 1
+            if self.mine and self.nan_at and self.calls >= self.nan_at:
+                out = out * float("nan")
+        return out
+
+
+def nan_later(*, num_classes: int, image_size: int) -> nn.Module:
+    del image_size
+    return NanLater(num_classes)
