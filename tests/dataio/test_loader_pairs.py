@@ -140,8 +140,9 @@ def test_bad_options_are_refused(pairs) -> None:
     url, tok = pairs
     with pytest.raises(ValueError, match="give tokenizer="):
         make_loader(url, batch_size=2, context_length=8, num_workers=0)
-    with pytest.raises(ValueError, match="decode='cpu'"):
-        make_loader(url, batch_size=2, tokenizer=tok, context_length=8, decode=None, num_workers=0)
+    for decode in (None, "gpu", "auto"):  # RAW batches (decoded on the GPU, if at all): no caption stage there
+        with pytest.raises(ValueError, match="use it with decode='cpu' or 'dali'"):
+            make_loader(url, batch_size=2, tokenizer=tok, context_length=8, decode=decode, num_workers=0)
     with pytest.raises(ValueError, match="context_length must be an int >= 2"):
         make_loader(url, batch_size=2, tokenizer=tok, context_length=1, num_workers=0)
     with pytest.raises(ValueError, match="cannot read it"):
