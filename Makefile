@@ -8,7 +8,7 @@ REGION_STAMP := $(VENV)/.region-built
 # Debian's package for libjpeg-turbo's headers (libjpeg-dev elsewhere, e.g. Ubuntu's libjpeg-turbo8-dev)
 APT := (apt-get update -qq && (apt-get install -y -qq libjpeg62-turbo-dev || apt-get install -y -qq libjpeg-dev)) >/dev/null 2>&1
 
-.PHONY: setup region demo demo-text test test-fast lint docs bench faults s3-server clean
+.PHONY: setup region demo demo-text demo-pairs test test-fast lint docs bench faults s3-server clean
 
 setup: $(STAMP) region
 
@@ -41,6 +41,9 @@ demo: $(STAMP) region
 
 demo-text: $(STAMP) region
 	$(PY) -m tools.demo --text
+
+demo-pairs: $(STAMP) region
+	$(PY) -m tools.demo_pairs
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports

@@ -12,6 +12,7 @@ import os
 import sys
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
+from functools import partial
 
 from dataio.decode.images import DEFAULT_MAX_PIXELS
 from dataio.errors import ShardifyError
@@ -60,6 +61,10 @@ def _sample_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-column", help="table column with image paths or bytes (default: guessed)")
     p.add_argument("--label-column", help="table column with labels (default: label/cls/class/target if present)")
     p.add_argument("--key-column", help="table column with unique sample keys (default: row number)")
+    p.add_argument("--captions", nargs="?", const="", metavar="FIELD",
+                   help="write image-text pairs: a folder of x.jpg + x.txt (+ x.json), tars with txt members "
+                        "(img2dataset's), or a table with a caption column (FIELD, else caption/text/txt); "
+                        "missing, empty or non-UTF-8 captions are refused naming the sample (or --on-error skip)")
     p.add_argument("--label-names", type=label_names, metavar="A,B,C|@FILE",
                    help="class names in label order (label i is the i-th name): fixes the order of named labels "
                         "in a table or of class folders (default: sorted), or names the integer labels of tars")
@@ -118,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "other tools, and print nothing else")
     i.add_argument("--show", type=positive_int, default=0, metavar="N",
                    help="token datasets: print the first N documents (as text with --tokenizer, else as ids)")
-    i.add_argument("--tokenizer", metavar="FILE", help="token datasets: the dataset's tokenizer, to decode --show")
+    i.add_argument("--tokenizer", metavar="FILE", help="token datasets: the dataset's tokenizer, to decode --show; "
+                   "image-text pairs: caption lengths in its tokens (else in characters)")
     _storage_flags(i)
 
     x = sub.add_parser("index", help="make existing Parquet files (e.g. a Hugging Face export) a dataset: "
@@ -188,6 +194,7 @@ def _write(args: argparse.Namespace) -> int:
     from sharding.overlap import check_overlap
     from sharding.sources.base import IMAGE_EXT_SET
     from sharding.sources.by_path import open_source
+    from sharding.sources.pairs import open_pairs
     from sharding.write.writer import WriteConfig, write_with_progress
 
     options = _options(args)
@@ -208,7 +215,8 @@ def _write(args: argparse.Namespace) -> int:
     _check_reachable(dest)
     if args.tokenizer:  # text into token shards (sharding/text_cli.py)
         return write_text(args, config, dest, options, resume=resume, append=append)
-    source = open_source(args.src, storage=options, image_column=args.image_column,
+    opener = partial(open_pairs, caption=args.captions) if args.captions is not None else open_source
+    source = opener(args.src, storage=options, image_column=args.image_column,
                          label_column=args.label_column, key_column=args.key_column, key=args.key,
                          label_names=args.label_names, follow_symlinks=args.follow_symlinks,
                          log=None if args.quiet else (lambda line: print(line, file=sys.stderr)))
@@ -222,6 +230,8 @@ def _write(args: argparse.Namespace) -> int:
              if report.removed else ""))
     if report.lease_note:
         print(f"note: {report.lease_note}")
+    for note in getattr(source, "notes", ()):  # image-text pairs: img2dataset's failed downloads
+        print(f"note: {note}")
     ignored = getattr(source, "ignored", None)
     if ignored:  # an image format we do not take (.heic, .avif, ...) must not vanish unsaid
         print(f"note: left out {sum(ignored.values())} file(s) that are not images by their extension: "
@@ -278,6 +288,10 @@ def _inspect(args: argparse.Namespace) -> int:
         print_token_inspect(store, manifest, console, max_rows=args.max_rows, show=args.show, tokenizer=args.tokenizer)
         return 0
     unreadable = print_inspect(store, manifest, console, max_rows=args.max_rows, labels=not args.no_labels)
+    if manifest.captions is not None:  # image-text pairs: caption lengths (sharding/inspect_captions.py)
+        from sharding.inspect_captions import print_caption_stats
+
+        print_caption_stats(store, manifest, console, tokenizer=args.tokenizer)
     return 1 if unreadable else 0
 
 

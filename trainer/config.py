@@ -135,6 +135,7 @@ class TrainConfig:
     n_head: int = 4
     doc_masking: bool = True
     peak_flops: float = 0.0  # 0: the GPU table (H100/H200/A100/L4), none on CPU
+    context_length: int = 32  # --model clip: caption tokens per pair (trainer/clip.py); --tokenizer tokenizes them
 
     def __post_init__(self) -> None:
         positive = ("epochs", "batch_size", "grad_accum", "image_size", "log_every", "keep_checkpoints",
@@ -231,7 +232,10 @@ _HELP = {
     "data": "train dataset URL (local path, s3://..., or synthetic:?samples=N&classes=C&delay_s=S); repeat "
             "as --data URL=WEIGHT to train on a weighted mixture (the last '=' splits; no weight: 1)",
     "val_data": "held-out dataset URL (its own manifest); every sample seen once per validation; empty: none",
-    "model": "registry name (resnet, mlp, gpt: a decoder-only transformer on a token dataset) or a factory "
+    "context_length": "--model clip: tokens per caption (cut keeping the end token, padded); the captions are "
+                      "tokenized in the loader's workers with --tokenizer",
+    "model": "registry name (resnet, mlp, gpt: a decoder-only transformer on a token dataset, clip: image-text "
+             "pairs, zero-shot validated on a labelled --val-data) or a factory "
              "package.module:function(num_classes=, image_size=)",
     "num_classes": "classes of the classifier; 0: from the manifest's label names",
     "epochs": "passes over the training set",

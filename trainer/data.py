@@ -39,6 +39,11 @@ def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: in
     from dataio.plan.schedule import Schedule
 
     epoch_samples = (cfg.epoch_samples or None) if train and len(sources) > 1 else None  # a mixture's epoch
+    if cfg.model == "clip" and train:  # image-text pairs, captions tokenized in the workers (trainer/clip.py)
+        return make_loader(sources[0].url, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed,
+                           rank=rank, world_size=world_size, image_size=cfg.image_size, train=cfg.augment,
+                           storage=storage_options(cfg), pin_memory=pin_memory, tokenizer=cfg.tokenizer or None,
+                           context_length=cfg.context_length)
     if cfg.model == "gpt":  # token batches of packed sequences (trainer/gpt.py); tokens are mixed by token share
         schedule = Schedule.parse(cfg.mix_schedule) if cfg.mix_schedule and train else None  # pieces in sequences
         return make_loader(sources[0].url if len(sources) == 1 else [Source(s.url, weight=s.weight) for s in sources],

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from trainer.clip import CLIP
 from trainer.gpt import gpt
 
 
@@ -79,7 +80,16 @@ def mlp(*, num_classes: int, image_size: int, in_features: int = 0) -> nn.Module
     return MLP(num_classes, in_features=in_features or 3 * image_size * image_size)
 
 
-REGISTRY: dict[str, Callable[..., nn.Module]] = {"resnet": resnet, "mlp": mlp, "gpt": gpt}
+def clip(*, num_classes: int, image_size: int, in_features: int = 0, context_length: int = 32,
+         embed_dim: int = 64) -> nn.Module:
+    """A small CLIP (trainer/clip.py) with the compact ResNet as image tower; num_classes: the vocabulary."""
+    if in_features:
+        raise ValueError("model 'clip' takes image-text pairs, not --features rows")
+    visual = SmallResNet(embed_dim, stem_stride=2 if image_size >= 32 else 1)
+    return CLIP(visual=visual, vocab_size=num_classes, context_length=context_length, embed_dim=embed_dim)
+
+
+REGISTRY: dict[str, Callable[..., nn.Module]] = {"resnet": resnet, "mlp": mlp, "gpt": gpt, "clip": clip}
 
 
 def resolve_factory(name: str) -> Callable[..., nn.Module]:

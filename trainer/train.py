@@ -18,7 +18,7 @@ from dataio.loader.protocol import TrainLoader
 from dataio.loader.which import samples_of_step, sidecar_doc
 from dataio.storage.store import RetryPolicy, Store
 from trainer import checkpoint as ckpt_io
-from trainer import comm_hooks, data, gpt, nonfinite, runtime
+from trainer import clip, comm_hooks, data, gpt, nonfinite, runtime
 from trainer.config import TrainConfig, config_dict
 from trainer.models import build_model
 from trainer.recorder import Recorder
@@ -90,10 +90,12 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
             + "--batch-size or --grad-accum, or fewer ranks"
         )
     tokens = cfg.model == "gpt"  # token batches: the vocabulary is the model's output (trainer/gpt.py)
-    num_classes = gpt.vocab_size_of(loader) if tokens else data.num_classes_of(cfg, loader)
+    pairs = cfg.model == "clip"  # image-text pairs: the captions' vocabulary is the text tower's (trainer/clip.py)
+    num_classes = gpt.vocab_size_of(loader) if tokens else clip.vocab_size_of(cfg) if pairs else \
+        data.num_classes_of(cfg, loader)
+    sizes = gpt.model_sizes(cfg) if tokens else {"context_length": cfg.context_length} if pairs else None
     model = build_model(cfg.model, num_classes=num_classes, image_size=cfg.image_size,
-                        in_features=len(cfg.feature_names), sizes=gpt.model_sizes(cfg) if tokens else None
-                        ).to(rt.device)
+                        in_features=len(cfg.feature_names), sizes=sizes).to(rt.device)
     ckpt_io.seed_all(cfg.seed + 7919 * (rt.rank + 1))  # same weights, but each rank its own random stream
     timer = StepTimer(rt.device, keep_slices=cfg.trace_steps)
     optimizer = make_optimizer(cfg, model)
@@ -320,6 +322,11 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
                                f"(step {run.step + 1}); this is a loader bug, not a data problem")
         read_s += float(batch.get("read_s", 0.0))
         decode_s += float(batch.get("decode_s", 0.0))
+        if cfg.model == "clip":  # --- image-text pairs: contrastive loss over every rank's pairs (trainer/clip.py) ---
+            loss_share, num_pairs = clip.micro_step(run, batch, micro == cfg.grad_accum - 1)
+            loss_total, samples = loss_total + loss_share, samples + num_pairs
+            keys.extend(k for k, m in zip(batch["__key__"], batch["mask"].tolist(), strict=True) if m)
+            continue
         if "input_ids" in batch:  # --- token batches: next-token loss (trainer/gpt.py) ---
             loss_share, num_sequences = gpt.micro_step(run, batch, micro == cfg.grad_accum - 1)
             loss_total, samples = loss_total + loss_share, samples + num_sequences
@@ -397,7 +404,9 @@ def train(run: Run) -> None:
         # Leftover micro-batches (fewer than --grad-accum) are part of the documented dropped tail.
         save(run, epoch_done=done == steps)
         if run.val_loader is not None:
-            if cfg.model == "gpt":
+            if cfg.model == "clip":  # zero-shot: the validation set's class names as caption prompts
+                run.val = clip.zero_shot(run.model, run.val_loader, run.rt, tokenizer=cfg.tokenizer, epoch=run.epoch)
+            elif cfg.model == "gpt":
                 run.val = gpt.evaluate(run.model, run.val_loader, run.rt, epoch=run.epoch, doc_masking=cfg.doc_masking)
             else:
                 run.val = evaluate(run.model, run.val_loader, run.rt, epoch=run.epoch,

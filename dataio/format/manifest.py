@@ -20,6 +20,7 @@ import xxhash
 
 from dataio.errors import ManifestError, StorageError
 from dataio.format.bounds import implausible_shard, max_samples_in
+from dataio.format.captions import CaptionsInfo
 
 # checksum_bytes and Checksummer are the manifest's checksum (defined beside the others), imported from here too.
 from dataio.format.checksums import Checksummer, checksum_bytes, checksum_column  # noqa: F401
@@ -52,6 +53,7 @@ FIELD_TYPES = ("image", "int", "float", "str", "json", "bytes", "npy")
 _TOP_KEYS = {
     "shardify_manifest", "format", "fields", "num_samples", "num_bytes", "checksum_algorithm",
     "tool_version", "created_utc", "source", "label_names", "skipped", "shards", "tokens",
+    "captions",  # image-text pairs (format/captions.py); absent otherwise
 }
 _ROOT_KEYS = (_TOP_KEYS - {"shards"}) | {"num_shards", "fingerprint", "parts"}
 _SHARD_COLUMNS_TAR = ("path", "num_samples", "num_bytes", "checksum", "index_path", "index_bytes", "index_checksum")
@@ -115,6 +117,7 @@ class Manifest:
     skipped: tuple[dict[str, str], ...] = ()
     shard_num_tokens: tuple[int, ...] = ()  # tokens: per shard, its tokens (EOS included)
     tokens: TokensInfo | None = None  # tokens: format version, dtype, checksum blocks, tokenizer
+    captions: CaptionsInfo | None = None  # image-text pairs: which field is the caption (format/captions.py)
     _fingerprint: list[str] = field(default_factory=list, repr=False, compare=False)
     # Set when loaded from a parted root: its fingerprint and totals, and the parts' loader.
     parted: PartedTable | None = field(default=None, repr=False, compare=False)
@@ -222,6 +225,7 @@ class Manifest:
             "source": self.source,
             "label_names": None if self.label_names is None else list(self.label_names),
             "skipped": [dict(s) for s in self.skipped],
+            **({"captions": self.captions.to_json()} if self.captions is not None else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -306,6 +310,7 @@ class Manifest:
                 skipped=tuple(dict(s) for s in doc.get("skipped", [])),
                 shard_num_tokens=tuple(int(n) for n in shards.get("num_tokens", ())) if fmt == "tokens" else (),
                 tokens=TokensInfo.from_json(doc["tokens"], where=where) if fmt == "tokens" else None,
+                captions=_captions(doc, where),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise bad(f"malformed: {exc}") from None
@@ -382,10 +387,14 @@ def _from_root(store: Store, doc: dict[str, Any], where: str) -> Manifest:
             tool_version=str(doc.get("tool_version", "")), created_utc=str(doc.get("created_utc", "")),
             source=str(doc.get("source", "")),
             label_names=None if doc.get("label_names") is None else tuple(doc["label_names"]),
-            skipped=skipped, parted=table,  # type: ignore[arg-type]
+            skipped=skipped, parted=table, captions=_captions(doc, where),  # type: ignore[arg-type]
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{where}: malformed: {exc}; rewrite the dataset with `shardify write ... --overwrite`") from None
+
+
+def _captions(doc: dict[str, Any], where: str) -> CaptionsInfo | None:
+    return CaptionsInfo.from_json(doc["captions"], where=where) if doc.get("captions") is not None else None
 
 
 def write_manifest(store: Store, manifest: Manifest, *, parts_threshold: int = PARTS_THRESHOLD) -> None:

@@ -167,12 +167,18 @@ class TokensConfig:
 
     seq_len: int | None = _opt(None, "tokens per sequence: read a token dataset (None: a dataset of samples)")
     packing: str = _opt("concat", "concat (documents run on) or aligned (each sequence starts a document)")
-    tokenizer: str | None = _opt(None, "the dataset's tokenizer file, refused unless its hash matches")
+    tokenizer: str | None = _opt(None, "the dataset's tokenizer file, refused unless its hash matches "
+                                       "(image-text pairs: the captions' tokenizer)")
+    # Image-text pairs (stream/captions.py): each batch's captions tokenized in the workers with
+    # `tokenizer` into input_ids and attention_mask [B, context_length]; None: captions stay text.
+    context_length: int | None = _opt(None, "image-text pairs: tokens per caption (None: captions stay text)")
 
     def __post_init__(self) -> None:
         if self.seq_len is not None:
             check_int("seq_len", self.seq_len, minimum=1)
         check_choice("packing", self.packing, PACKINGS)
+        if self.context_length is not None:
+            check_int("context_length", self.context_length, minimum=2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,6 +248,9 @@ class LoaderConfig:
                              "reads its bytes in worker processes (worker_mode='processes' or 'auto')")
         if self.workers.reuse_buffers and decode in ("dali", "gpu", "auto"):
             raise ValueError(f"reuse_buffers=True is for decode=None or 'cpu'; decode={decode!r} holds batches ahead")
+        if self.tokens.context_length is not None and (self.tokens.seq_len is not None or decode not in ("cpu", "dali")):
+            raise ValueError("context_length tokenizes the captions of image-text pairs beside their decoded "
+                             "images: use it with decode='cpu' or 'dali', without seq_len (token datasets)")
 
     def __getattr__(self, name: str) -> Any:
         """The flat view: `config.decode` is `config.images.decode` (every option by its flat name)."""

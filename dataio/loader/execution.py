@@ -29,6 +29,7 @@ from dataio.decode.cpu import DecodeConfig
 from dataio.loader.config import LoaderConfig, mean_sample_bytes, read_ahead_bytes
 from dataio.loader.opened import OpenedData
 from dataio.plan.types import Topology
+from dataio.stream.captions import caption_stage
 from dataio.stream.job import JobDataset, WorkerJob
 
 READERS = ("caller", "threads", "processes")
@@ -164,7 +165,9 @@ def worker_job(config: LoaderConfig, data: OpenedData, plan: ExecutionPlan, topo
         prefetch_bytes=read_ahead_bytes(config, decoding=decode_at != "none", mean_sample_bytes=mean_sample_bytes(opened.manifests)),
         max_in_flight=config.max_in_flight, cache_dir=config.cache_dir, cache_limit_bytes=config.cache_limit_bytes,
         slice_bytes=config.shuffle_window_bytes, reuse_buffers=config.reuse_buffers,
-        pooled_images=plan.pooled_images, pooled_reads=plan.pooled_reads, stream=plan.stream, tokens=data.tokens)
+        pooled_images=plan.pooled_images, pooled_reads=plan.pooled_reads, stream=plan.stream, tokens=data.tokens,
+        captions=caption_stage(opened.manifests, tokenizer=config.tokenizer, context_length=config.context_length,
+                               seed=config.seed, urls=[s.url for s in opened.stores]))
 
 
 def main_decoder(plan: ExecutionPlan, job: WorkerJob, config: LoaderConfig, *, url_of: Callable[[int], str],

@@ -207,6 +207,8 @@ def assemble(
         batch.setdefault("read_s", read_s)
         batch.setdefault("decode_s", decode_s)
         batch.setdefault("batch_number", batch_number)
+        if job.captions is not None:  # image-text pairs: captions tokenized here, in the worker (captions.py)
+            batch.update(job.captions(samples, epoch=epoch))
         if skipped:
             batch[SKIPPED_KEY] = skipped
     return batch

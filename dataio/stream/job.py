@@ -108,6 +108,7 @@ class WorkerJob:
     pooled_reads: bool = True  # batch-by-batch reads into StoragePool buffers (LoaderConfig.pooled_buffers)
     stream: str = "decoded"  # one of STREAM_KINDS, decided by the execution plan
     tokens: TokenSpec | None = None  # stream "tokens": packing's own settings
+    captions: Any = None  # image-text pairs: the caption stage (stream/captions.py CaptionStage), or None
 
     def __post_init__(self) -> None:
         assert self.stream in STREAM_KINDS and (self.stream == "tokens") == (self.tokens is not None)

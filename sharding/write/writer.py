@@ -129,6 +129,7 @@ def _manifest(results: list[ShardResult], job: WriteJob) -> Manifest:
         tool_version=tool_version(), created_utc=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         source=redact(source.description), label_names=source.label_names,
         skipped=tuple(s for r in sorted(results, key=lambda r: r.index) for s in r.skipped),
+        captions=getattr(source, "captions", None),  # image-text pairs (sharding/sources/pairs.py)
     )
 
 
