@@ -288,6 +288,8 @@ class ShardLoader(PlanPosition):
                 if guard is not None:
                     guard.release()
                 self._sampler.released_below = self._delivered
+            if token != self._token:  # a decoder's thread stopped for a newer iteration ends its batches early
+                raise RuntimeError("this loader started a newer iteration; an old iterator cannot continue")
             self._shard_check.finish()
             self._finished = self._delivered == steps
         finally:
