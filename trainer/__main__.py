@@ -13,7 +13,7 @@ import traceback
 
 from dataio.errors import ShardifyError
 from trainer import runtime
-from trainer.config import parse_config
+from trainer.flags import parse_config
 from trainer.redaction import scrub, secrets_of
 
 _SECRETS: list[str] = []  # the credentials of this run's flags and storage options, redacted in messages
