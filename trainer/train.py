@@ -74,7 +74,7 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
         pin = rt.device.type == "cuda"  # page-locked batches make the host->device copy asynchronous
         loader = data.open_loader(cfg, cfg.data, rank=rt.rank, world_size=rt.world_size, train=True, pin_memory=pin)
         val_loader = (data.open_loader(cfg, cfg.val_data, rank=rt.rank, world_size=rt.world_size, train=False,
-                                       pin_memory=pin) if cfg.val_data else None)
+                                       pin_memory=pin, label_names=loader.label_names) if cfg.val_data else None)
     else:
         loader, val_loader = loaders
     loader.set_epoch(0)
