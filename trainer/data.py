@@ -214,5 +214,11 @@ def to_device(batch: dict[str, Any], device: torch.device,
     return image.float().div_(127.5).sub_(1.0), labels, mask
 
 
+def describe_loader(loader: TrainLoader) -> str:
+    """The loader's execution plan in one line (its describe(), where the loader has one), for the report."""
+    describe = getattr(loader, "describe", None)
+    return str(describe()) if callable(describe) else f"{type(loader).__name__} (its plan is not described)"
+
+
 def close(loader: TrainLoader) -> None:
     loader.close()
