@@ -88,7 +88,8 @@ def check_fits(model: str, kinds: list[tuple[str, str, str]]) -> str:
                          f"holds {other[2]}; mix datasets of one kind")
     if model == "gpt" and kind != TOKENS:
         raise ValueError(f"--model gpt trains on token datasets; {url} holds {holds}: train it with a classifier "
-                         "(--model resnet, mlp, ...) or give a dataset written by `shardify tokens`")
+                         "(--model resnet, mlp, ...), or give a token dataset (`shardify write SRC DEST "
+                         "--tokenizer FILE`)")
     if model != "gpt" and kind == TOKENS:
         raise ValueError(f"--model {model} is a classifier of samples; {url} holds {holds}: train token datasets "
                          "with --model gpt")
