@@ -238,8 +238,9 @@ class TrainConfig:
     ranks: Ranks = dataclasses.field(default_factory=Ranks)
 
     def __post_init__(self) -> None:
-        if self.loader.epoch_samples is not None and len(self.sources) < 2:
-            raise ValueError("--epoch-samples sets a mixture's epoch: give two or more --data sources")
+        if self.loader.epoch_samples is not None and (len(self.sources) < 2 or self.loader.epoch_samples < 1):
+            raise ValueError("--epoch-samples sets a mixture's epoch (>= 1 samples; leave it out for the sources' "
+                             "sizes summed): give two or more --data sources")
 
     @classmethod
     def from_options(cls, **flat: Any) -> TrainConfig:

@@ -65,6 +65,8 @@ def test_groups_by_concern_with_one_flat_name_each(tmp_path):
     cfg = parse_config([*BASE, "--lr", "0.5", "--keep-checkpoints", "2", "--precision", "bf16"])
     assert (cfg.optim.lr, cfg.checkpoints.keep_checkpoints, cfg.network.precision) == (0.5, 2, "bf16")
     assert set(config_dict(cfg)) == set(FLAT)
+    with pytest.raises(ValueError, match="--epoch-samples sets a mixture's epoch"):
+        parse_config(["--data", "a=1", "--data", "b=1", "--epoch-samples", "0"])
     with pytest.raises(TypeError, match="did you mean 'lr'"):
         TrainConfig.from_options(data="x", lrr=1.0)
     conf = tmp_path / "t.toml"
