@@ -27,13 +27,18 @@ TRAINER_DEFAULTS: dict[str, Any] = {"batch_size": 32, "image_size": 32, "seq_len
 SCALARS = (bool, int, float, str)  # what a flag or a TOML value can hold
 
 
+# The two functions below are the trainer's only view of LoaderConfig's shape. Where LoaderConfig
+# groups its fields into nested sub-configs with a flat view of the same names, point them at it:
+# [(o.name, o.default, o.type) for o in LoaderConfig.options()] and LoaderConfig.from_options(**flat).
 def loader_fields() -> list[tuple[str, Any, Any]]:
-    """(name, default, type) of every flat loader option; default MISSING when it has none.
-
-    Today these are LoaderConfig's own fields. Where LoaderConfig groups its fields into nested
-    sub-configs, this is the one function to point at its flat view (the same flat names)."""
+    """(name, default, type) of every flat loader option, in the loader's order; default MISSING when it has none."""
     hints = typing.get_type_hints(LoaderConfig)
     return [(f.name, f.default, hints[f.name]) for f in dataclasses.fields(LoaderConfig)]
+
+
+def loader_config(**flat: Any) -> LoaderConfig:
+    """LoaderConfig from flat options, with the loader's own checks and messages."""
+    return LoaderConfig(**flat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +93,7 @@ def _check(self: Any) -> None:
     """LoaderConfig's own checks, with its own messages (a flag it refuses is refused here, before any run)."""
     flat = {o.name: getattr(self, o.name) for o in OPTIONS}
     try:
-        LoaderConfig(**flat)
+        loader_config(**flat)
     except TypeError as exc:  # a flag's value of the wrong kind: a bad configuration, like the others
         raise ValueError(str(exc)) from None
     if not isinstance(self.num_workers, int) or self.num_workers < 0:
