@@ -94,8 +94,10 @@ def _check(self: Any) -> None:
     flat = {o.name: getattr(self, o.name) for o in OPTIONS}
     try:
         loader_config(**flat)
-    except TypeError as exc:  # a flag's value of the wrong kind: a bad configuration, like the others
-        raise ValueError(str(exc)) from None
+    except (TypeError, ValueError) as exc:  # TypeError: a value of the wrong kind, a bad configuration too
+        name, _, rest = str(exc).partition(" ")
+        flag = f"--{name.replace('_', '-')} " if name in flat else f"{name} "  # the loader's name, as the flag
+        raise ValueError(flag + rest) from None
     if not isinstance(self.num_workers, int) or self.num_workers < 0:
         raise ValueError(f"--num-workers must be >= 0, got {self.num_workers!r}")
 

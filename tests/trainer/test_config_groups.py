@@ -52,9 +52,9 @@ def test_decode_takes_what_the_loader_takes(decode):
 
 
 def test_the_loader_refuses_its_own_bad_values():
-    with pytest.raises(ValueError, match="decode must be one of"):
+    with pytest.raises(ValueError, match="^--decode must be one of"):
         parse_config([*BASE, "--decode", "fpga"])
-    with pytest.raises(ValueError, match="shuffle_window must be an int >= 1"):
+    with pytest.raises(ValueError, match="^--shuffle-window must be an int >= 1"):
         parse_config([*BASE, "--shuffle-window", "0"])
     with pytest.raises(ValueError, match="worker_mode"):
         parse_config([*BASE, "--worker-mode", "fibres"])
