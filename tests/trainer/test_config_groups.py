@@ -56,7 +56,7 @@ def test_the_loader_refuses_its_own_bad_values():
         parse_config([*BASE, "--decode", "fpga"])
     with pytest.raises(ValueError, match="^--shuffle-window must be an int >= 1"):
         parse_config([*BASE, "--shuffle-window", "0"])
-    with pytest.raises(ValueError, match="worker_mode"):
+    with pytest.raises(ValueError, match="^--worker-mode must be one of"):
         parse_config([*BASE, "--worker-mode", "fibres"])
 
 
