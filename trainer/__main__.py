@@ -14,7 +14,7 @@ import traceback
 
 from dataio.errors import ShardifyError
 from trainer import runtime
-from trainer.config import parse_config
+from trainer.flags import parse_config
 from trainer.nonfinite import NonFiniteStep
 from trainer.redaction import scrub, secrets_of
 

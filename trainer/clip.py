@@ -125,7 +125,7 @@ def micro_step(run: Any, batch: dict[str, Any], last: bool) -> tuple[float, int]
     sync = run.net.no_sync() if (rt.distributed and not last) else contextlib.nullcontext()
     with timer.phase("fwd_bwd"), sync:
         loss = ddp_loss(run.net, images, ids, mask, rank=rt.rank, world_size=rt.world_size)
-        (loss / cfg.grad_accum).backward()
+        run.scaler.scale(loss / cfg.grad_accum).backward()  # as .backward() unless --precision fp16
     return float(loss.detach()) / rt.world_size / cfg.grad_accum, int(batch["mask"].sum())
 
 

@@ -7,12 +7,16 @@ from typing import Any
 
 import torch
 
+from dataio.decode.images import IMAGE_EXTS
+from dataio.format.manifest import Manifest
 from dataio.loader.protocol import TrainLoader
 from dataio.storage.store import StorageOptions
 from trainer.config import DataSource, TrainConfig
+from trainer.loader_options import make_options
 from trainer.synthetic import synthetic_loader
 
 SYNTHETIC = "synthetic:"
+TOKENS, SAMPLES = "tokens", "samples"  # what a dataset holds: token documents, or samples (images, table rows)
 
 
 def storage_options(cfg: TrainConfig) -> StorageOptions:
@@ -24,50 +28,94 @@ def storage_options(cfg: TrainConfig) -> StorageOptions:
 
 
 def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: int, world_size: int, train: bool,
-                pin_memory: bool = False) -> TrainLoader:
-    """A loader for one rank: train splits drop the tail; validation pads it (mask marks repeats).
-    One path for one dataset and a weighted mixture (a mixture of one source is the plain case;
-    batches of several carry each sample's source index), with --label-space / --label-map."""
-    tail = "drop" if train else "pad"
+                pin_memory: bool = False, label_names: tuple[str, ...] | None = None) -> TrainLoader:
+    """A loader for one rank: train splits drop the tail; validation pads it (mask marks repeats) and
+    reads its labels in the training loader's `label_names`. One make_loader call for every kind of
+    dataset (the manifests say which, and it must fit --model), one dataset or a weighted mixture."""
     sources = (DataSource(url),) if isinstance(url, str) else url
     if sources[0].url.startswith(SYNTHETIC):  # never mixed (TrainConfig refuses it); a weight alone is moot
+        check_fits(cfg.model, [(sources[0].url, SAMPLES, "images (synthetic data)")])
         return synthetic_loader(sources[0].url, batch_size=cfg.batch_size, rank=rank, world_size=world_size,
-                                seed=cfg.seed, image_size=cfg.image_size, tail=tail, train=train)
+                                seed=cfg.seed, image_size=cfg.image_size, tail="drop" if train else "pad", train=train)
     from dataio import Source
+    from dataio.format.manifest import read_manifest
     from dataio.loader.make import make_loader
+    from dataio.storage.store import Store
 
-    from dataio.plan.schedule import Schedule
-
-    epoch_samples = (cfg.epoch_samples or None) if train and len(sources) > 1 else None  # a mixture's epoch
-    if cfg.model == "clip" and train:  # image-text pairs, captions tokenized in the workers (trainer/clip.py)
-        return make_loader(sources[0].url, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed,
-                           rank=rank, world_size=world_size, image_size=cfg.image_size, train=cfg.augment,
-                           storage=storage_options(cfg), pin_memory=pin_memory, tokenizer=cfg.tokenizer or None,
-                           context_length=cfg.context_length)
-    if cfg.model == "gpt":  # token batches of packed sequences (trainer/gpt.py); tokens are mixed by token share
-        schedule = Schedule.parse(cfg.mix_schedule) if cfg.mix_schedule and train else None  # pieces in sequences
-        return make_loader(sources[0].url if len(sources) == 1 else [Source(s.url, weight=s.weight) for s in sources],
-                           weights=schedule, epoch_samples=epoch_samples, batch_size=cfg.batch_size,
-                           num_workers=cfg.num_workers, seed=cfg.seed,
-                           rank=rank, world_size=world_size, tail=tail, shuffle=train, storage=storage_options(cfg),
-                           pin_memory=pin_memory, seq_len=cfg.seq_len, packing=cfg.packing,
-                           tokenizer=cfg.tokenizer or None)
-
-    tabular = bool(cfg.feature_names)  # rows of numeric columns: no image decode, only the columns needed
-    weights = Schedule.parse(cfg.mix_schedule) if cfg.mix_schedule and train else None
-    loader = make_loader([Source(s.url, weight=s.weight) for s in sources], weights=weights,
-                       epoch_samples=epoch_samples, batch_size=cfg.batch_size, num_workers=cfg.num_workers,
-                       seed=cfg.seed, rank=rank, world_size=world_size, decode=None if tabular else cfg.decode,
-                       fields=(*cfg.feature_names, "cls") if tabular else None,
-                       image_size=cfg.image_size, train=train and cfg.augment, tail=tail, shuffle=train,
-                       storage=storage_options(cfg), pin_memory=pin_memory,
-                       label_space=label_space_of(cfg) if train else val_label_space(cfg, sources))
+    storage = storage_options(cfg)
+    manifests = [read_manifest(Store(s.url, storage)) for s in sources]
+    kind = check_fits(cfg.model, [(s.url, TOKENS if m.format == "tokens" else SAMPLES, _holds(m))
+                                  for s, m in zip(sources, manifests)])
+    space = label_space_of(cfg) if train else val_label_space(label_names, sources, manifests)
+    options = loader_options(cfg, kind, mixed=len(sources) > 1, train=train, storage=storage, label_space=space)
+    loader = make_loader([Source(s.url, weight=s.weight) for s in sources], rank=rank, world_size=world_size,
+                         pin_memory=pin_memory, **options)
     try:
-        check_labelled(loader)
+        if kind != TOKENS and not (cfg.model == "clip" and train):  # pairs train on captions, not labels
+            check_labelled(loader)
     except ValueError:
         loader.close()
         raise
     return loader
+
+
+CLIP_CONTEXT_LENGTH = 32  # --model clip's caption tokens when --context-length is not given
+
+
+def clip_context_length(cfg: TrainConfig) -> int:
+    """The caption length of --model clip: --context-length, else CLIP_CONTEXT_LENGTH (the loader's None
+    means captions stay text)."""
+    return cfg.context_length or CLIP_CONTEXT_LENGTH
+
+
+def loader_options(cfg: TrainConfig, kind: str, *, mixed: bool, train: bool, storage: StorageOptions,
+                   label_space: str | dict[str, Any]) -> dict[str, Any]:
+    """make_loader's keywords: the config's loader group as given, and what the split and the
+    dataset's kind decide (tail, shuffle, augmentation, a mixture's epoch and schedule, the labels)."""
+    from dataio.plan.schedule import Schedule
+
+    derived: dict[str, Any] = {
+        "tail": "drop" if train else "pad", "shuffle": train, "storage": storage,
+        "epoch_samples": cfg.epoch_samples if train and mixed else None,  # a mixture's epoch
+        # --mix-schedule, pieces in samples (sequences for tokens): make_loader's weights=Schedule, as its pieces
+        "mix_schedule": Schedule.parse(cfg.mix_schedule).pieces if cfg.mix_schedule and train else None,
+    }
+    if kind == TOKENS:  # batches of packed sequences (trainer/gpt.py); tokens are mixed by token share
+        return make_options(cfg.loader, **derived)
+    if cfg.model == "clip" and train:  # image-text pairs, captions tokenized in the workers (trainer/clip.py)
+        return make_options(cfg.loader, **derived, seq_len=None, train=cfg.augment,
+                            context_length=clip_context_length(cfg))
+    tabular = bool(cfg.feature_names)  # rows of numeric columns: no image decode, only the columns needed
+    return make_options(cfg.loader, **derived, seq_len=None, context_length=None, train=train and cfg.augment,
+                        label_space=label_space,
+                        decode=None if tabular else cfg.decode, fields=(*cfg.feature_names, "cls") if tabular else None)
+
+
+def check_fits(model: str, kinds: list[tuple[str, str, str]]) -> str:
+    """The kind (TOKENS or SAMPLES) of the sources' (url, kind, what it holds); ValueError in one
+    sentence naming --model and the dataset when they do not fit, or when a mixture mixes kinds."""
+    url, kind, holds = kinds[0]
+    other = next((k for k in kinds if k[1] != kind), None)
+    if other is not None:
+        raise ValueError(f"--data mixes token datasets and datasets of samples: {url} holds {holds}, {other[0]} "
+                         f"holds {other[2]}; mix datasets of one kind")
+    if model == "gpt" and kind != TOKENS:
+        raise ValueError(f"--model gpt trains on token datasets; {url} holds {holds}: train it with a classifier "
+                         "(--model resnet, mlp, ...), or give a token dataset (`shardify write SRC DEST "
+                         "--tokenizer FILE`)")
+    if model != "gpt" and kind == TOKENS:
+        raise ValueError(f"--model {model} is a classifier of samples; {url} holds {holds}: train token datasets "
+                         "with --model gpt")
+    return kind
+
+
+def _holds(manifest: Manifest) -> str:
+    """What a manifest's dataset holds, for messages: tokens, images or table rows, and its fields."""
+    if manifest.format == "tokens":
+        return f"tokens (a token dataset of {sum(manifest.shard_num_tokens)} tokens)"
+    names = list(manifest.field_names)
+    images = any(f.type == "image" for f in manifest.fields) or set(names) & set(IMAGE_EXTS)
+    return f"{'images' if images else 'table rows'} ({manifest.format} shards; fields: {', '.join(names[:8])})"
 
 
 def check_labelled(loader: TrainLoader) -> None:
@@ -79,29 +127,17 @@ def check_labelled(loader: TrainLoader) -> None:
                              "needs labels from every --data source")
 
 
-def val_label_space(cfg: TrainConfig, val: tuple[DataSource, ...]) -> str | dict[str, int]:
-    """Validation labels in the training label space: by name, when both name their labels (a
-    validation label the training space lacks is refused); else as they are ("same")."""
-    from dataio.format.manifest import read_manifest
-    from dataio.loader.labels import SourceLabels, build_label_space
-    from dataio.storage.store import Store
-
-    if any(s.url.startswith(SYNTHETIC) for s in cfg.sources):
+def val_label_space(train_names: tuple[str, ...] | None, val: tuple[DataSource, ...],
+                    manifests: list[Manifest]) -> str | dict[str, int]:
+    """Validation labels in the training label space (the training loader's label names): by name, when
+    both name their labels (a validation label the training space lacks is refused); else "same"."""
+    if train_names is None or any(m.label_names is None for m in manifests):
         return "same"
-
-    def opened(sources: tuple[DataSource, ...]) -> list[SourceLabels]:
-        stores = [Store(s.url, storage_options(cfg)) for s in sources]
-        return [SourceLabels(url=st.url, given=s.url, store=st, manifest=read_manifest(st))
-                for s, st in zip(sources, stores)]
-
-    space, val_sources = build_label_space(opened(cfg.sources), label_space_of(cfg)), opened(val)
-    if space.names is None or any(s.manifest.label_names is None for s in val_sources):
-        return "same"
-    unknown = [n for s in val_sources for n in s.manifest.label_names or () if n not in space.names]
+    unknown = [n for m in manifests for n in m.label_names or () if n not in train_names]
     if unknown:
-        raise ValueError(f"--val-data {val_sources[0].url} has labels {unknown[:10]} that the training data does "
-                         f"not name (its label space: {list(space.names)[:20]}); validate on the same classes")
-    return {name: i for i, name in enumerate(space.names)}
+        raise ValueError(f"--val-data {val[0].url} has labels {unknown[:10]} that the training data does "
+                         f"not name (its label space: {list(train_names)[:20]}); validate on the same classes")
+    return {name: i for i, name in enumerate(train_names)}
 
 
 def label_space_of(cfg: TrainConfig) -> str | dict[str, Any]:
@@ -190,6 +226,12 @@ def to_device(batch: dict[str, Any], device: torch.device,
                          "or --features COLS for table rows")
     image = batch["image"].to(device, non_blocking=non_blocking)
     return image.float().div_(127.5).sub_(1.0), labels, mask
+
+
+def describe_loader(loader: TrainLoader) -> str:
+    """The loader's execution plan in one line (its describe(), where the loader has one), for the report."""
+    describe = getattr(loader, "describe", None)
+    return str(describe()) if callable(describe) else f"{type(loader).__name__} (its plan is not described)"
 
 
 def close(loader: TrainLoader) -> None:

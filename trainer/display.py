@@ -138,6 +138,12 @@ def print_summary(console: Console, rep: dict[str, Any], *, outputs: dict[str, s
                   f"{STAGE_LABELS[rep['slowest_stage']]} | slowest rank {rep['slowest_rank']} "
                   f"({rep['slowest_rank_vs_median']:.2f}x median)")
     console.print(f"verdict: {rep['verdict']}")
+    job = rep.get("job", {})
+    if job.get("loader_plan") or job.get("accel"):
+        console.print(f"loader: {job.get('loader_plan', '?')} | model: {job.get('accel', '?')}")
+    if rep.get("gpu_decode"):
+        console.print("gpu decode: " + ", ".join(f"{k} {v:,.0f}" if isinstance(v, float) and v > 1 else f"{k} {v}"
+                                                 for k, v in rep["gpu_decode"].items()))
     if rep.get("sources"):
         console.print(sources_table(rep["sources"]))
     if rep.get("cost"):

@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from dataio.loader.protocol import TrainLoader
 from trainer import nonfinite, runtime
+from trainer.accel import Accel
 
 # Dense bf16 peak FLOP/s per accelerator, by a substring of torch.cuda.get_device_name().
 PEAK_FLOPS = (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L4", 121e12))
@@ -126,10 +127,10 @@ def to_device(batch: dict[str, Any], device: torch.device, *, doc_masking: bool 
     return ids[:, :-1], targets, pos, doc
 
 
-def token_loss(net: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, pos: torch.Tensor | None,
-               doc: torch.Tensor | None) -> torch.Tensor:
-    """Mean next-token cross-entropy over the real pairs (targets -1 elsewhere)."""
-    with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=inputs.device.type == "cuda"):
+def token_loss(net: nn.Module, accel: Accel, inputs: torch.Tensor, targets: torch.Tensor,
+               pos: torch.Tensor | None, doc: torch.Tensor | None) -> torch.Tensor:
+    """Mean next-token cross-entropy over the real pairs (targets -1 elsewhere), forward under `accel`'s autocast."""
+    with accel.autocast():
         logits = net(inputs, pos, doc)
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
 
@@ -143,14 +144,14 @@ def micro_step(run: Any, batch: dict[str, Any], last: bool) -> tuple[float, int]
         run.recorder.count_sources(batch["source"], batch["mask"])
     sync = run.net.no_sync() if (rt.distributed and not last) else contextlib.nullcontext()
     with timer.phase("fwd_bwd"), sync:
-        loss = token_loss(run.net, *tensors) / cfg.grad_accum
-        nonfinite.carried(loss).backward()  # NaN gradients on every rank when this loss is not finite
+        loss = token_loss(run.net, run.accel, *tensors) / cfg.grad_accum
+        run.scaler.scale(nonfinite.carried(loss)).backward()  # NaN gradients on every rank when this loss is not finite
     return float(loss.detach()), int(batch["mask"].sum())
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: TrainLoader, rt: runtime.Runtime, *, epoch: int, doc_masking: bool = True
-             ) -> dict[str, float]:
+def evaluate(model: nn.Module, loader: TrainLoader, rt: runtime.Runtime, *, epoch: int, accel: Accel,
+             doc_masking: bool = True) -> dict[str, float]:
     """Next-token loss and accuracy over the whole held-out dataset, every token once; the same on every rank."""
     was_training = model.training
     model.eval()
@@ -159,7 +160,7 @@ def evaluate(model: nn.Module, loader: TrainLoader, rt: runtime.Runtime, *, epoc
     try:
         for batch in loader:
             inputs, targets, pos, doc = to_device(batch, rt.device, doc_masking=doc_masking)
-            with torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=rt.device.type == "cuda"):
+            with accel.autocast():
                 logits = model(inputs, pos, doc).float()
             keep = targets >= 0
             loss_sum += float(F.cross_entropy(logits[keep], targets[keep], reduction="sum"))

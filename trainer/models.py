@@ -1,7 +1,8 @@
-"""A small model registry (a compact ResNet-style CNN, an MLP, a GPT: trainer/gpt.py) and user factories.
+"""A small model registry (a compact ResNet-style CNN, an MLP, a GPT: trainer/gpt.py), torchvision's
+classification models by name where torchvision imports, and user factories.
 
-A model is built by `build_model(name, num_classes=, image_size=)`; `name` is a registry key or
-"package.module:function" called with the same keyword arguments.
+A model is built by `build_model(name, num_classes=, image_size=)`; `name` is a registry key, a
+torchvision model name, or "package.module:function" called with the same keyword arguments.
 """
 
 from __future__ import annotations
@@ -93,13 +94,12 @@ REGISTRY: dict[str, Callable[..., nn.Module]] = {"resnet": resnet, "mlp": mlp, "
 
 
 def resolve_factory(name: str) -> Callable[..., nn.Module]:
-    """The factory for a registry key or "package.module:function"; ValueError names the choices."""
+    """The factory for a registry key, a torchvision classification model's name (resnet50, vit_b_16, ...)
+    or "package.module:function"; ValueError names the choices, and says when torchvision is missing."""
     if name in REGISTRY:
         return REGISTRY[name]
     if ":" not in name:
-        raise ValueError(
-            f"unknown model {name!r}: use one of {sorted(REGISTRY)} or a factory 'package.module:function'"
-        )
+        return torchvision_factory(name)
     module_name, _, attr = name.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -108,6 +108,30 @@ def resolve_factory(name: str) -> Callable[..., nn.Module]:
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ValueError(f"model factory {name!r}: {module_name!r} has no callable {attr!r}")
+    return factory
+
+
+def torchvision_factory(name: str) -> Callable[..., nn.Module]:
+    """A factory for torchvision's classification model `name`, untrained (weights=None), with the
+    run's classes (and image size for ViTs); ValueError when torchvision is absent or has no such model."""
+    try:
+        models = importlib.import_module("torchvision.models")
+    except ImportError as exc:
+        raise ValueError(f"unknown model {name!r}: not one of {sorted(REGISTRY)}, and torchvision, whose "
+                         f"classification models (resnet50, vit_b_16, ...) it may name, does not import here ({exc}); "
+                         "install the torchvision built for this torch, or give a factory 'package.module:function'"
+                         ) from None
+    known = models.list_models(module=models)  # the classification models (not detection, video, ...)
+    if name not in known:
+        raise ValueError(f"unknown model {name!r}: use one of {sorted(REGISTRY)}, a torchvision classification "
+                         f"model ({', '.join(sorted(known)[:8])}, ...) or a factory 'package.module:function'")
+
+    def factory(*, num_classes: int, image_size: int, in_features: int = 0) -> nn.Module:
+        if in_features:
+            raise ValueError(f"model {name!r} takes images, not --features rows; use --model mlp")
+        sized = {"image_size": image_size} if name.startswith("vit_") else {}  # ViTs are built for one size
+        return models.get_model(name, weights=None, num_classes=num_classes, **sized)
+
     return factory
 
 

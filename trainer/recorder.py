@@ -50,6 +50,8 @@ class Recorder:
         self.unwritable: set[str] = set()  # files a full or read-only disk refused (reported once each)
         self.checkpoints: dict[str, Any] | None = None  # stored / failed counts for the summary (set by train)
         self.wire_bytes: Callable[[], float | None] = lambda: None
+        # The loader's GPU decode facts (decode gpu/auto: codec, split, each side's rate; set by setup).
+        self.gpu_decode: Callable[[], dict[str, Any] | None] = lambda: None
         # Where this rank runs, in every gathered row: the report names ranks by node and local rank.
         self.where = {"node": rt.node_rank, "local_rank": rt.local_rank, "host": socket.gethostname()}
         self.tensorboard = None
@@ -172,7 +174,7 @@ class Recorder:
             return
         self._name_spikes([g.pop("spikes") for g in gathered])
         rep = combine(gathered, num_workers=self.cfg.num_workers, decode=self.cfg.decode,
-                      tokens_per_sample=self.tokens_per_sample)
+                      tokens_per_sample=self.tokens_per_sample, gpu_decode=self.gpu_decode())
         if self.source_names:
             rep["sources"] = source_rows(gathered, names=self.source_names, requested=self.requested,
                                          samples_per_s=rep["samples_per_s"])
@@ -230,7 +232,7 @@ class Recorder:
                       "earlier outputs in --out are kept")
             return None
         rep = combine(totals, num_workers=self.cfg.num_workers, decode=self.cfg.decode,
-                      tokens_per_sample=self.tokens_per_sample)
+                      tokens_per_sample=self.tokens_per_sample, gpu_decode=self.gpu_decode())
         if self.source_names:
             rep["sources"] = source_rows(totals, names=self.source_names, requested=self.requested,
                                          samples_per_s=rep["samples_per_s"])

@@ -32,9 +32,10 @@ def summarize(records: Sequence[StepRecord], *, rank: int) -> dict[str, Any]:
 
 
 def combine(per_rank: Sequence[dict[str, Any]], *, num_workers: int = 0, decode: str = "cpu",
-            tokens_per_sample: int | None = None) -> dict[str, Any]:
+            tokens_per_sample: int | None = None, gpu_decode: dict[str, Any] | None = None) -> dict[str, Any]:
     """The gathered report of one interval: global numbers, per-rank rows, straggler, verdict. A token
-    run (tokens_per_sample: its seq_len; a sample is a sequence) also says tokens and tokens/s."""
+    run (tokens_per_sample: its seq_len; a sample is a sequence) also says tokens and tokens/s;
+    `gpu_decode`: the loader's GPU decode facts (decode gpu/auto: codec, split, each side's rate)."""
     rows = [dict(r) for r in sorted(per_rank, key=lambda r: r["rank"])]
     for r in rows:
         step_s = r["step_s"] or 1e-12
@@ -71,16 +72,21 @@ def combine(per_rank: Sequence[dict[str, Any]], *, num_workers: int = 0, decode:
         for r in (out, *rows):
             r["tokens"], r["tokens_per_s"] = r["samples"] * tokens_per_sample, r["samples_per_s"] * tokens_per_sample
     out["straggler"] = slow["rank"] if len(rows) > 1 and out["slowest_rank_vs_median"] >= STRAGGLER_RATIO else None
-    out["verdict"] = verdict(out, num_workers=num_workers, decode=decode)
+    if gpu_decode:
+        out["gpu_decode"] = dict(gpu_decode)
+    out["verdict"] = verdict(out, num_workers=num_workers, decode=decode, gpu_decode=gpu_decode)
     return out
 
 
 def verdict(rep: dict[str, Any], *, num_workers: int, decode: str, has_gpu: bool | None = None,
-            dali_cpu_speedup: float | None = None) -> str:
+            dali_cpu_speedup: float | None = None, gpu_decode: dict[str, Any] | None = None,
+            offered: Sequence[str] | None = None) -> str:
     """One line: input- or compute-bound, from the measured shares, and what to try first.
 
-    --decode dali is advised only with a GPU (`has_gpu`; None: ask torch), or where DALI's CPU
-    decode was measured faster than --decode cpu on this machine (`dali_cpu_speedup` > 1)."""
+    With a GPU (`has_gpu`; None: ask torch), GPU decode is advised: --decode auto or gpu where the
+    loader offers them (`offered`; None: the loader's own list), else dali; without one, dali only
+    where its CPU decode was measured faster than --decode cpu here (`dali_cpu_speedup` > 1). Under
+    --decode gpu/auto the tip quotes the loader's measured split and rates (`gpu_decode`)."""
     wait, share = rep["wait_share"], rep["stage_share"]
     parts = []
     if wait > INPUT_BOUND_SHARE:
@@ -88,7 +94,10 @@ def verdict(rep: dict[str, Any], *, num_workers: int, decode: str, has_gpu: bool
             tip = ("reads dominate loading: raise prefetch / read-ahead and --num-workers"
                    f" (now {num_workers}), or move the data closer")
         elif decode == "cpu":
-            tip = _decode_tip(rep, num_workers=num_workers, has_gpu=has_gpu, dali_cpu_speedup=dali_cpu_speedup)
+            tip = _decode_tip(rep, num_workers=num_workers, has_gpu=has_gpu, dali_cpu_speedup=dali_cpu_speedup,
+                              offered=offered)
+        elif decode in ("gpu", "auto"):
+            tip = _gpu_decode_tip(decode, gpu_decode or {}, num_workers=num_workers)
         else:
             tip = (f"decode is DALI already (it runs inside next(), so it is never hidden): try more "
                    f"--num-workers (now {num_workers}) for reads, or more prefetch")
@@ -102,7 +111,8 @@ def verdict(rep: dict[str, Any], *, num_workers: int, decode: str, has_gpu: bool
         elif comm > 0.25:
             tip = "exposed all-reduce is large: try --grad-accum or a bigger --batch-size"
         else:
-            tip = "the input pipeline keeps up; try a bigger --batch-size (or a faster model / bf16) first"
+            tip = ("the input pipeline keeps up; try a bigger --batch-size (or a faster model: --precision bf16, "
+                   "--channels-last, --compile) first")
         parts.append(f"COMPUTE-BOUND: data wait {wait:.0%}, compute {compute:.0%}, "
                      f"exposed comm {comm:.0%} of step time; {tip}")
     if rep.get("straggler") is not None:
@@ -112,13 +122,22 @@ def verdict(rep: dict[str, Any], *, num_workers: int, decode: str, has_gpu: bool
 
 
 def _decode_tip(rep: dict[str, Any], *, num_workers: int, has_gpu: bool | None,
-                dali_cpu_speedup: float | None) -> str:
+                dali_cpu_speedup: float | None, offered: Sequence[str] | None = None) -> str:
     """What to try when CPU decode dominates loading, naming what was measured."""
     measured = f"decode is {1 - rep['read_share_of_load']:.0%} of the measured loading work"
     if has_gpu is None:
         import torch
 
         has_gpu = torch.cuda.is_available()
+    if offered is None:
+        from dataio.loader.config import DECODES
+
+        offered = DECODES
+    gpu = [d for d in ("auto", "gpu") if d in offered]
+    if has_gpu and gpu:
+        return (f"{measured}: try --decode {gpu[0]} (the GPU decodes "
+                + ("beside the CPU workers, split by their measured rates" if gpu[0] == "auto" else "every batch")
+                + f"), or more --num-workers (now {num_workers})")
     if has_gpu:
         install = "" if _dali_installed() else " after `pip install 'shardify[dali]'` (DALI is not installed here)"
         return f"{measured}: try --decode dali (GPU decode){install}, or more --num-workers (now {num_workers})"
@@ -129,6 +148,28 @@ def _decode_tip(rep: dict[str, Any], *, num_workers: int, has_gpu: bool | None,
            f"DALI's CPU decode measured {dali_cpu_speedup:.2f}x --decode cpu here")
     return (f"{measured}: more --num-workers (now {num_workers}) or more CPU cores; --decode dali is not advised "
             f"without a GPU ({why})")
+
+
+def _gpu_decode_tip(decode: str, facts: dict[str, Any], *, num_workers: int) -> str:
+    """What to try when decode="gpu"/"auto" still leaves the trainer waiting, from the loader's measured facts."""
+    codec = facts.get("codec", "the GPU decoder")
+    if "CPU" in codec or str(facts.get("device", "cuda")).startswith("cpu"):
+        return (f"--decode {decode} decoded with {codec}, not on a GPU: on a CUDA machine install the GPU decoders "
+                "(`pip install -e \".[gpu]\"`), or use --decode cpu with more --num-workers "
+                f"(now {num_workers})")
+    gpu_rate, cpu_rate = facts.get("gpu_samples_per_s"), facts.get("cpu_samples_per_s")
+    if decode == "gpu":
+        fallback = facts.get("cpu_path_samples", 0)
+        return (f"every batch is decoded on the GPU ({codec}; {fallback} samples on its CPU path): try --decode auto, "
+                f"so the {num_workers} CPU workers decode a share beside it, or more --num-workers for reads")
+    if gpu_rate and cpu_rate:
+        faster = "GPU" if gpu_rate >= cpu_rate else f"{num_workers} CPU workers'"
+        return (f"--decode auto gives the GPU ({codec}) {facts.get('gpu_share', 0):.0%} of batches; measured "
+                f"{gpu_rate:,.0f} samples/s on the GPU and {cpu_rate:,.0f} on the {num_workers} CPU workers (the "
+                f"{faster} side is faster) and still short: more --num-workers or cores for the CPU side, or "
+                "a GPU with hardware JPEG engines")
+    return (f"--decode auto has not measured both sides yet ({codec}): more --num-workers (now {num_workers}), or "
+            "a longer run before judging")
 
 
 def _dali_installed() -> bool:

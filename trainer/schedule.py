@@ -72,3 +72,34 @@ class WarmupCosine:
         self.samples_seen, self.total_samples = int(state["samples_seen"]), int(state["total_samples"])
         self.warmup_samples = int(state["warmup_samples"])
         self._apply()
+
+
+def replan(run: Any, saved: dict[str, Any], *, at_max: bool) -> None:
+    """After loading the schedule: another --epochs or --max-steps than the checkpoint's config replans
+    the cosine for the new total from the samples already seen, and the change of lr is logged
+    (stderr and metrics.jsonl). The same lengths keep the saved plan (a new world size changes nothing).
+    `run`: the trainer's Run, its schedule loaded; `at_max`: --max-steps already reached."""
+    cfg, sched = run.cfg, run.schedule
+    was, now = (saved.get("epochs"), saved.get("max_steps")), (cfg.epochs, cfg.max_steps)
+    left = run.epoch < cfg.epochs and not at_max
+    if was != now:
+        global_batch = run.rt.world_size * cfg.batch_size * cfg.grad_accum
+        old_total = sched.total_samples
+        total = planned_samples(epochs=cfg.epochs, epoch_samples=run.steps_per_epoch * global_batch,
+                                max_steps=cfg.max_steps, step=run.step, samples_seen=sched.samples_seen,
+                                global_batch=global_batch)
+        old_lr, new_lr = sched.replan(total)
+        if run.rt.is_main:
+            run.recorder.event({"kind": "schedule", "step": run.step, "samples_seen": sched.samples_seen,
+                                "old_total_samples": old_total, "new_total_samples": sched.total_samples,
+                                "old_lr": old_lr, "new_lr": new_lr, "old_epochs": was[0], "epochs": now[0],
+                                "old_max_steps": was[1], "max_steps": now[1]})
+            changed = ", ".join(f"--{flag} {a} -> {b}" for flag, a, b in zip(("epochs", "max-steps"), was, now)
+                                if a != b)
+            run.recorder.warn(f"schedule replanned at the resume ({changed}): the cosine now ends at sample "
+                              f"{sched.total_samples} (was {old_total}; {sched.samples_seen} seen); lr at the "
+                              f"resume {old_lr:.3e} -> {new_lr:.3e}")
+    elif left and sched.samples_seen >= sched.total_samples and run.rt.is_main:
+        run.recorder.warn(f"the schedule ended at sample {sched.total_samples} ({sched.samples_seen} seen): the "
+                          f"rest of this run trains at its final lr {sched.lr:.3e} (--min-lr-ratio "
+                          f"{cfg.min_lr_ratio:g})")

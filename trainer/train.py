@@ -19,10 +19,11 @@ from dataio.loader.which import samples_of_step, sidecar_doc
 from dataio.storage.store import RetryPolicy, Store
 from trainer import checkpoint as ckpt_io
 from trainer import clip, comm_hooks, data, gpt, nonfinite, runtime
+from trainer.accel import Accel, accel_of
 from trainer.config import TrainConfig, config_dict
 from trainer.models import build_model
 from trainer.recorder import Recorder
-from trainer.schedule import WarmupCosine, planned_samples
+from trainer.schedule import WarmupCosine, planned_samples, replan
 from trainer.skipping import apply_skips
 from trainer.spikes import SpikeWatch
 from trainer.timing import StepRecord, StepTimer
@@ -47,6 +48,7 @@ class Run:
     identity: dict[str, Any]
     steps_per_epoch: int
     recorder: Recorder
+    accel: Accel  # precision, grad scaler, channels-last, compile (trainer/accel.py)
     step: int = 0
     epoch: int = 0
     last_saved_step: int = -1  # the newest checkpoint a resume can use (this run's or the one it resumed)
@@ -74,7 +76,7 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
         pin = rt.device.type == "cuda"  # page-locked batches make the host->device copy asynchronous
         loader = data.open_loader(cfg, cfg.data, rank=rt.rank, world_size=rt.world_size, train=True, pin_memory=pin)
         val_loader = (data.open_loader(cfg, cfg.val_data, rank=rt.rank, world_size=rt.world_size, train=False,
-                                       pin_memory=pin) if cfg.val_data else None)
+                                       pin_memory=pin, label_names=loader.label_names) if cfg.val_data else None)
     else:
         loader, val_loader = loaders
     loader.set_epoch(0)
@@ -93,9 +95,10 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
     pairs = cfg.model == "clip"  # image-text pairs: the captions' vocabulary is the text tower's (trainer/clip.py)
     num_classes = gpt.vocab_size_of(loader) if tokens else clip.vocab_size_of(cfg) if pairs else \
         data.num_classes_of(cfg, loader)
-    sizes = gpt.model_sizes(cfg) if tokens else {"context_length": cfg.context_length} if pairs else None
-    model = build_model(cfg.model, num_classes=num_classes, image_size=cfg.image_size,
-                        in_features=len(cfg.feature_names), sizes=sizes).to(rt.device)
+    sizes = gpt.model_sizes(cfg) if tokens else {"context_length": data.clip_context_length(cfg)} if pairs else None
+    accel = accel_of(cfg.network, rt.device)
+    model = accel.model(build_model(cfg.model, num_classes=num_classes, image_size=cfg.image_size,
+                                    in_features=len(cfg.feature_names), sizes=sizes).to(rt.device))
     ckpt_io.seed_all(cfg.seed + 7919 * (rt.rank + 1))  # same weights, but each rank its own random stream
     timer = StepTimer(rt.device, keep_slices=cfg.trace_steps)
     optimizer = make_optimizer(cfg, model)
@@ -115,12 +118,14 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
         recorder.set_sources(*data.mixture_facts(loader))
     recorder.job.update(data.job_facts(loader), global_batch=global_batch, steps_per_epoch=steps_per_epoch,
                         epoch_samples=steps_per_epoch * global_batch, grad_bytes=comm_hooks.grad_bytes(model),
-                        num_threads=torch.get_num_threads())
+                        num_threads=torch.get_num_threads(), accel=accel.describe(),
+                        loader_plan=data.describe_loader(loader))
     run = Run(cfg=cfg, rt=rt, loader=loader, val_loader=val_loader, model=model, net=model, optimizer=optimizer,
-              schedule=schedule, scaler=torch.amp.GradScaler(enabled=False), timer=timer, store=store,
-              identity=identity, steps_per_epoch=steps_per_epoch, recorder=recorder)
+              schedule=schedule, scaler=accel.scaler(), timer=timer, store=store,
+              identity=identity, steps_per_epoch=steps_per_epoch, recorder=recorder, accel=accel)
     run.spike_watch = SpikeWatch(cfg.spike_factor)
     recorder.spike_keys = lambda step, ranks: spike_keys(run, step, ranks)
+    recorder.gpu_decode = lambda: getattr(loader.stats, "gpu_decode", None)  # decode gpu/auto (where the loader has it)
     resume(run)
     apply_skips(run, data.storage_options(cfg))  # --skip-steps / --skip-samples (trainer/skipping.py)
     return run
@@ -146,6 +151,7 @@ def wrap(run: Run) -> None:
         run.recorder.job.update(comm_hook=cfg.comm_hook, bucket_cap_mb=cfg.bucket_cap_mb)
         grads = run.recorder.job["grad_bytes"]
         run.recorder.wire_bytes = lambda: comm_hooks.wire_bytes(cfg.comm_hook, state, grads)
+    run.net = run.accel.compiled(run.net)  # --compile: around DDP, its hooks kept
 
 
 def resume(run: Run) -> None:
@@ -172,7 +178,8 @@ def resume(run: Run) -> None:
     run.model.load_state_dict(ckpt["model"])
     run.optimizer.load_state_dict(ckpt["optimizer"])
     run.schedule.load_state_dict(ckpt["schedule"])
-    run.scaler.load_state_dict(ckpt["scaler"])
+    if ckpt["scaler"]:  # a scaler of an fp16 run (empty from bf16 / fp32 ones: a fresh scale then)
+        run.scaler.load_state_dict(ckpt["scaler"])
     run.step, run.epoch, run.last_saved_step = int(ckpt["step"]), int(ckpt["epoch"]), int(ckpt["step"])
     if ckpt["epoch_done"]:
         run.epoch += 1
@@ -180,7 +187,7 @@ def resume(run: Run) -> None:
             run.loader.load_history(ckpt["loader"])
     else:
         run.loader.load_state_dict(ckpt["loader"])
-    replan(run, ckpt.get("config", {}))
+    replan(run, ckpt.get("config", {}), at_max=_at_max(run))
     rngs = ckpt["rng"]
     if len(rngs) == rt.world_size:
         ckpt_io.set_rng_state(rngs[rt.rank])
@@ -199,36 +206,6 @@ def resume(run: Run) -> None:
         run.recorder.note(f"resumed from {store.url_of(name)}: step {run.step}, epoch {run.epoch} "
                           f"(saved by {ckpt['world_size']} ranks, now {rt.world_size})"
                           + (f"; skipped {len(skipped)} newer checkpoint(s) that do not load" if skipped else ""))
-
-
-def replan(run: Run, saved: dict[str, Any]) -> None:
-    """After loading the schedule: another --epochs or --max-steps than the checkpoint's config replans
-    the cosine for the new total from the samples already seen, and the change of lr is logged
-    (stderr and metrics.jsonl). The same lengths keep the saved plan (a new world size changes nothing)."""
-    cfg, sched = run.cfg, run.schedule
-    was, now = (saved.get("epochs"), saved.get("max_steps")), (cfg.epochs, cfg.max_steps)
-    left = run.epoch < cfg.epochs and not _at_max(run)
-    if was != now:
-        global_batch = run.rt.world_size * cfg.batch_size * cfg.grad_accum
-        old_total = sched.total_samples
-        total = planned_samples(epochs=cfg.epochs, epoch_samples=run.steps_per_epoch * global_batch,
-                                max_steps=cfg.max_steps, step=run.step, samples_seen=sched.samples_seen,
-                                global_batch=global_batch)
-        old_lr, new_lr = sched.replan(total)
-        if run.rt.is_main:
-            run.recorder.event({"kind": "schedule", "step": run.step, "samples_seen": sched.samples_seen,
-                                "old_total_samples": old_total, "new_total_samples": sched.total_samples,
-                                "old_lr": old_lr, "new_lr": new_lr, "old_epochs": was[0], "epochs": now[0],
-                                "old_max_steps": was[1], "max_steps": now[1]})
-            changed = ", ".join(f"--{flag} {a} -> {b}" for flag, a, b in zip(("epochs", "max-steps"), was, now)
-                                if a != b)
-            run.recorder.warn(f"schedule replanned at the resume ({changed}): the cosine now ends at sample "
-                              f"{sched.total_samples} (was {old_total}; {sched.samples_seen} seen); lr at the "
-                              f"resume {old_lr:.3e} -> {new_lr:.3e}")
-    elif left and sched.samples_seen >= sched.total_samples and run.rt.is_main:
-        run.recorder.warn(f"the schedule ended at sample {sched.total_samples} ({sched.samples_seen} seen): the "
-                          f"rest of this run trains at its final lr {sched.lr:.3e} (--min-lr-ratio "
-                          f"{cfg.min_lr_ratio:g})")
 
 
 def save(run: Run, *, epoch_done: bool) -> None:
@@ -336,6 +313,7 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
         data.check_labels(batch, run.identity["num_classes"], run.loader)
         with timer.phase("h2d"):
             inputs, labels, mask = data.to_device(batch, rt.device, cfg.feature_names)
+            inputs = run.accel.inputs(inputs)
         keep = mask.cpu().tolist()
         if "source" in batch:  # a mixture: real samples per source, for the report
             run.recorder.count_sources(batch["source"], mask)
@@ -344,7 +322,7 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
         last = micro == cfg.grad_accum - 1
         sync = run.net.no_sync() if (rt.distributed and not last) else _nullcontext()
         with timer.phase("fwd_bwd"), sync:
-            with torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=rt.device.type == "cuda"):
+            with run.accel.autocast():
                 logits = run.net(inputs)
             target = labels.masked_fill(~mask, -1)
             if cfg.spike_sample_losses:  # the same mean, with the per-sample losses kept for a spike
@@ -353,12 +331,14 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
                 loss = per.sum() / mask.sum().clamp(min=1) / cfg.grad_accum
             else:
                 loss = nn.functional.cross_entropy(logits.float(), target, ignore_index=-1) / cfg.grad_accum
-            nonfinite.carried(loss).backward()  # NaN gradients on every rank when this loss is not finite
+            # NaN gradients on every rank when this loss is not finite; as loss.backward() unless --precision fp16
+            run.scaler.scale(nonfinite.carried(loss)).backward()
         loss_total += float(loss.detach())
     nonfinite.check_step(step=run.step + 1, rank=rt.rank, loss=loss_total, model=run.model, keys=keys,
                          grads_checked=not run.scaler.is_enabled())  # NonFiniteStep: stop before the update
     with timer.phase("opt"):
-        run.optimizer.step()
+        run.scaler.step(run.optimizer)  # run.optimizer.step(); fp16: skipped on inf/NaN gradients
+        run.scaler.update()
         run.optimizer.zero_grad(set_to_none=True)
         run.schedule.step(rt.world_size * cfg.batch_size * cfg.grad_accum)
     run.step += 1
@@ -407,10 +387,11 @@ def train(run: Run) -> None:
             if cfg.model == "clip":  # zero-shot: the validation set's class names as caption prompts
                 run.val = clip.zero_shot(run.model, run.val_loader, run.rt, tokenizer=cfg.tokenizer, epoch=run.epoch)
             elif cfg.model == "gpt":
-                run.val = gpt.evaluate(run.model, run.val_loader, run.rt, epoch=run.epoch, doc_masking=cfg.doc_masking)
+                run.val = gpt.evaluate(run.model, run.val_loader, run.rt, epoch=run.epoch, accel=run.accel,
+                                       doc_masking=cfg.doc_masking)
             else:
-                run.val = evaluate(run.model, run.val_loader, run.rt, epoch=run.epoch,
-                                   autocast=run.rt.device.type == "cuda", features=cfg.feature_names)
+                run.val = evaluate(run.model, run.val_loader, run.rt, epoch=run.epoch, accel=run.accel,
+                                   features=cfg.feature_names)
             run.recorder.validation(run.val, step=run.step, epoch=run.epoch)
         run.epoch += 1
     run.recorder.job["buckets_per_step"] = run.timer.buckets_per_step

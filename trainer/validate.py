@@ -8,11 +8,12 @@ from torch import nn
 
 from dataio.loader.protocol import TrainLoader
 from trainer import runtime
+from trainer.accel import Accel
 from trainer.data import to_device
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: TrainLoader, rt: runtime.Runtime, *, epoch: int, autocast: bool,
+def evaluate(model: nn.Module, loader: TrainLoader, rt: runtime.Runtime, *, epoch: int, accel: Accel,
              features: tuple[str, ...] = ()) -> dict[str, float]:
     """Loss and accuracy over the whole validation split; the same numbers on every rank.
 
@@ -26,8 +27,8 @@ def evaluate(model: nn.Module, loader: TrainLoader, rt: runtime.Runtime, *, epoc
     try:
         for batch in loader:
             inputs, labels, mask = to_device(batch, rt.device, features)
-            with torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=autocast):
-                logits = model(inputs)
+            with accel.autocast():
+                logits = model(accel.inputs(inputs))
             losses = nn.functional.cross_entropy(logits.float(), labels.clamp(min=0), reduction="none")
             keep = mask & (labels >= 0)
             loss_sum += float(losses[keep].sum())

@@ -9,7 +9,7 @@ import pytest
 from dataio.storage.store import Store
 from tests.dataio.shardgen import write_parquet_dataset, write_tar_dataset
 from trainer import runtime
-from trainer.config import parse_config
+from trainer.flags import parse_config
 from trainer.train import setup, train, wrap
 
 

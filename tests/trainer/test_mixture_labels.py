@@ -19,7 +19,7 @@ from tests.sharding.conftest import run as shardify
 from tests.sharding.test_real_sources import hf_parquet
 from tests.trainer.harness import ok, run_trainer
 from trainer import data
-from trainer.config import parse_config
+from trainer.flags import parse_config
 
 pytestmark = pytest.mark.timeout(240)
 

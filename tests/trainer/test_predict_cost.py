@@ -7,7 +7,7 @@ import random
 import pytest
 
 from trainer import comm_hooks
-from trainer.config import parse_config
+from trainer.flags import parse_config
 from trainer.scaling import cost, predict
 from trainer.scaling.predict import Link, Measured
 

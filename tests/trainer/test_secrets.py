@@ -99,7 +99,8 @@ def test_an_error_about_a_url_with_a_secret_prints_it_redacted(s3_server, tmp_pa
 
 
 def test_saved_config_and_messages_keep_only_redacted_urls():
-    from trainer.config import config_dict, parse_config
+    from trainer.config import config_dict
+    from trainer.flags import parse_config
     from trainer.redaction import scrub
 
     cfg = parse_config(["--data", "s3://AKIDEXAMPLE:wJalrXUtnFEMI@b/web=0.7", "--data", "s3://b/gold=0.3",

@@ -34,8 +34,9 @@ def test_resnet_reaches_90_percent_on_digits(tmp_path):
     images, labels = _digits(32)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
     fit, held = order[:1400], order[1400:]
-    cfg = TrainConfig(data="memory:digits", model="resnet", num_classes=10, epochs=1, batch_size=16, lr=0.05,
-                      warmup_steps=10, image_size=32, out=str(tmp_path), resume="none", log_every=50, live=False)
+    cfg = TrainConfig.from_options(data="memory:digits", model="resnet", num_classes=10, epochs=1, batch_size=16,
+                                   lr=0.05, warmup_steps=10, image_size=32, out=str(tmp_path), resume="none",
+                                   log_every=50, live=False)
     run = _run(cfg, MemoryLoader(images[fit], labels[fit], batch_size=16, rank=0, world_size=1, seed=0),
                MemoryLoader(images[held], labels[held], batch_size=64, rank=0, world_size=1, seed=0, tail="pad"))
     assert run.val is not None and run.val["samples"] == len(held)  # padded tail not counted
@@ -44,9 +45,10 @@ def test_resnet_reaches_90_percent_on_digits(tmp_path):
 
 def test_same_seed_same_weights_and_adamw_accumulation(tmp_path):
     def once(name: str) -> dict[str, torch.Tensor]:
-        cfg = TrainConfig(data="synthetic:?samples=96&classes=3", model="mlp", num_classes=3, batch_size=8,
-                          grad_accum=2, optimizer="adamw", lr=1e-3, warmup_steps=2, max_steps=4, image_size=8,
-                          out=str(tmp_path / name), resume="none", log_every=2, live=False, seed=7)
+        cfg = TrainConfig.from_options(data="synthetic:?samples=96&classes=3", model="mlp", num_classes=3,
+                                       batch_size=8, grad_accum=2, optimizer="adamw", lr=1e-3, warmup_steps=2,
+                                       max_steps=4, image_size=8, out=str(tmp_path / name), resume="none",
+                                       log_every=2, live=False, seed=7)
         from trainer.synthetic import synthetic_loader
 
         loader = synthetic_loader(cfg.data, batch_size=8, rank=0, world_size=1, seed=7, image_size=8)

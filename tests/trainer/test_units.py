@@ -9,7 +9,8 @@ import torch
 
 from dataio.storage.store import Store
 from trainer import checkpoint as ckpt_io
-from trainer.config import TrainConfig, parse_config
+from trainer.config import TrainConfig
+from trainer.flags import parse_config
 from trainer.models import build_model
 from trainer.report import combine, summarize
 from trainer.schedule import WarmupCosine

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.config import parse_config
+from trainer.flags import parse_config
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
