@@ -25,8 +25,11 @@ def test_without_a_gpu_dali_is_not_advised_and_the_tip_names_the_measurement():
     assert "try --decode dali" not in slower and "measured 0.59x --decode cpu" in slower
 
 
-def test_dali_is_advised_with_a_gpu_or_where_its_cpu_path_measured_faster():
-    assert "try --decode dali (GPU decode)" in verdict(_decode_bound(), num_workers=2, decode="cpu", has_gpu=True)
+def test_gpu_decode_is_advised_with_a_gpu_and_dali_where_its_cpu_path_measured_faster():
+    assert "try --decode auto (the GPU decodes beside the CPU workers" in verdict(
+        _decode_bound(), num_workers=2, decode="cpu", has_gpu=True)
+    old_loader = verdict(_decode_bound(), num_workers=2, decode="cpu", has_gpu=True, offered=("cpu", "dali", None))
+    assert "try --decode dali (GPU decode)" in old_loader  # a loader without the GPU decoder: DALI
     faster = verdict(_decode_bound(), num_workers=2, decode="cpu", has_gpu=False, dali_cpu_speedup=1.4)
     assert "try --decode dali (its CPU decode measured 1.40x --decode cpu on this machine)" in faster
 
@@ -41,7 +44,8 @@ def test_with_a_gpu_but_no_dali_the_tip_says_how_to_install_it(monkeypatch):
     import trainer.report as report
 
     monkeypatch.setattr(report, "_dali_installed", lambda: False)
-    text = verdict(_decode_bound(), num_workers=2, decode="cpu", has_gpu=True)
+    text = verdict(_decode_bound(), num_workers=2, decode="cpu", has_gpu=True, offered=("cpu", "dali", None))
     assert "try --decode dali (GPU decode) after `pip install 'shardify[dali]'` (DALI is not installed here)" in text
     monkeypatch.setattr(report, "_dali_installed", lambda: True)
-    assert "not installed" not in verdict(_decode_bound(), num_workers=2, decode="cpu", has_gpu=True)
+    assert "not installed" not in verdict(_decode_bound(), num_workers=2, decode="cpu", has_gpu=True,
+                                          offered=("cpu", "dali", None))
