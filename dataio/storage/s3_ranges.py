@@ -94,22 +94,31 @@ def read_range(options: StorageOptions, path: str, start: int | None, end: int |
     ranged = {} if start is None and end is None else {"Range": f"bytes={start or 0}-{'' if end is None else end - 1}"}
     try:
         response = client_for(options).get_object(Bucket=bucket, Key=key, **ranged)
-        total = _total_of(response.get("ContentRange")) if ranged else response.get("ContentLength")
+        total = total_of(response.get("ContentRange")) if ranged else response.get("ContentLength")
         return response["Body"].read(), total
     except ClientError as exc:
-        error = exc.response.get("Error", {})
-        code = str(error.get("Code", ""))
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code in ("NoSuchKey", "NoSuchBucket", "404") or status == 404:
-            raise FileNotFoundError(path) from exc
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403") or status == 403:
-            raise PermissionError(f"{path}: {code or status}") from exc
-        if code == "InvalidRange" or status == 416:  # the object is shorter than the index says
-            raise ShortReadError(f"the object ends before byte {start}") from exc
-        raise
+        mapped = mapped_error(exc, path, start)
+        if mapped is exc:
+            raise
+        raise mapped from exc
 
 
-def _total_of(content_range: str | None) -> int | None:
+def mapped_error(exc: Exception, path: str, start: int | None) -> Exception:
+    """A botocore ClientError of a GET as s3fs raises it (missing: FileNotFoundError, refused:
+    PermissionError, past the end: ShortReadError); any other comes back as it is."""
+    error = exc.response.get("Error", {})  # type: ignore[attr-defined]
+    code = str(error.get("Code", ""))
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")  # type: ignore[attr-defined]
+    if code in ("NoSuchKey", "NoSuchBucket", "404") or status == 404:
+        return FileNotFoundError(path)
+    if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403") or status == 403:
+        return PermissionError(f"{path}: {code or status}")
+    if code == "InvalidRange" or status == 416:  # the object is shorter than the index says
+        return ShortReadError(f"the object ends before byte {start}")
+    return exc
+
+
+def total_of(content_range: str | None) -> int | None:
     """The whole object's size from a Content-Range answer ("bytes 0-99/1234"); None if not stated."""
     total = (content_range or "").rpartition("/")[2].strip()
     return int(total) if total.isdigit() else None

@@ -7,8 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from dataio.errors import StorageError, StorageNotFoundError
-from dataio.storage import s3_ranges
+from dataio.errors import ShardFormatError, StorageError, StorageNotFoundError
+from dataio.storage import s3_into, s3_ranges
+from dataio.storage.options import StorageOptions
 from dataio.storage.retry import RetryPolicy
 from dataio.storage.store import Store
 
@@ -53,3 +54,44 @@ def test_errors_are_judged_as_s3fs_ones(s3_server) -> None:
     with pytest.raises(StorageError) as err:
         Store(store.raw_url, wrong, fast).read("blob", 0, 10)
     assert "not-the-secret" not in str(err.value)
+
+
+def test_read_into_fills_the_buffer_in_parallel_parts_exactly(s3_server) -> None:
+    options = dataclasses.replace(s3_server.options(), part_bytes=100_000, parts_in_flight=4)
+    store = Store(f"s3://{s3_server.new_bucket()}/ds", options)
+    data = bytes(range(256)) * 4096  # 1 MiB: 7-10 parts per span below
+    store.write_bytes("blob", data)
+    for start, end in [(0, len(data)), (12_345, 987_654), (500, 501), (len(data) - 7, len(data))]:
+        dest = bytearray(b"\xee" * (end - start + 3))
+        store.read_into("blob", start, end, memoryview(dest), object_size=len(data))
+        assert dest[: end - start] == data[start:end] and dest[end - start:] == b"\xee" * 3
+
+
+def test_part_spans_cover_the_span_once_in_about_equal_parts() -> None:
+    assert s3_into.part_spans(0, 10, 4) == [(0, 5), (5, 10)]  # parts of about 4: two of 5
+    for start, end, part in [(3, 1000, 7), (0, 1, 8 << 20), (10, 50 << 20, 8 << 20)]:
+        spans = s3_into.part_spans(start, end, part)
+        assert spans[0][0] == start and spans[-1][1] == end
+        assert all(a < b and b == c for (a, b), (c, _) in zip(spans, spans[1:] + [(end, None)]))
+        assert max(b - a for a, b in spans) - min(b - a for a, b in spans) <= len(spans)
+
+
+def test_read_into_checks_the_size_and_the_range(s3_server) -> None:
+    fast = RetryPolicy(max_attempts=2, base_delay_s=0.0, max_delay_s=0.0)
+    store = Store(f"s3://{s3_server.new_bucket()}/ds", dataclasses.replace(s3_server.options(), part_bytes=300), fast)
+    store.write_bytes("blob", b"x" * 1000)
+    dest = memoryview(bytearray(2000))
+    with pytest.raises(ShardFormatError, match="blob: shard is 1000 bytes but the manifest says 999"):
+        store.read_into("blob", 0, 500, dest, object_size=999)
+    with pytest.raises(StorageError, match="blob bytes 674-1010") as err:  # parts of 337 bytes
+        store.read_into("blob", 0, 1010, dest)  # its last part runs past the end: retried, then refused
+    assert "answered bytes 674-999/1000" in str(err.value)
+    with pytest.raises(StorageNotFoundError, match="missing"):
+        store.read_into("missing", 0, 10, dest)
+
+
+def test_options_refuse_a_part_size_below_one() -> None:
+    with pytest.raises(ValueError, match="part_bytes"):
+        StorageOptions(part_bytes=0)
+    with pytest.raises(ValueError, match="parts_in_flight"):
+        StorageOptions(parts_in_flight=True)
