@@ -23,8 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dataio.errors import StorageError
-from dataio.storage import s3_ranges
+from dataio.storage import presigned, s3_ranges
 from dataio.storage.hedge import Hedger
+from dataio.storage.presigned import pool as _pool
 from dataio.storage.options import StorageOptions
 from dataio.storage.retry import RetryPolicy, ShortReadError, with_retry
 
@@ -94,31 +95,74 @@ def _shut(raw: Any) -> None:
             pass  # closed already
 
 
+class HttpStatusError(OSError):
+    """An S3 answer other than 206 to a ranged GET (judged by retry.is_transient from its status_code)."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
 def get_into(options: StorageOptions, path: str, start: int, end: int, dest: memoryview,
              guard: _Guard | None = None) -> int | None:
     """One GET of bytes [start, end) of `path` ("bucket/key"), its body received into dest[: end - start];
     the object's whole size from Content-Range. Errors as s3_ranges.read_range raises them."""
-    from botocore.exceptions import ClientError
-
-    bucket, _, key = path.partition("/")
-    try:
-        response = s3_ranges.client_for(options).get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
-    except ClientError as exc:
-        mapped = s3_ranges.mapped_error(exc, path, start)
-        if mapped is exc:
-            raise
-        raise mapped from exc
-    raw = response["Body"]._raw_stream  # urllib3's response, not yet read (botocore streams bodies)
-    answered = str(response.get("ContentRange") or "")
-    if not answered.startswith(f"bytes {start}-{end - 1}/"):  # a server that ignored or cut the Range
+    url, fresh = presigned.url(options, path)
+    raw = _pool(options).request("GET", url, headers={"Range": f"bytes={start}-{end - 1}"}, preload_content=False,
+                                 decode_content=False, redirect=False, retries=False)
+    if raw.status == 403 and not fresh:  # a URL signed a while ago (its credentials may have rotated): sign again
+        _done_with(raw)
+        presigned.forget(options, path)
+        url, _ = presigned.url(options, path)
+        raw = _pool(options).request("GET", url, headers={"Range": f"bytes={start}-{end - 1}"},
+                                     preload_content=False, decode_content=False, redirect=False, retries=False)
+    if raw.status != 206:
+        raise _status_error(raw, path, start, end)
+    answered = str(raw.headers.get("Content-Range") or "")
+    if not answered.startswith(f"bytes {start}-{end - 1}/"):  # a server that cut the Range
         raw.close()
-        raise ShortReadError(f"asked for bytes {start}-{end - 1}, answered {answered or 'the whole object'}")
+        raise ShortReadError(f"asked for bytes {start}-{end - 1}, answered {answered or 'no Content-Range'}")
     got = _receive(raw, dest[: end - start], guard)
     if got != end - start:
         raw.close()
         raise ShortReadError(f"got {got} bytes, expected {end - start}")
     raw.release_conn()
     return s3_ranges.total_of(answered)
+
+
+def _status_error(raw: Any, path: str, start: int, end: int) -> Exception:
+    """What an answer other than 206 means, as s3_ranges.mapped_error says it (the body's error code named)."""
+    status = raw.status
+    if status == 200:  # the server ignored the Range: the whole object was on its way
+        raw.close()
+        return ShortReadError(f"asked for bytes {start}-{end - 1}, answered the whole object")
+    body = raw.read(64 << 10)
+    _done_with(raw)
+    code = _xml_code(body)
+    if status == 404:
+        return FileNotFoundError(path)
+    if status == 403:
+        return PermissionError(f"{path}: {code or status}")
+    if status == 416:  # the object is shorter than the index says
+        return ShortReadError(f"the object ends before byte {start}")
+    return HttpStatusError(f"{path}: HTTP {status} {code}".rstrip(), status)
+
+
+def _done_with(raw: Any) -> None:
+    """The rest of an error answer read and its connection pooled again (closed if that fails)."""
+    try:
+        raw.drain_conn()
+        raw.release_conn()
+    except Exception:  # noqa: BLE001 - the connection is closed instead
+        raw.close()
+
+
+def _xml_code(body: bytes) -> str:
+    """The <Code> of an S3 error body ('' when none)."""
+    text = body.decode("utf-8", "replace")
+    a = text.find("<Code>")
+    b = text.find("</Code>", a)
+    return text[a + 6: b] if a >= 0 and b > a else ""
 
 
 def _receive(raw: Any, dest: memoryview, guard: _Guard | None) -> int:

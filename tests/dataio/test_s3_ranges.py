@@ -88,6 +88,10 @@ def test_read_into_checks_the_size_and_the_range(s3_server) -> None:
     assert "answered bytes 674-999/1000" in str(err.value)
     with pytest.raises(StorageNotFoundError, match="missing"):
         store.read_into("missing", 0, 10, dest)
+    wrong = dataclasses.replace(store.options, secret="not-the-secret")
+    with pytest.raises(StorageError, match="SignatureDoesNotMatch|AccessDenied|403") as err:
+        Store(store.raw_url, wrong, fast).read_into("blob", 0, 10, dest)  # refused: not retried
+    assert "not-the-secret" not in str(err.value) and "gave up" not in str(err.value)
 
 
 def test_options_refuse_a_part_size_below_one() -> None:
