@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dataio.errors import StorageError
-from dataio.storage import presigned, s3_ranges
+from dataio.storage import presigned
 from dataio.storage.hedge import Hedger
 from dataio.storage.presigned import pool as _pool
 from dataio.storage.options import StorageOptions
@@ -103,19 +103,53 @@ class HttpStatusError(OSError):
         self.status_code = status_code
 
 
-def get_into(options: StorageOptions, path: str, start: int, end: int, dest: memoryview,
-             guard: _Guard | None = None) -> int | None:
-    """One GET of bytes [start, end) of `path` ("bucket/key"), its body received into dest[: end - start];
-    the object's whole size from Content-Range. Errors as s3_ranges.read_range raises them."""
+def get_bytes(options: StorageOptions, path: str, start: int | None, end: int | None) -> tuple[bytes, int | None]:
+    """(bytes [start, end) of the object at `path` ("bucket/key"), the whole object when both are None; the
+    object's whole size from the answer's Content-Range (or Content-Length), None where it gives none).
+    Errors as s3fs raises them: FileNotFoundError, PermissionError, ShortReadError past the end."""
+    ranged = not (start is None and end is None)
+    first = start or 0
+    raw = _get(options, path, {"Range": f"bytes={first}-{'' if end is None else end - 1}"} if ranged else {})
+    if raw.status != (206 if ranged else 200):
+        raise _status_error(raw, path, first, end)
+    try:
+        data = raw.read()
+    except BaseException:
+        raw.close()
+        raise
+    raw.release_conn()
+    if ranged:
+        return data, total_of(raw.headers.get("Content-Range"))
+    length = raw.headers.get("Content-Length")
+    return data, int(length) if length and length.isdigit() else None
+
+
+def _get(options: StorageOptions, path: str, headers: dict[str, str]) -> Any:
+    """urllib3's answer to a GET of the object's presigned URL, its body not read; a 403 to a URL signed a while
+    ago (its credentials may have rotated) is asked again with a new one."""
     url, fresh = presigned.url(options, path)
-    raw = _pool(options).request("GET", url, headers={"Range": f"bytes={start}-{end - 1}"}, preload_content=False,
-                                 decode_content=False, redirect=False, retries=False)
-    if raw.status == 403 and not fresh:  # a URL signed a while ago (its credentials may have rotated): sign again
+    raw = _pool(options).request("GET", url, headers=headers, preload_content=False, decode_content=False,
+                                 redirect=False, retries=False)
+    if raw.status == 403 and not fresh:
         _done_with(raw)
         presigned.forget(options, path)
         url, _ = presigned.url(options, path)
-        raw = _pool(options).request("GET", url, headers={"Range": f"bytes={start}-{end - 1}"},
-                                     preload_content=False, decode_content=False, redirect=False, retries=False)
+        raw = _pool(options).request("GET", url, headers=headers, preload_content=False, decode_content=False,
+                                     redirect=False, retries=False)
+    return raw
+
+
+def total_of(content_range: str | None) -> int | None:
+    """The whole object's size from a Content-Range answer ("bytes 0-99/1234"); None if not stated."""
+    total = (content_range or "").rpartition("/")[2].strip()
+    return int(total) if total.isdigit() else None
+
+
+def get_into(options: StorageOptions, path: str, start: int, end: int, dest: memoryview,
+             guard: _Guard | None = None) -> int | None:
+    """One GET of bytes [start, end) of `path` ("bucket/key"), its body received into dest[: end - start];
+    the object's whole size from Content-Range. Errors as get_bytes raises them."""
+    raw = _get(options, path, {"Range": f"bytes={start}-{end - 1}"})
     if raw.status != 206:
         raise _status_error(raw, path, start, end)
     answered = str(raw.headers.get("Content-Range") or "")
@@ -127,15 +161,15 @@ def get_into(options: StorageOptions, path: str, start: int, end: int, dest: mem
         raw.close()
         raise ShortReadError(f"got {got} bytes, expected {end - start}")
     raw.release_conn()
-    return s3_ranges.total_of(answered)
+    return total_of(answered)
 
 
-def _status_error(raw: Any, path: str, start: int, end: int) -> Exception:
-    """What an answer other than 206 means, as s3_ranges.mapped_error says it (the body's error code named)."""
+def _status_error(raw: Any, path: str, start: int, end: int | None) -> Exception:
+    """What an unexpected answer means, as s3fs would raise it (the body's error code named)."""
     status = raw.status
-    if status == 200:  # the server ignored the Range: the whole object was on its way
+    if status in (200, 206):  # the server ignored the Range (or answered a whole read with a part)
         raw.close()
-        return ShortReadError(f"asked for bytes {start}-{end - 1}, answered the whole object")
+        return ShortReadError(f"asked for bytes {start}-{'' if end is None else end - 1}, answered HTTP {status}")
     body = raw.read(64 << 10)
     _done_with(raw)
     code = _xml_code(body)

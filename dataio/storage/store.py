@@ -63,7 +63,7 @@ class Store(ConditionalWrites):
         self._fs: Any = None
         self._fs_pid = 0
         self._root = ""
-        self._range_options: StorageOptions | None = None  # S3: ranged reads through s3_ranges
+        self._range_options: StorageOptions | None = None  # S3: reads through s3_into (presigned GETs)
         self._resolved_pid = 0  # the process the root and _range_options were worked out in (_resolve)
         self._hedger: Hedger | None = None
         self._hedger_pid = 0
@@ -187,7 +187,7 @@ class Store(ConditionalWrites):
         def once() -> tuple[bytes, int | None]:
             total = None
             if self._range_options is not None and (start is None) == (end is None):  # threads in parallel
-                data, total = s3_ranges.read_range(self._range_options, path, start, end)
+                data, total = s3_into.get_bytes(self._range_options, path, start, end)
             elif start is None and end is None:
                 data = self.fs.cat_file(path, **whole)
             else:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from dataio.errors import StorageError
-from dataio.storage import s3_into
+from dataio.storage import presigned, s3_into
 from dataio.storage.hedge import HedgePolicy, Hedger
 from dataio.storage.options import StorageOptions
 from dataio.storage.retry import RetryPolicy
@@ -32,7 +33,7 @@ class _Ranges(BaseHTTPRequestHandler):
             number = server.count  # type: ignore[attr-defined]
             server.count += 1  # type: ignore[attr-defined]
         if number in server.fail:  # type: ignore[attr-defined]
-            self.send_response(503)
+            self.send_response(server.fail_status)  # type: ignore[attr-defined]
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
@@ -62,6 +63,7 @@ def ranges_server(request) -> Iterator[ThreadingHTTPServer]:
     handler = type("Ranges", (_Ranges,), {"protocol_version": request.param})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.lock, server.count, server.stall_at, server.fail = threading.Lock(), 0, -1, set()  # type: ignore[attr-defined]
+    server.fail_status = 503  # type: ignore[attr-defined]
     server.release = threading.Event()  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -120,3 +122,32 @@ def test_retried_parts_still_land_in_place(ranges_server) -> None:
 
 def test_options_of_a_read_into_are_kept_through_replace() -> None:
     assert dataclasses.replace(StorageOptions(), part_bytes=5).part_bytes == 5
+
+
+def test_a_403_to_an_old_url_signs_it_again_and_a_403_to_a_fresh_one_is_refused(ranges_server, monkeypatch) -> None:
+    options = _options(ranges_server, part_bytes=1 << 20)
+    once = RetryPolicy(max_attempts=1, base_delay_s=0.0, max_delay_s=0.0)
+    ranges_server.fail, ranges_server.fail_status = {0, 1}, 403
+    with pytest.raises(StorageError, match="403"):  # signed just now: the store's refusal, not retried
+        s3_into.read_into(options, "b/k", 0, 100, memoryview(bytearray(100)), what="r", retry=once, secrets=(),
+                          hedger=None)
+    assert ranges_server.count == 1
+    monkeypatch.setattr(presigned, "FRESH_S", 0.0)  # every URL counts as signed a while ago
+    dest = bytearray(100)
+    s3_into.read_into(options, "b/k", 0, 100, memoryview(dest), what="r", retry=once, secrets=(), hedger=None)
+    assert bytes(dest) == BODY[:100] and ranges_server.count == 3  # 403 once more, then the new URL's answer
+
+
+def test_urls_are_path_style_on_an_endpoint_and_virtual_hosted_on_aws() -> None:
+    def parts(url: str) -> tuple[str, str, dict]:
+        u = urllib.parse.urlsplit(url)
+        return u.netloc, u.path, urllib.parse.parse_qs(u.query)
+
+    host, path, query = parts(presigned._sign(StorageOptions(endpoint_url="http://127.0.0.1:9000/", key="AK",
+                                                             secret="SK"), "bucket/a b/c~d"))
+    assert (host, path) == ("127.0.0.1:9000", "/bucket/a%20b/c~d") and query["X-Amz-Credential"][0].startswith("AK/")
+    assert "SK" not in str(query)
+    host, path, _ = parts(presigned._sign(StorageOptions(region="eu-west-1", key="AK", secret="SK"), "my-bucket/k"))
+    assert (host, path) == ("my-bucket.s3.eu-west-1.amazonaws.com", "/k")
+    host, path, query = parts(presigned._sign(StorageOptions(anon=True, region="eu-west-1"), "Not_DNS/k"))
+    assert (host, path, query) == ("s3.eu-west-1.amazonaws.com", "/Not_DNS/k", {})  # unsigned, path style

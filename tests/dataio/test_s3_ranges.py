@@ -1,4 +1,5 @@
-"""S3 ranged reads through botocore's thread-safe client (storage/s3_ranges.py), as Store.read serves them."""
+"""S3 reads as Store.read and Store.read_into serve them (storage/s3_into.py: presigned GETs through urllib3,
+bodies received in place), against SeaweedFS; botocore's client (s3_ranges) only for conditional writes."""
 
 from __future__ import annotations
 
@@ -24,8 +25,18 @@ def test_ranged_reads_from_many_threads_are_exact(s3_server) -> None:
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda s: store.read("blob", *s), spans))
     assert got == [data[a:b] for a, b in spans]
-    assert store._range_options is not None  # served by s3_ranges, not s3fs
+    assert store._range_options is not None  # served by s3_into, not s3fs
     assert s3_ranges.client_for(store._range_options) is s3_ranges.client_for(store._range_options)
+
+
+def test_reads_build_no_botocore_client(s3_server) -> None:
+    """Building botocore's client loads the S3 service model (0.1-0.4 s of a loader's first batch): reads
+    sign their URLs without one."""
+    options = dataclasses.replace(s3_server.options(), read_timeout_s=9.5)  # options no other test's client has
+    store = Store(f"s3://{s3_server.new_bucket()}/ds", options)
+    s3_ranges.client_for(s3_server.options()).put_object(Bucket=store.root.split("/")[0], Key="ds/blob", Body=b"xyz")
+    assert store.read("blob") == b"xyz" and store.read("blob", 1, 3) == b"yz"
+    assert not any(o == options for _, o in s3_ranges._CLIENTS)
 
 
 def test_reads_open_no_s3fs_filesystem(s3_server) -> None:
