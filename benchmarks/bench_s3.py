@@ -86,6 +86,8 @@ def curl_ceiling(endpoint: str, key: str, secret: str, bucket: str, keys: list[s
     urls = [f"{endpoint}/{bucket}/{k}" for k in keys] * passes
     sizes = {k: _object_size(endpoint, key, secret, bucket, k) for k in keys}
     cmd = ["curl", "-sf", "--user", f"{key}:{secret}", "--aws-sigv4", "aws:amz:us-east-1:s3"]
+    if os.environ.get("AWS_CA_BUNDLE"):  # --https: the server's own certificate
+        cmd += ["--cacert", os.environ["AWS_CA_BUNDLE"]]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     procs = [subprocess.Popen([*cmd, *(a for u in urls[i::streams] for a in ("-o", "/dev/null", u))])
@@ -103,7 +105,7 @@ def _object_size(endpoint: str, key: str, secret: str, bucket: str, name: str) -
     import boto3
 
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=key, aws_secret_access_key=secret,
-                          region_name="us-east-1")
+                          region_name="us-east-1", verify=os.environ.get("AWS_CA_BUNDLE"))
     return int(client.head_object(Bucket=bucket, Key=name)["ContentLength"])
 
 
@@ -180,6 +182,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ceiling-threads", type=int, default=8)
     parser.add_argument("--sizes", default=",".join(SHARD_SIZES), help="comma-separated shard sizes")
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated peers (of: " + ", ".join(PEERS) + ")")
+    parser.add_argument("--https", action="store_true",
+                        help="SeaweedFS over TLS (a self-signed certificate, AWS_CA_BUNDLE for every client); "
+                             "no start-up request counts (the counting proxy speaks plain HTTP)")
     parser.add_argument("--work", default="out/bench")
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results_s3.md"))
     args = parser.parse_args(argv)
@@ -202,10 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {}
     counts: dict[str, Any] = {}
-    with S3Server(data_dir=str(work / "seaweed-s3")) as server:
+    with S3Server(data_dir=str(work / ("seaweed-s3-tls" if args.https else "seaweed-s3")), tls=args.https) as server:
         client, bucket = server.client(), server.new_bucket()
         env = {"AWS_ENDPOINT_URL": server.endpoint_url, "AWS_ACCESS_KEY_ID": server.key,
-               "AWS_SECRET_ACCESS_KEY": server.secret}
+               "AWS_SECRET_ACCESS_KEY": server.secret, **({"AWS_CA_BUNDLE": server.ca_file} if args.https else {})}
         os.environ.update(env)  # tar_urls reads the manifests here; children get env explicitly
         specs, keys, info = {}, {}, {}
         for size, path in local.items():
@@ -215,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             keys[size] = [t.split(f"s3://{bucket}/", 1)[1] for t in tars]
             info[size] = _dataset_info(path, len(tars))
             specs |= loader_specs(url, tars, size, args)
-            for w in args.workers:
+            for w in args.workers if not args.https else ():
                 counts[f"{size}/{w}"] = count_startup_requests(url, server.endpoint_url, env, w)
         for _ in range(args.repeats):
             for size in local:

@@ -153,13 +153,15 @@ def write_results(path: Path, runs: dict[str, list[dict[str, Any]]], counts: dic
     tables = [line for w in workers for line in ("", f"### {w} workers", "", *_table(runs, info, w))]
     targets = _targets(runs, counts, info, workers)
     sizes = " and ".join(info)
+    https = getattr(args, "https", False)
+    transport = "HTTPS (a self-signed certificate, trusted through AWS_CA_BUNDLE)" if https else "plain HTTP"
     peers = ", ".join(k for k in PEER_ORDER if any(name.startswith(f"{k}/") for name in runs))
     lines = [
         "# Object storage: shardify RAW vs its peers vs the server's ceiling (issues 11, 25 and 34)", "",
         f"Run {when}: `python -m benchmarks.bench_s3 --num-images {args.num_images} --repeats {args.repeats} "
         f"--epochs {args.epochs} --workers {','.join(map(str, args.workers))} --sizes {','.join(info)} "
-        f"--peers {','.join(getattr(args, 'peers', ('webdataset',)))}`; local SeaweedFS (tools/s3_server.py) "
-        f"on this machine over plain HTTP, {first['num_samples']} ImageNet-like JPEGs "
+        f"--peers {','.join(getattr(args, 'peers', ('webdataset',)))}{' --https' if https else ''}`; local SeaweedFS (tools/s3_server.py) "
+        f"on this machine over {transport}, {first['num_samples']} ImageNet-like JPEGs "
         f"({first['bytes_per_sample'] / 1e3:.0f} KB mean sample) as tar shards of {sizes} (`shardify write "
         f"--shuffle`), uploaded byte for byte; peers {peers}; batch {args.batch_size}, persistent workers, torch "
         f"{torch}; medians of {args.repeats} interleaved rounds, each loader run in a fresh process.", "",

@@ -13,6 +13,7 @@ from dataio.storage import s3_into, s3_ranges
 from dataio.storage.options import StorageOptions
 from dataio.storage.retry import RetryPolicy
 from dataio.storage.store import Store
+from tools.s3_server import S3Server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -110,3 +111,21 @@ def test_options_refuse_a_part_size_below_one() -> None:
         StorageOptions(part_bytes=0)
     with pytest.raises(ValueError, match="parts_in_flight"):
         StorageOptions(parts_in_flight=True)
+
+
+@pytest.mark.slow
+def test_reads_over_https_trust_the_ca_bundle(monkeypatch) -> None:
+    """SeaweedFS over TLS (a self-signed certificate): reads verify it against AWS_CA_BUNDLE, as botocore does."""
+    with S3Server(tls=True) as server:
+        assert server.endpoint_url.startswith("https://") and server.ca_file
+        bucket = server.new_bucket()
+        server.client().put_object(Bucket=bucket, Key="ds/blob", Body=bytes(range(256)) * 40)
+        fast = RetryPolicy(max_attempts=1, base_delay_s=0.0, max_delay_s=0.0)
+        untrusted = Store(f"s3://{bucket}/ds", dataclasses.replace(server.options(), read_timeout_s=9.1), fast)
+        with pytest.raises(StorageError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+            untrusted.read("blob")
+        monkeypatch.setenv("AWS_CA_BUNDLE", server.ca_file)
+        store = Store(f"s3://{bucket}/ds", dataclasses.replace(server.options(), read_timeout_s=9.2, part_bytes=4000))
+        dest = bytearray(10240)
+        store.read_into("blob", 0, 10240, memoryview(dest))
+        assert store.read("blob", 3, 7) == bytes([3, 4, 5, 6]) and bytes(dest) == bytes(range(256)) * 40
