@@ -16,9 +16,11 @@ read_into returns, which is what lets the caller reuse it.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -113,7 +115,8 @@ def get_bytes(options: StorageOptions, path: str, start: int | None, end: int | 
     if raw.status != (206 if ranged else 200):
         raise _status_error(raw, path, first, end)
     try:
-        data = raw.read()
+        with _broken_is_transient():
+            data = raw.read()
     except BaseException:
         raw.close()
         raise
@@ -128,15 +131,28 @@ def _get(options: StorageOptions, path: str, headers: dict[str, str]) -> Any:
     """urllib3's answer to a GET of the object's presigned URL, its body not read; a 403 to a URL signed a while
     ago (its credentials may have rotated) is asked again with a new one."""
     url, fresh = presigned.url(options, path)
-    raw = _pool(options).request("GET", url, headers=headers, preload_content=False, decode_content=False,
-                                 redirect=False, retries=False)
-    if raw.status == 403 and not fresh:
-        _done_with(raw)
-        presigned.forget(options, path)
-        url, _ = presigned.url(options, path)
+    with _broken_is_transient():
         raw = _pool(options).request("GET", url, headers=headers, preload_content=False, decode_content=False,
                                      redirect=False, retries=False)
+        if raw.status == 403 and not fresh:
+            _done_with(raw)
+            presigned.forget(options, path)
+            url, _ = presigned.url(options, path)
+            raw = _pool(options).request("GET", url, headers=headers, preload_content=False, decode_content=False,
+                                         redirect=False, retries=False)
     return raw
+
+
+@contextlib.contextmanager
+def _broken_is_transient() -> Iterator[None]:
+    """urllib3's ProtocolError (a connection reset or cut short mid-answer: "Connection broken:
+    IncompleteRead(...)") raised as the ConnectionError it is, which RetryPolicy retries."""
+    from urllib3.exceptions import ProtocolError
+
+    try:
+        yield
+    except ProtocolError as exc:
+        raise ConnectionError(f"connection broken: {exc}") from exc
 
 
 def total_of(content_range: str | None) -> int | None:
@@ -210,7 +226,8 @@ def _receive(raw: Any, dest: memoryview, guard: _Guard | None) -> int:
         while got < want:
             if guard is not None and guard.halted():
                 raise Superseded("stopped while its body was read")
-            n = read(dest[got: min(want, got + CHUNK_BYTES)])
+            with _broken_is_transient():
+                n = read(dest[got: min(want, got + CHUNK_BYTES)])
             if not n:
                 break
             got += n

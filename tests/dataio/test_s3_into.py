@@ -16,7 +16,7 @@ from dataio.errors import StorageError
 from dataio.storage import presigned, s3_into
 from dataio.storage.hedge import HedgePolicy, Hedger
 from dataio.storage.options import StorageOptions
-from dataio.storage.retry import RetryPolicy
+from dataio.storage.retry import RetryPolicy, with_retry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,12 +37,18 @@ class _Ranges(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        a, b = (int(x) for x in self.headers["Range"].removeprefix("bytes=").split("-"))
+        asked = self.headers.get("Range")
+        a, b = (int(x) for x in asked.removeprefix("bytes=").split("-")) if asked else (0, len(BODY) - 1)
         data = BODY[a: b + 1]
-        self.send_response(206)
-        self.send_header("Content-Range", f"bytes {a}-{b}/{len(BODY)}")
+        self.send_response(206 if asked else 200)
+        if asked:
+            self.send_header("Content-Range", f"bytes {a}-{b}/{len(BODY)}")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
+        if number in server.cut:  # type: ignore[attr-defined]
+            self.wfile.write(data[: len(data) // 2])  # half the body, then the connection closes
+            self.close_connection = True
+            return
         try:
             if number == server.stall_at:  # type: ignore[attr-defined]
                 self.wfile.write(data[: len(data) // 2])
@@ -63,7 +69,7 @@ def ranges_server(request) -> Iterator[ThreadingHTTPServer]:
     handler = type("Ranges", (_Ranges,), {"protocol_version": request.param})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.lock, server.count, server.stall_at, server.fail = threading.Lock(), 0, -1, set()  # type: ignore[attr-defined]
-    server.fail_status = 503  # type: ignore[attr-defined]
+    server.fail_status, server.cut = 503, set()  # type: ignore[attr-defined]
     server.release = threading.Event()  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -151,3 +157,19 @@ def test_urls_are_path_style_on_an_endpoint_and_virtual_hosted_on_aws() -> None:
     assert (host, path) == ("my-bucket.s3.eu-west-1.amazonaws.com", "/k")
     host, path, query = parts(presigned._sign(StorageOptions(anon=True, region="eu-west-1"), "Not_DNS/k"))
     assert (host, path, query) == ("s3.eu-west-1.amazonaws.com", "/Not_DNS/k", {})  # unsigned, path style
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_body_cut_short_is_asked_again(ranges_server, whole) -> None:
+    """A connection closed mid-body (urllib3: "Connection broken: IncompleteRead") is transient: retried."""
+    options = _options(ranges_server, part_bytes=1 << 20)
+    ranges_server.cut = {0}
+    retry = RetryPolicy(max_attempts=2, base_delay_s=0.0, max_delay_s=0.0)
+    if whole:
+        data, total = with_retry(lambda: s3_into.get_bytes(options, "b/k", None, None), what="r", policy=retry)
+        assert (data, total) == (BODY, len(BODY))
+    else:
+        dest = bytearray(1000)
+        s3_into.read_into(options, "b/k", 5, 1005, memoryview(dest), what="r", retry=retry, secrets=(), hedger=None)
+        assert bytes(dest) == BODY[5:1005]
+    assert ranges_server.count == 2
