@@ -51,7 +51,7 @@ def url(options: StorageOptions, path: str) -> tuple[str, bool]:
         found = _URLS.get((options, path))
     if found is not None and now - found[1] < URL_TTL_S:
         return found[0], now - found[1] < FRESH_S
-    signed = _sign(options, path)
+    signed = sign_url(options, path)
     with _LOCK:
         if len(_URLS) > 100_000:  # a long job over millions of shards: keep the table bounded
             _URLS.clear()
@@ -59,9 +59,10 @@ def url(options: StorageOptions, path: str) -> tuple[str, bool]:
     return signed, True
 
 
-def _sign(options: StorageOptions, path: str) -> str:
-    """The object's URL with a SigV4 query signature (botocore's signer, as its client's presigned URLs; no client:
-    building one loads the whole S3 service model, ~0.1-0.4 s of a loader's first batch)."""
+def sign_url(options: StorageOptions, path: str, query: str = "") -> str:
+    """The URL of `path` ("bucket/key", or "bucket": the bucket itself, for a listing `query`) with a SigV4 query
+    signature (botocore's signer, as its client's presigned URLs; no client: building one loads the whole S3
+    service model, ~0.1-0.4 s of a loader's first batch)."""
     from botocore.auth import S3SigV4QueryAuth
     from botocore.awsrequest import AWSRequest
 
@@ -76,6 +77,7 @@ def _sign(options: StorageOptions, path: str) -> str:
         base = f"https://{bucket}.s3.{region}.amazonaws.com/{quoted}"
     else:
         base = f"https://s3.{region}.amazonaws.com/{bucket}/{quoted}"
+    base += f"?{query}" if query else ""
     if options.anon:
         return base
     credentials = _credentials(options)

@@ -127,6 +127,19 @@ def get_bytes(options: StorageOptions, path: str, start: int | None, end: int | 
     return data, int(length) if length and length.isdigit() else None
 
 
+def get_listing(options: StorageOptions, bucket: str, query: str) -> bytes:
+    """The body of a GET of `bucket` with `query` (a ListObjectsV2 page); errors as get_bytes raises them."""
+    with _broken_is_transient():
+        raw = _pool(options).request("GET", presigned.sign_url(options, bucket, query), preload_content=False,
+                                     decode_content=True, redirect=False, retries=False)
+        if raw.status != 200:
+            raise _status_error(raw, bucket, 0, None)
+        try:
+            return bytes(raw.read())
+        finally:
+            raw.release_conn()
+
+
 def _get(options: StorageOptions, path: str, headers: dict[str, str]) -> Any:
     """urllib3's answer to a GET of the object's presigned URL, its body not read; a 403 to a URL signed a while
     ago (its credentials may have rotated) is asked again with a new one."""

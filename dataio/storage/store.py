@@ -22,7 +22,7 @@ from dataio.storage.exclusive import ConditionalWrites  # create_exclusive, repl
 from dataio.storage.forked import keep_in_forked_children
 from dataio.storage.hedge import Hedger, shared_hedger
 from dataio.storage.options import StorageOptions
-from dataio.storage import azure, cloud_options, gcs, gcs_resumable, s3_into, s3_ranges
+from dataio.storage import azure, cloud_options, gcs, gcs_resumable, s3_into, s3_list, s3_ranges
 from dataio.storage.paths import check_relative
 from dataio.storage.redact import redact, url_secrets
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
@@ -280,8 +280,8 @@ class Store(ConditionalWrites):
         root = self.root
 
         def once() -> list[str]:
-            try:
-                found = self.fs.find(root)
+            try:  # S3: ListObjectsV2 through urllib3 (s3_list): no s3fs to import and build first
+                found = s3_list.list_keys(self._range_options, root) if self._range_options else self.fs.find(root)
             except FileNotFoundError:
                 return []
             cut = len(root) + 1

@@ -149,13 +149,13 @@ def test_urls_are_path_style_on_an_endpoint_and_virtual_hosted_on_aws() -> None:
         u = urllib.parse.urlsplit(url)
         return u.netloc, u.path, urllib.parse.parse_qs(u.query)
 
-    host, path, query = parts(presigned._sign(StorageOptions(endpoint_url="http://127.0.0.1:9000/", key="AK",
+    host, path, query = parts(presigned.sign_url(StorageOptions(endpoint_url="http://127.0.0.1:9000/", key="AK",
                                                              secret="SK"), "bucket/a b/c~d"))
     assert (host, path) == ("127.0.0.1:9000", "/bucket/a%20b/c~d") and query["X-Amz-Credential"][0].startswith("AK/")
     assert "SK" not in str(query)
-    host, path, _ = parts(presigned._sign(StorageOptions(region="eu-west-1", key="AK", secret="SK"), "my-bucket/k"))
+    host, path, _ = parts(presigned.sign_url(StorageOptions(region="eu-west-1", key="AK", secret="SK"), "my-bucket/k"))
     assert (host, path) == ("my-bucket.s3.eu-west-1.amazonaws.com", "/k")
-    host, path, query = parts(presigned._sign(StorageOptions(anon=True, region="eu-west-1"), "Not_DNS/k"))
+    host, path, query = parts(presigned.sign_url(StorageOptions(anon=True, region="eu-west-1"), "Not_DNS/k"))
     assert (host, path, query) == ("s3.eu-west-1.amazonaws.com", "/Not_DNS/k", {})  # unsigned, path style
 
 

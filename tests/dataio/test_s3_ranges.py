@@ -129,3 +129,21 @@ def test_reads_over_https_trust_the_ca_bundle(monkeypatch) -> None:
         dest = bytearray(10240)
         store.read_into("blob", 0, 10240, memoryview(dest))
         assert store.read("blob", 3, 7) == bytes([3, 4, 5, 6]) and bytes(dest) == bytes(range(256)) * 40
+
+
+def test_listing_goes_through_urllib3_pages_and_all(s3_server, monkeypatch) -> None:
+    """Store.list on S3: ListObjectsV2 pages through urllib3 (no s3fs imported or built), every key below
+    the prefix and none beside it; a missing prefix or bucket lists nothing."""
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
+    names = [f"d/{i:04d}" for i in range(7)] + ["d/sub/x y.tar", "dx/not-mine"]
+    for name in names:
+        client.put_object(Bucket=bucket, Key=f"ds/{name}", Body=b"1")
+    store = Store(f"s3://{bucket}/ds/d", s3_server.options())
+    real = s3_into.get_listing
+    pages: list[str] = []
+    monkeypatch.setattr(s3_into, "get_listing", lambda o, b, q: pages.append(q) or real(o, b, q + "&max-keys=3"))
+    assert store.list() == sorted(n[2:] for n in names if n.startswith("d/"))
+    assert len(pages) == 3 and store._fs is None  # 8 keys in pages of 3; no s3fs filesystem
+    assert Store(f"s3://{bucket}/nothing", s3_server.options()).list() == []
+    assert Store("s3://no-such-bucket-here/p", s3_server.options()).list() == []
