@@ -81,5 +81,6 @@ def test_a_loaded_machine_is_said_and_the_headline_reads_each_worker_table(tmp_p
     assert (two.ours, two.peer_value) == (9000, 4000)  # the 2-worker rows
     assert two.per_sample == (8500, 6000)  # views, to_list: the per-sample forms beside the packed rate
     none = next(h for task, h in rows.items() if task.endswith(", no workers"))
-    assert none.peer_value == 2000  # webdataset's 0-worker row, not its 2-worker one
+    assert (none.peer, none.peer_value) == ("obstore", 2400)  # the best 0-worker peer, not a 2-worker row
+    assert two.peer == "webdataset"  # best at 2 workers; never a ceiling row (20000)
     assert two.load.startswith("3.5")
