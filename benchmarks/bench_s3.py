@@ -1,11 +1,14 @@
-"""Object storage in one interleaved run: the local SeaweedFS server's own ceiling, shardify RAW and
-WebDataset reading the same tar shards over S3 with 0 and 2 workers, and each one's time to first
-batch, at 64 MB and 256 MB shards.
+"""Object storage in one interleaved run: the local SeaweedFS server's own ceiling, shardify RAW,
+WebDataset, s3torchconnector's S3IterableDataset and an obstore reader (benchmarks/s3_peers.py)
+reading the same tar shards over S3 with 0 and 2 workers: each one's first epoch (start-up
+included), later epochs, time to first batch and CPU-seconds, at 64 MB and 256 MB shards.
 
     python -m benchmarks.bench_s3 [--num-images 10000] [--repeats 3] [--epochs 2] [--workers 0,2]
+                                  [--sizes 64MB,256MB] [--peers webdataset,s3torchconnector,obstore]
 
-The ceiling is parallel whole-object GETs (a thread pool, boto3, bodies streamed and dropped):
-what the server delivers to one client process on this machine. The loaders run in fresh child
+The ceiling, measured in each round: parallel whole-object GETs (a thread pool, boto3, bodies
+streamed and dropped), and curl fetching every shard whole with 1 and 2 processes (bodies to
+/dev/null): what the server delivers to a client on this machine. The loaders run in fresh child
 processes (benchmarks.bench_loader's runner: batch 256, persistent workers, PSS sampled); the
 rows of a round run one after another, rounds interleaved, medians reported. Every shardify row
 is measured in the packed form and per sample (zero-copy views, and to_list copies), by
@@ -32,9 +35,10 @@ SHARD_SIZES = ("64MB", "256MB")
 # The forms a shardify RAW row is consumed in (loader_child.FORMS without "to_list, before", the
 # local benchmark's measure of that change): packed, then per sample as the peers deliver it.
 FORMS = ("packed", "views", "to_list")
+PEERS = ("webdataset", "s3torchconnector", "obstore")
 
 
-def prepare(work: Path, num_images: int) -> dict[str, Path]:
+def prepare(work: Path, num_images: int, sizes: tuple[str, ...] = SHARD_SIZES) -> dict[str, Path]:
     """The synthetic image folder and its tar shards at each shard size (cached in `work`)."""
     folder = work / f"images-{num_images}"
     if not (folder / ".done").exists():
@@ -42,7 +46,7 @@ def prepare(work: Path, num_images: int) -> dict[str, Path]:
                         "--num-classes", str(min(1000, num_images)), "--seed", "0"], check=True)
         (folder / ".done").touch()
     out = {}
-    for size in SHARD_SIZES:
+    for size in sizes:
         dest = work / f"shards-{num_images}-{size}"
         if not (dest / "manifest.json").exists():
             cmd = [str(Path(sys.executable).parent / "shardify"), "write", str(folder), str(dest), "--format", "tar",
@@ -73,6 +77,38 @@ def ceiling(client: Any, bucket: str, keys: list[str], *, threads: int, passes: 
     return {"bytes_per_s": total / seconds, "seconds": seconds, "bytes": total}
 
 
+def curl_ceiling(endpoint: str, key: str, secret: str, bucket: str, keys: list[str], *, streams: int,
+                 passes: int) -> dict[str, float]:
+    """Bytes/s of `streams` curl processes fetching every shard whole (`passes` times, split between them),
+    bodies to /dev/null; their CPU-seconds too."""
+    import resource
+
+    urls = [f"{endpoint}/{bucket}/{k}" for k in keys] * passes
+    sizes = {k: _object_size(endpoint, key, secret, bucket, k) for k in keys}
+    cmd = ["curl", "-sf", "--user", f"{key}:{secret}", "--aws-sigv4", "aws:amz:us-east-1:s3"]
+    if os.environ.get("AWS_CA_BUNDLE"):  # --https: the server's own certificate
+        cmd += ["--cacert", os.environ["AWS_CA_BUNDLE"]]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    procs = [subprocess.Popen([*cmd, *(a for u in urls[i::streams] for a in ("-o", "/dev/null", u))])
+             for i in range(streams)]
+    if any(p.wait() != 0 for p in procs):
+        raise RuntimeError("curl failed fetching the shards")
+    seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    total = sum(sizes.values()) * passes
+    return {"bytes_per_s": total / seconds, "seconds": seconds, "bytes": total, "cpu_s_per_gb": cpu_s / (total / 1e9)}
+
+
+def _object_size(endpoint: str, key: str, secret: str, bucket: str, name: str) -> int:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=key, aws_secret_access_key=secret,
+                          region_name="us-east-1", verify=os.environ.get("AWS_CA_BUNDLE"))
+    return int(client.head_object(Bucket=bucket, Key=name)["ContentLength"])
+
+
 def count_startup_requests(url: str, endpoint: str, env: dict[str, str], num_workers: int) -> dict[str, Any]:
     """Requests that reach the server before shardify's first batch, through a counting proxy."""
     code = (
@@ -98,30 +134,39 @@ def count_startup_requests(url: str, endpoint: str, env: dict[str, str], num_wor
     return {"before_first_batch": len(lines), "kinds": kinds, "epoch": got["epoch"]}
 
 
-def row_names(size: str, workers: tuple[int, ...]) -> list[str]:
-    """One round's row names for a shard size, in the order they run: the ceiling, then each loader."""
-    return [f"ceiling/{size}", *(f"{kind}/{size}/{w}" for w in workers for kind in ("shardify", "webdataset"))]
+CEILINGS = ("ceiling", "curl1", "curl2")  # boto3 threads; curl with 1 and 2 processes
+
+
+def row_names(size: str, workers: tuple[int, ...], peers: tuple[str, ...] = ("webdataset",)) -> list[str]:
+    """One round's row names for a shard size, in the order they run: the ceilings, then each loader."""
+    return [*(f"{c}/{size}" for c in CEILINGS), *(f"{kind}/{size}/{w}" for w in workers
+                                                  for kind in ("shardify", *peers))]
 
 
 def loader_specs(url: str, tars: list[str], size: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """The loader rows of one shard size: shardify (every form) and webdataset, at each worker count."""
+    """The loader rows of one shard size: shardify (every form) and each peer, at each worker count."""
     specs = {}
     for w in args.workers:
         base = {"epochs": args.epochs, "batch_size": args.batch_size, "num_workers": w, "url": url, "tars": tars,
                 "task": "raw", "source": f"s3, {size} shards, {w} workers"}
         specs[f"shardify/{size}/{w}"] = {**base, "loader": "shardify", "forms": list(FORMS)}
-        specs[f"webdataset/{size}/{w}"] = {**base, "loader": "webdataset"}  # its batches are per sample already
+        for peer in args.peers:  # their batches are per sample already
+            specs[f"{peer}/{size}/{w}"] = {**base, "loader": peer}
     return specs
 
 
-def run_ceiling(client: Any, bucket: str, keys: list[str], bytes_per_sample: float,
+def run_ceiling(kind: str, server: Any, bucket: str, keys: list[str], bytes_per_sample: float,
                 args: argparse.Namespace) -> dict[str, float]:
-    """One ceiling measurement, with the load around it."""
+    """One ceiling measurement (boto3 threads, or curl with 1 or 2 processes), with the load around it."""
     load = os.getloadavg()[0]
-    r = ceiling(client, bucket, keys, threads=args.ceiling_threads, passes=args.epochs)
+    if kind == "ceiling":
+        r = ceiling(server.client(), bucket, keys, threads=args.ceiling_threads, passes=args.epochs)
+    else:
+        r = curl_ceiling(server.endpoint_url, server.key, server.secret, bucket, keys, streams=int(kind[-1]),
+                         passes=args.epochs)
     r["load"] = (load + os.getloadavg()[0]) / 2
     r["samples_per_s"] = r["bytes_per_s"] / bytes_per_sample
-    print(f"  ceiling: {r['bytes_per_s'] / 1e6:7.0f} MB/s ({r['samples_per_s']:6.0f} samples/s)  load {r['load']:.1f}",
+    print(f"  {kind}: {r['bytes_per_s'] / 1e6:7.0f} MB/s ({r['samples_per_s']:6.0f} samples/s)  load {r['load']:.1f}",
           flush=True)
     return r
 
@@ -135,10 +180,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--workers", default="0,2", help="comma-separated worker counts, one row each")
     parser.add_argument("--ceiling-threads", type=int, default=8)
+    parser.add_argument("--sizes", default=",".join(SHARD_SIZES), help="comma-separated shard sizes")
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated peers (of: " + ", ".join(PEERS) + ")")
+    parser.add_argument("--https", action="store_true",
+                        help="SeaweedFS over TLS (a self-signed certificate, AWS_CA_BUNDLE for every client); "
+                             "no start-up request counts (the counting proxy speaks plain HTTP)")
     parser.add_argument("--work", default="out/bench")
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results_s3.md"))
     args = parser.parse_args(argv)
     args.workers = tuple(int(w) for w in args.workers.split(","))
+    args.sizes = tuple(x for x in args.sizes.split(",") if x)
+    args.peers = tuple(x for x in args.peers.split(",") if x)
+    if set(args.peers) - set(PEERS) or set(args.sizes) - set(SHARD_SIZES):
+        parser.error(f"--peers takes {', '.join(PEERS)}; --sizes takes {', '.join(SHARD_SIZES)}")
     return args
 
 
@@ -149,14 +203,14 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    local = prepare(work, args.num_images)
+    local = prepare(work, args.num_images, args.sizes)
     load_start = os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {}
     counts: dict[str, Any] = {}
-    with S3Server(data_dir=str(work / "seaweed-s3")) as server:
+    with S3Server(data_dir=str(work / ("seaweed-s3-tls" if args.https else "seaweed-s3")), tls=args.https) as server:
         client, bucket = server.client(), server.new_bucket()
         env = {"AWS_ENDPOINT_URL": server.endpoint_url, "AWS_ACCESS_KEY_ID": server.key,
-               "AWS_SECRET_ACCESS_KEY": server.secret}
+               "AWS_SECRET_ACCESS_KEY": server.secret, **({"AWS_CA_BUNDLE": server.ca_file} if args.https else {})}
         os.environ.update(env)  # tar_urls reads the manifests here; children get env explicitly
         specs, keys, info = {}, {}, {}
         for size, path in local.items():
@@ -166,13 +220,14 @@ def main(argv: list[str] | None = None) -> int:
             keys[size] = [t.split(f"s3://{bucket}/", 1)[1] for t in tars]
             info[size] = _dataset_info(path, len(tars))
             specs |= loader_specs(url, tars, size, args)
-            for w in args.workers:
+            for w in args.workers if not args.https else ():
                 counts[f"{size}/{w}"] = count_startup_requests(url, server.endpoint_url, env, w)
         for _ in range(args.repeats):
             for size in local:
-                for name in row_names(size, args.workers):
-                    if name.startswith("ceiling"):
-                        r = run_ceiling(client, bucket, keys[size], info[size]["bytes_per_sample"], args)
+                for name in row_names(size, args.workers, args.peers):
+                    if name.split("/")[0] in CEILINGS:
+                        r = run_ceiling(name.split("/")[0], server, bucket, keys[size], info[size]["bytes_per_sample"],
+                                        args)
                     else:
                         r = run_config(specs[name], env)
                     runs.setdefault(name, []).append(r)

@@ -230,8 +230,9 @@ def _s3(text: str, file: str) -> list[Headline]:
         workers = next((m.group(1) for r in rows if (m := re.search(r"(\d+) workers?", r["what"]))), "2")
         for size in dict.fromkeys(r["size"] for r in rows):
             ours = [r for r in rows if r["size"] == size and r["what"].startswith("shardify")]
-            peer, value = _best(rows, lambda r, s=size: r["size"] == s and r["what"].startswith("webdataset"),
-                                "later epochs samples/s")
+            # The best peer of the row's shard size (webdataset, s3torchconnector, obstore), not a ceiling.
+            peer, value = _best(rows, lambda r, s=size: r["size"] == s and " RAW" in r["what"]
+                                and not r["what"].startswith("shardify"), "later epochs samples/s")
             label = "no workers" if workers == "0" else f"{workers} workers"
             h = _h(text, file, f"Read raw bytes from S3, {size} shards, {label}", peer.split(" RAW")[0],
                    value, number(ours[0]["later epochs samples/s"]), "samples/s")
@@ -240,6 +241,11 @@ def _s3(text: str, file: str) -> list[Headline]:
                 h = replace(h, per_sample=(number(forms[0]), number(forms[1])))
             out.append(h)
     return out
+
+
+def _s3_https(text: str, file: str) -> list[Headline]:
+    """bench_s3 --https: the same rows over TLS."""
+    return [replace(h, task=h.task.replace("from S3", "from S3 over HTTPS")) for h in _s3(text, file)]
 
 
 def _write(text: str, file: str) -> list[Headline]:
@@ -358,6 +364,6 @@ def _register(name: str, read: Callable[[str, str], list[Headline]]) -> None:
 
 
 for _name, _read in (("loader", _loader), ("loader_2k", _loader_2k), ("first", _first), ("s3", _s3),
-                     ("s3_start", _s3_start), ("clouds", _clouds), ("write", _write), ("decode", _decode),
-                     ("dali", _dali), ("tokens", _tokens)):
+                     ("s3_https", _s3_https), ("s3_start", _s3_start), ("clouds", _clouds), ("write", _write),
+                     ("decode", _decode), ("dali", _dali), ("tokens", _tokens)):
     _register(_name, _read)

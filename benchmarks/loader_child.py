@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 PEERS_TV = ("streaming", "litdata", "imagefolder")
+PEERS_S3 = ("s3torchconnector", "obstore")  # benchmarks/s3_peers.py: RAW from S3 only
 FORMS = ("packed", "views", "to_list", "to_list, before")
 
 
@@ -38,6 +39,11 @@ def build_loader(spec: dict[str, Any]) -> tuple[Any, Any]:
         from benchmarks.loader_data import page_cache_read
 
         return page_cache_read(spec["tars"], spec["counts"])
+    if kind in PEERS_S3:
+        from benchmarks import s3_peers
+
+        return getattr(s3_peers, f"{kind}_loader")(spec["tars"], batch_size=spec["batch_size"],
+                                                   num_workers=spec["num_workers"])
     if kind in PEERS_TV:
         from benchmarks import peers_tv
 
@@ -79,6 +85,11 @@ def _import_library(kind: str) -> None:
     names = {"shardify": loader, "shardify-dali": [*loader, "nvidia.dali"], "webdataset": ["webdataset"],
              "streaming": ["streaming", "torchvision"], "litdata": ["litdata", "torchvision"],
              "imagefolder": ["torchvision"]}
+    if kind in PEERS_S3:
+        from benchmarks import s3_peers
+
+        s3_peers.ensure_installed()
+        names[kind] = ["s3torchconnector" if kind == "s3torchconnector" else "obstore"]
     for name in names.get(kind, []):
         __import__(name)
 
@@ -110,7 +121,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
             loader.set_epoch(number)
         epochs.append({"form": form, **_epoch(loader, counts[form], spec.get("max_batches"), start, ttfb)})
     out = {"first_epoch_samples_per_s": epochs[0]["samples"] / epochs[0]["seconds"], "ttfb_s": ttfb[0],
-           "epochs": epochs}
+           "first_epoch_samples_per_cpu_s": epochs[0]["samples"] / max(epochs[0]["cpu_s"], 1e-9), "epochs": epochs}
     for form in forms:
         steady = [e for e in epochs[1:] if e["form"] == form] or epochs[:1]
         seconds, samples = sum(e["seconds"] for e in steady), sum(e["samples"] for e in steady)

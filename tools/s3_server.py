@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import shutil
+import ssl
 import signal
 import socket
 import subprocess
@@ -95,6 +96,7 @@ class _Endpoint:
                 "s3", endpoint_url=self.endpoint_url, aws_access_key_id=self.key,
                 aws_secret_access_key=self.secret, region_name="us-east-1",
                 config=Config(retries={"max_attempts": 5, "mode": "standard"}),
+                verify=getattr(self, "ca_file", None),  # a TLS server's own certificate (None: the default)
             )
         return self._client
 
@@ -122,6 +124,7 @@ class S3Server(_Endpoint):
         key: str | None = None,
         secret: str | None = None,
         startup_timeout_s: float = 60.0,
+        tls: bool = False,
     ) -> None:
         if startup_timeout_s <= 0:
             raise ValueError("startup_timeout_s must be positive")
@@ -139,6 +142,10 @@ class S3Server(_Endpoint):
         self._client = None
         self.ports: dict[str, int] = {}
         self.endpoint_url = ""
+        # tls: S3 over HTTPS with a self-signed certificate for 127.0.0.1 (made by openssl at start);
+        # clients trust it through ca_file (AWS_CA_BUNDLE for botocore, s3fs and shardify's reads).
+        self.tls = tls
+        self.ca_file: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -170,7 +177,8 @@ class S3Server(_Endpoint):
         try:
             for attempt in range(1, attempts + 1):
                 self.ports = pick_weed_ports(self._want_port)
-                self.endpoint_url = f"http://127.0.0.1:{self.ports['s3']}"
+                scheme = "https" if self.tls else "http"
+                self.endpoint_url = f"{scheme}://127.0.0.1:{self.ports['s3']}"
                 self._spawn()
                 try:
                     self._wait_ready()
@@ -210,6 +218,8 @@ class S3Server(_Endpoint):
             # preallocated), so a test session's hundreds of buckets fit.
             f"-master.volumeSizeLimitMB={VOLUME_SIZE_MB}", f"-volume.max={MAX_VOLUMES}",
         ]
+        if self.tls:  # the S3 port itself serves HTTPS once given a certificate
+            cmd += [f"-s3.cert.file={self._certificate()}", f"-s3.key.file={self._tmp}/tls-key.pem"]
         # TMPDIR keeps weed's unix sockets and stray files inside our folder, not in /tmp.
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env["TMPDIR"] = self._tmp
@@ -218,6 +228,17 @@ class S3Server(_Endpoint):
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the server
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log_file,
                                       stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def _certificate(self) -> str:
+        """A self-signed certificate for 127.0.0.1 (and its key) in the server's folder; its path (= ca_file)."""
+        assert self._tmp is not None
+        cert, key = f"{self._tmp}/tls-cert.pem", f"{self._tmp}/tls-key.pem"
+        if not os.path.exists(cert):
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                            "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                           check=True, capture_output=True)
+        self.ca_file = cert
+        return cert
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self._startup_timeout_s
@@ -230,7 +251,7 @@ class S3Server(_Endpoint):
                     raise _PortRace()
                 raise RuntimeError(f"SeaweedFS exited with code {self._proc.returncode}; log tail:\n{tail}")
             try:
-                if _http_answers(self.endpoint_url):
+                if _http_answers(self.endpoint_url, self.ca_file):
                     self.client().list_buckets()  # signed: the credentials are loaded too
                     return
             except Exception as exc:  # noqa: BLE001 - not up yet; keep polling until the deadline
@@ -286,10 +307,11 @@ class S3Server(_Endpoint):
         self.stop()
 
 
-def _http_answers(url: str) -> bool:
+def _http_answers(url: str, ca_file: str | None = None) -> bool:
     """True once anything answers HTTP at `url` (an S3 403 counts: the gateway is up)."""
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else None
     try:
-        with urllib.request.urlopen(url, timeout=1.0):
+        with urllib.request.urlopen(url, timeout=1.0, context=context):
             return True
     except urllib.error.HTTPError:
         return True

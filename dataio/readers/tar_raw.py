@@ -3,8 +3,9 @@
 The loader's RAW path (dataio/stream/raw.py) never builds a dict per sample: it reads a window's
 spans with few large reads straight into a reused buffer, and finds every member by index
 arithmetic on these columns. A local file is read with os.preadv into the buffer (no `bytes`
-object, no page faults once the buffer was used); object storage goes through Store.read (ranged
-GETs, retried and hedged as everywhere) and one copy into the buffer.
+object, no page faults once the buffer was used); object storage goes through Store.read_into (S3:
+parallel ranged GETs received in place; retried and hedged as everywhere), a disk cache through
+Store.read and one copy into the buffer.
 """
 
 from __future__ import annotations
@@ -128,6 +129,9 @@ def read_span_into(store: Store, cache: DiskCache | None, rel: str, start: int, 
                                          "says (cut short or changed after it was written)")
 
         store._retry(once, f"reading {store.url_of(rel)} bytes {start}-{end}")
+        return
+    if cache is None:  # object storage: received in place (S3: parallel parts, no bytes object)
+        store.read_into(rel, start, end, dest, object_size=object_size)
         return
     data = cached_read(store, cache, rel, start, end, checksum=checksum, object_size=object_size)
     dest[:want] = memoryview(data).cast("B")[:want]

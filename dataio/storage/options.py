@@ -48,6 +48,10 @@ class StorageOptions:
     # Reads of remote stores slower than k x their recent median get a second request
     # (dataio.storage.hedge); None: never.
     hedge: HedgePolicy | None = HedgePolicy()
+    # S3 reads into a caller's buffer (Store.read_into: RAW windows) come as parts of about part_bytes,
+    # up to parts_in_flight of one read at once, each body received in place (dataio/storage/s3_into.py).
+    part_bytes: int = 8 << 20
+    parts_in_flight: int = 8
     # How each call retries transient errors: backoff until its time budget (deadline_s, 2 minutes)
     # is spent; a Store given its own RetryPolicy uses that one instead.
     retry: RetryPolicy = RetryPolicy()
@@ -61,6 +65,10 @@ class StorageOptions:
                 or self.gcs_resumable_bytes < 1:
             raise ValueError(f"gcs_resumable_bytes must be a whole number of bytes >= 1, "
                              f"got {self.gcs_resumable_bytes!r}")
+        for name in ("part_bytes", "parts_in_flight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
 

@@ -1,14 +1,11 @@
-"""Ranged reads of S3 objects from many threads at once, with one thread-safe botocore client per process;
-and the conditional writes (If-None-Match, If-Match) that a destination's lease needs.
+"""One thread-safe botocore S3 client per process, and the conditional writes (If-None-Match, If-Match)
+that a destination's lease needs.
 
-s3fs runs every request of a process on one asyncio event-loop thread, which parses every byte
-of every body: reader threads then queue behind that one thread (small whole objects too: a burst
-of a window's indexes and checksum sidecars waited on it). Measured against the local
-SeaweedFS (2 cores, one process, 16 MB ranges, load 11-14): 180-290 MB/s through s3fs with 4-8
-threads, 380-430 MB/s with botocore's own client, whose threads read their sockets in parallel
-(the GIL is released in recv). Reads come here (ranged, and whole objects such as indexes);
-everything else (listings, HEADs, writes) stays on s3fs. Errors are mapped to what s3fs raises (a missing
-key is FileNotFoundError, a refused one PermissionError), so RetryPolicy judges them alike.
+Reads do not come here any more: s3fs ran every request of a process on one asyncio thread (readers
+queued behind it), botocore's client cost ~4.5 ms of CPU per GET and ~0.1-0.4 s to build before a
+loader's first read; reads go through s3_into (presigned GETs through urllib3, bodies received in
+place). Listings, HEADs and plain writes stay on s3fs. Errors are mapped to what s3fs raises (a
+missing key is FileNotFoundError, a refused one PermissionError), so RetryPolicy judges them alike.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from typing import Any
 
 from dataio.storage.options import StorageOptions
 from dataio.storage.redact import split_userinfo
-from dataio.storage.retry import ShortReadError
 
 _CLIENTS: dict[tuple[int, StorageOptions], Any] = {}
 _LOCK = threading.Lock()
@@ -82,38 +78,6 @@ def _make_client(options: StorageOptions) -> Any:
     if options.key and not options.anon:
         kwargs["aws_access_key_id"], kwargs["aws_secret_access_key"] = options.key, options.secret
     return session.create_client("s3", **kwargs)
-
-
-def read_range(options: StorageOptions, path: str, start: int | None, end: int | None) -> tuple[bytes, int | None]:
-    """(bytes [start, end) of the object at `path` ("bucket/key"), the whole object when both are None;
-    the object's whole size from the answer's Content-Range, None where it gives none); errors as
-    s3fs raises them."""
-    from botocore.exceptions import ClientError
-
-    bucket, _, key = path.partition("/")
-    ranged = {} if start is None and end is None else {"Range": f"bytes={start or 0}-{'' if end is None else end - 1}"}
-    try:
-        response = client_for(options).get_object(Bucket=bucket, Key=key, **ranged)
-        total = _total_of(response.get("ContentRange")) if ranged else response.get("ContentLength")
-        return response["Body"].read(), total
-    except ClientError as exc:
-        error = exc.response.get("Error", {})
-        code = str(error.get("Code", ""))
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code in ("NoSuchKey", "NoSuchBucket", "404") or status == 404:
-            raise FileNotFoundError(path) from exc
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403") or status == 403:
-            raise PermissionError(f"{path}: {code or status}") from exc
-        if code == "InvalidRange" or status == 416:  # the object is shorter than the index says
-            raise ShortReadError(f"the object ends before byte {start}") from exc
-        raise
-
-
-def _total_of(content_range: str | None) -> int | None:
-    """The whole object's size from a Content-Range answer ("bytes 0-99/1234"); None if not stated."""
-    total = (content_range or "").rpartition("/")[2].strip()
-    return int(total) if total.isdigit() else None
-
 
 
 # --- Conditional writes (If-None-Match / If-Match): what a destination's lease is built on -------

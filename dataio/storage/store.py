@@ -22,7 +22,7 @@ from dataio.storage.exclusive import ConditionalWrites  # create_exclusive, repl
 from dataio.storage.forked import keep_in_forked_children
 from dataio.storage.hedge import Hedger, shared_hedger
 from dataio.storage.options import StorageOptions
-from dataio.storage import azure, cloud_options, gcs, gcs_resumable, s3_ranges
+from dataio.storage import azure, cloud_options, gcs, gcs_resumable, s3_into, s3_list, s3_ranges
 from dataio.storage.paths import check_relative
 from dataio.storage.redact import redact, url_secrets
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
@@ -63,7 +63,7 @@ class Store(ConditionalWrites):
         self._fs: Any = None
         self._fs_pid = 0
         self._root = ""
-        self._range_options: StorageOptions | None = None  # S3: ranged reads through s3_ranges
+        self._range_options: StorageOptions | None = None  # S3: reads through s3_into (presigned GETs)
         self._resolved_pid = 0  # the process the root and _range_options were worked out in (_resolve)
         self._hedger: Hedger | None = None
         self._hedger_pid = 0
@@ -187,7 +187,7 @@ class Store(ConditionalWrites):
         def once() -> tuple[bytes, int | None]:
             total = None
             if self._range_options is not None and (start is None) == (end is None):  # threads in parallel
-                data, total = s3_ranges.read_range(self._range_options, path, start, end)
+                data, total = s3_into.get_bytes(self._range_options, path, start, end)
             elif start is None and end is None:
                 data = self.fs.cat_file(path, **whole)
             else:
@@ -206,12 +206,31 @@ class Store(ConditionalWrites):
         else:  # whole objects (indexes, footers) are hedged in the size class of what they should be
             ends_at = self.retry.ends_at(time.monotonic())  # one budget for the read and its hedges
             data, total = hedger.call(lambda: self._retry(once, what, ends_at), want or 0)
+        self._check_size(rel, total, object_size)
+        return data
+
+    def read_into(self, rel: str, start: int, end: int, dest: memoryview, *, object_size: int | None = None) -> None:
+        """Bytes [start, end) of `rel` into dest[: end - start], as read() checks them. S3 through botocore: in
+        parallel parts, each body received in place (s3_into); other stores: read() and one copy."""
+        if end <= start:
+            return
+        self._resolve()
+        if self._range_options is None:
+            dest[: end - start] = memoryview(self.read(rel, start, end, object_size=object_size)).cast("B")
+            return
+        totals = s3_into.read_into(self._range_options, self.path(rel), start, end, dest,
+                                   what=f"reading {self.url_of(rel)}", retry=self.retry, secrets=self.secrets,
+                                   hedger=self.hedger)
+        for total in totals:
+            self._check_size(rel, total, object_size)
+
+    def _check_size(self, rel: str, total: int | None, object_size: int | None) -> None:
+        """ShardFormatError where a read's answer states a whole size other than the manifest's."""
         if object_size is not None and total is not None and total != object_size:
             raise ShardFormatError(
                 f"{self.url_of(rel)}: shard is {total} bytes but the manifest says {object_size}; the shard or the "
                 "manifest was replaced or damaged: rewrite the dataset with `shardify write`"
             )
-        return data
 
     @property
     def sizes_on_read(self) -> bool:
@@ -261,8 +280,8 @@ class Store(ConditionalWrites):
         root = self.root
 
         def once() -> list[str]:
-            try:
-                found = self.fs.find(root)
+            try:  # S3: ListObjectsV2 through urllib3 (s3_list): no s3fs to import and build first
+                found = s3_list.list_keys(self._range_options, root) if self._range_options else self.fs.find(root)
             except FileNotFoundError:
                 return []
             cut = len(root) + 1

@@ -23,7 +23,7 @@ def _machine(monkeypatch):
 
 def _run(rate: float, ttfb: float, forms: tuple[float, float] | None = None) -> dict:
     r = {"first_epoch_samples_per_s": rate / 2, "samples_per_s": rate, "mb_per_s": rate / 10, "ttfb_s": ttfb,
-         "peak_pss_mib": 500.0, "load": 0.5}
+         "peak_pss_mib": 500.0, "load": 0.5, "first_epoch_samples_per_cpu_s": rate / 2, "samples_per_cpu_s": rate}
     if forms:
         r |= {"samples_per_s views": forms[0], "samples_per_s to_list": forms[1]}
     return r
@@ -31,9 +31,12 @@ def _run(rate: float, ttfb: float, forms: tuple[float, float] | None = None) -> 
 
 def _write(tmp_path: Path, load: float) -> str:
     runs = {"ceiling/64MB": [{"samples_per_s": 20000.0, "bytes_per_s": 2e9, "load": 0.5}],
+            "curl1/64MB": [{"samples_per_s": 5000.0, "bytes_per_s": 5e8, "load": 0.5, "cpu_s_per_gb": 0.9}],
             # 2 workers: packed 9000 and views 8500 pass 2x webdataset (8000), to_list 6000 does not
             "shardify/64MB/2": [_run(9000, 0.4, (8500, 6000))], "webdataset/64MB/2": [_run(4000, 0.9)],
-            "shardify/64MB/0": [_run(7000, 0.5, (7000, 5000))], "webdataset/64MB/0": [_run(2000, 0.3)]}
+            "obstore/64MB/2": [_run(3000, 1.5)],  # a peer below webdataset: the best peer is still webdataset
+            "shardify/64MB/0": [_run(7000, 0.5, (7000, 5000))], "webdataset/64MB/0": [_run(2000, 0.3)],
+            "obstore/64MB/0": [_run(2400, 0.2)]}  # the best peer without workers
     counts = {f"64MB/{w}": {"before_first_batch": 9, "epoch": 40, "kinds": {"manifest": 1, "index": 2, "listing": 0,
                                                                            "head": 0, "shard and checksum reads": 6}}
               for w in (0, 2)}
@@ -51,13 +54,22 @@ def _target(text: str, start: str) -> str:
 def test_targets_are_judged_per_sample_and_on_webdatasets_first_batch(tmp_path):
     text = _write(tmp_path, load=0.4)
     assert _target(text, "RAW, 2 workers, 64MB shards, per sample").endswith("| NO |")  # to_list 6000 < 8000
-    assert "views 8500 (2.12x)" in _target(text, "RAW, 2 workers, 64MB shards, per sample")
-    assert _target(text, "RAW, 0 workers, 64MB shards, per sample").endswith("| yes |")  # 5000 >= 4000
+    assert "vs webdataset 4000: 1.50x (views 8500, 2.12x)" in _target(text, "RAW, 2 workers, 64MB shards, per sample")
+    assert _target(text, "RAW, 0 workers, 64MB shards, per sample").endswith("| yes |")  # 5000 >= 2 x obstore 2400
+    assert "vs obstore 2400" in _target(text, "RAW, 0 workers, 64MB shards, per sample")
+    # one epoch: 4500 of the highest ceiling (20000, the threads' row, not curl's 5000)
+    assert "4500 = 0.23 of 20000" in _target(text, "RAW, 2 workers, 64MB shards, one epoch with start-up")
+    assert _target(text, "RAW, 2 workers, 64MB shards, one epoch with start-up").endswith("| NO |")
+    assert _target(text, "RAW, 2 workers, 64MB shards, one epoch: >= 2x").endswith("| yes |")  # 4500 vs 2000
     assert _target(text, "first batch, 2 workers").endswith("| yes |")  # 0.4 <= 0.9, no allowance
     assert _target(text, "first batch, 0 workers").endswith("| NO |")  # 0.5 > 0.3
+    # CPU: 4500 samples per CPU-second in epoch 1 = 0.222 CPU-s per 1,000 samples = 2.22 CPU-s/GB (100 KB)
+    assert "| 0.222 (2.22 CPU-s/GB) | NO |" in _target(text, "CPU, 2 workers, 64MB shards")
     assert "| shardify RAW, 2 workers | 4500 | 9000 | 8500 | 6000 |" in text
     assert "| webdataset RAW, 0 workers | 1000 | 2000 | - | - |" in text
-    assert "| 9000; to_list 6000 |" in text  # each run's judged rate beside the packed one
+    assert "| obstore RAW, 2 workers | 1500 | 3000 | - | - |" in text
+    assert "curl, 1 process, whole shards) | - | 5000 | - | - | 500 | - | - | 0.90 |" in text
+    assert "later 9000; to_list 6000 |" in text  # each run's judged rate beside the packed one
     assert "a quiet machine" in text and "start-up requests before the first batch, 64MB shards" in text
 
 
@@ -69,5 +81,6 @@ def test_a_loaded_machine_is_said_and_the_headline_reads_each_worker_table(tmp_p
     assert (two.ours, two.peer_value) == (9000, 4000)  # the 2-worker rows
     assert two.per_sample == (8500, 6000)  # views, to_list: the per-sample forms beside the packed rate
     none = next(h for task, h in rows.items() if task.endswith(", no workers"))
-    assert none.peer_value == 2000  # webdataset's 0-worker row, not its 2-worker one
+    assert (none.peer, none.peer_value) == ("obstore", 2400)  # the best 0-worker peer, not a 2-worker row
+    assert two.peer == "webdataset"  # best at 2 workers; never a ceiling row (20000)
     assert two.load.startswith("3.5")
