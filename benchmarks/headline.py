@@ -337,6 +337,14 @@ def _dali(text: str, file: str) -> list[Headline]:
                number(row["DALI (CPU) img/s"]), number(row["CpuDecoder img/s"]), "images/s")]
 
 
+def _pairs(text: str, file: str) -> list[Headline]:
+    _, rows = first_table(text, "loader", "pairs/s, median")
+    ours = next(number(r["pairs/s, median"]) for r in rows if r["loader"].startswith("shardify"))
+    peer, value = _best(rows, lambda r: not r["loader"].startswith("shardify"), "pairs/s, median")
+    return [_h(text, file, "Image-text pairs: images decoded, captions tokenized, 2 workers",
+               peer.split(" ")[0], value, ours, "pairs/s")]
+
+
 # The loader benchmark's peer names, as the headline shows them ("plain" stands in when ImageFolder's
 # venv was not built: say what it is, so the row cannot be read as ImageFolder's).
 PEER_NAMES = {"plain": "plain file-per-sample DataLoader (ImageFolder not run)", "imagefolder": "ImageFolder",
@@ -365,5 +373,5 @@ def _register(name: str, read: Callable[[str, str], list[Headline]]) -> None:
 
 for _name, _read in (("loader", _loader), ("loader_2k", _loader_2k), ("first", _first), ("s3", _s3),
                      ("s3_https", _s3_https), ("s3_start", _s3_start), ("clouds", _clouds), ("write", _write),
-                     ("decode", _decode), ("dali", _dali), ("tokens", _tokens)):
+                     ("decode", _decode), ("dali", _dali), ("tokens", _tokens), ("pairs", _pairs)):
     _register(_name, _read)
