@@ -26,6 +26,7 @@ from dataio.loader.mixing import MixedFields, OpenSources, batch_fields, label_s
 from dataio.loader.protocol import DatasetFacts
 from dataio.loader.startup import agree_on_dataset
 from dataio.loader.token_data import open_tokens, token_facts
+from dataio.plan.token_fit import token_shortfall
 from dataio.plan.token_mix import token_mix_num_steps
 from dataio.plan.token_plan import TokenPlanConfig
 from dataio.plan.types import PlanConfig, PlanState, Topology
@@ -124,7 +125,19 @@ def open_agreed(sources: Sequence[Source], config: LoaderConfig, *, topology: To
         data = open_data(sources, config)
     if config.verify_checksums and topology.rank == 0:
         note_unverified(data.sources.stores, data.sources.manifests)
+    if data.tokens is not None:
+        note_no_batch(data, config, world_size=topology.world_size)
     return data
+
+
+def note_no_batch(data: OpenedData, config: LoaderConfig, *, world_size: int) -> None:
+    """A token dataset too small for one global batch of sequences gives 0 batches: say so, naming seq_len."""
+    manifests = data.sources.manifests
+    short = token_shortfall(num_tokens=sum(sum(m.shard_num_tokens) for m in manifests), seq_len=config.seq_len,
+                            batch_size=config.batch_size, world_size=world_size, tail=config.tail,
+                            packing=config.packing)
+    if short is not None and data.steps_from(PlanState(epoch=0), world_size) == 0:  # (a mixture may repeat)
+        warnings.warn(f"{', '.join(st.url for st in data.sources.stores)}: {short}", UserWarning, stacklevel=5)
 
 
 def note_unverified(stores: Sequence[Store], manifests: Sequence[Manifest]) -> None:

@@ -13,7 +13,6 @@ state is the same and loads into a loader of any world size and number of worker
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -37,7 +36,6 @@ from dataio.loader.stats import LoaderStats
 from dataio.loader.threads import ReaderThreads
 from dataio.loader.tickets import TicketSampler
 from dataio.plan.skip import ids_to_ranges, in_ranges
-from dataio.plan.token_fit import token_shortfall
 from dataio.plan.types import PlanState, Topology
 from dataio.stream.collate import HEDGES_KEY, SKIPPED_KEY
 from dataio.stream.image_slots import SlotReleaser
@@ -90,17 +88,6 @@ class ShardLoader(PlanPosition):
         self._decoder: Any = None  # a decoder in this process (DALI, the GPU), made at the first batch
         self._views: ViewGuard | None = None  # the per-sample views of the last reused-buffer batch
         self._first_batch: FirstBatch | None = None  # made at start() or the first iteration
-        if self.data.tokens is not None:
-            self._warn_if_no_batch()
-
-    def _warn_if_no_batch(self) -> None:
-        """A token dataset too small for one global batch of sequences gives 0 batches: say so, naming seq_len."""
-        c, opened = self.config, self.opened
-        short = token_shortfall(num_tokens=sum(sum(m.shard_num_tokens) for m in opened.manifests), seq_len=c.seq_len,
-                                batch_size=c.batch_size, world_size=self.topology.world_size, tail=c.tail,
-                                packing=c.packing)
-        if short is not None and len(self) == 0:  # 0 batches, silently, otherwise (a mixture may repeat)
-            warnings.warn(f"{', '.join(st.url for st in opened.stores)}: {short}", UserWarning, stacklevel=4)
 
     def start(self) -> ShardLoader:
         """Start now what the execution plan starts early (make_loader calls it): worker processes, each

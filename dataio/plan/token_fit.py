@@ -3,7 +3,7 @@
 Pure: no I/O. With concat packing and the tail dropped, an epoch of fewer tokens than world_size x
 batch_size sequences of seq_len gives no batch at all (a sequence reads seq_len + 1 tokens, so the
 true need is a little more: never a false alarm); the loader warns
-naming seq_len (dataio/loader/shard_loader.py). Aligned packing pads a sequence per document start, so tokens alone do not say.
+naming seq_len (dataio/loader/opened.py). Aligned packing pads a sequence per document start, so tokens alone do not say.
 """
 
 from __future__ import annotations
