@@ -23,7 +23,7 @@ import torch
 
 from dataio.decode.cpu import DecodeConfig
 from dataio.decode.dali_pipeline import build_pipeline, resolve_device, to_torch
-from dataio.decode.device_batch import RowFixer, image_items, plan_row, sample_seeds
+from dataio.decode.device_batch import MainProcessDecoder, RowFixer, image_items, plan_row, sample_seeds
 from dataio.decode.images import IMAGE_FIELD_ORDER
 from dataio.decode.transforms import CropBox
 
@@ -50,7 +50,7 @@ class _Job:
     dali_s: float = 0.0
 
 
-class DaliDecoder:
+class DaliDecoder(MainProcessDecoder):
     """Decode raw batches (image bytes as PackedBytes) into uint8 N,3,H,W (or normalized float) tensors.
 
     `dec(batch)` decodes one batch synchronously; `dec.map(batches)` keeps up to
@@ -86,17 +86,6 @@ class DaliDecoder:
         self._started = False  # DALI's first run queues `prefetch_queue_depth` iterations at once
         self._in_flight: deque[_Job] = deque()
         self._generation = 0  # bumped by every map(): an abandoned iterator cannot disturb a newer one
-
-    @property
-    def num_cpu_samples(self) -> int:
-        """Samples decoded by the CPU path instead (refused or failed in DALI)."""
-        return self._rows.num_cpu_samples
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch mixed into the augmentation seed of batches that carry no "epoch" of their own."""
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        self.epoch = epoch
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The batch with "image" in place of its raw image field and "decode_s" increased."""

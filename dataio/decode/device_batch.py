@@ -80,6 +80,25 @@ def image_items(batch: dict[str, Any], order: tuple[str, ...]) -> tuple[tuple[st
     return fields, items
 
 
+class MainProcessDecoder:
+    """What DALI's and the GPU's decoders share: the epoch of batches that carry none, and the count of
+    samples the CPU path decoded instead (their RowFixer, `_rows`)."""
+
+    epoch: int
+    _rows: RowFixer
+
+    @property
+    def num_cpu_samples(self) -> int:
+        """Samples the CPU path decoded: not JPEG, refused or failed in the device decoder, or no codec."""
+        return self._rows.num_cpu_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch mixed into the augmentation seeds of batches that carry no "epoch" of their own."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self.epoch = epoch
+
+
 class RowFixer:
     """The CPU side of a main-process decoder: rows decoded by CpuDecoder, corrupt rows substituted.
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from dataio.decode.cpu import DecodeConfig
-from dataio.decode.device_batch import RowFixer, image_items, plan_row, sample_seeds
+from dataio.decode.device_batch import MainProcessDecoder, RowFixer, image_items, plan_row, sample_seeds
 from dataio.decode.gpu_codecs import DeviceCodec
 from dataio.decode.gpu_crop import crop_resize
 from dataio.decode.images import IMAGE_FIELD_ORDER
@@ -31,7 +31,7 @@ DEVICE_FORMATS = ("jpeg",)  # the rest go to the CPU path
 DEVICE_MODES = ("RGB", "L")  # CMYK/YCCK JPEGs: the CPU path (PIL inverts Adobe CMYK)
 
 
-class GpuDecoder:
+class GpuDecoder(MainProcessDecoder):
     """`dec(batch)`: one raw batch (image bytes as PackedBytes, "__id__" and "epoch" as the loader's
     GPU feed adds them) -> the batch with "image" (N, 3, size, size) uint8 (float32 if normalize) on
     the codec's device, on the current CUDA stream. `codec` None: every sample on the CPU path."""
@@ -53,17 +53,6 @@ class GpuDecoder:
         self.num_device_samples = 0  # samples the device decoder decoded
         cfg = decode_config
         self._mean_std = (torch.tensor(cfg.mean), torch.tensor(cfg.std)) if cfg.normalize else None
-
-    @property
-    def num_cpu_samples(self) -> int:
-        """Samples the CPU path decoded: not JPEG, refused by the device decoder, or no codec."""
-        return self._rows.num_cpu_samples
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch mixed into the seeds of batches that carry no "epoch" of their own."""
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        self.epoch = epoch
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         start = time.perf_counter()
