@@ -69,7 +69,7 @@ def test_dali_matches_the_cpu_path_and_falls_back_per_sample(mixed, tmp_path) ->
                 if real:
                     dali[key] = np.asarray(image, dtype=np.float64).reshape(3, -1).mean(1).round().astype(int).tolist()
         # alpha, palettes, 16-bit, CMYK, GIF and TIFF go to the CPU path, sample by sample
-        assert loader._dali.num_cpu_samples >= 2 * 9
+        assert loader._decoder.num_cpu_samples >= 2 * 9
     assert dali.keys() == cpu.keys()
     for key in cpu:
         assert max(abs(a - b) for a, b in zip(dali[key], cpu[key])) <= 3, (key, dali[key], cpu[key])
