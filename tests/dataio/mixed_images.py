@@ -86,3 +86,17 @@ def write_mixed_folder(root: Path, *, copies: int = 2) -> dict[str, tuple[int, i
             (root / rel).write_bytes(data)
             expected[rel] = colour
     return expected
+
+
+def photo(i: int, size: tuple[int, int] = (320, 240), fmt: str = "JPEG", mode: str = "RGB") -> bytes:
+    """A photo-like image (smooth gradients, texture, noise; seeded by i): resize filters matter as on
+    real data. The DALI and GPU decode tests compare decoders on these."""
+    w, h = size
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    r = np.random.default_rng(i)
+    chans = [np.sin(x / (9 + 20 * r.random()) + c) * np.cos(y / (7 + 25 * r.random())) for c in range(3)]
+    arr = (np.stack(chans, -1) * 0.5 + 0.5) * 255 + r.normal(0, 6, (h, w, 3))
+    img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8)).convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return buf.getvalue()

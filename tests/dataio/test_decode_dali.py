@@ -13,7 +13,6 @@ Pixel tolerances, as mean absolute difference in 0..255 units over a batch:
 
 from __future__ import annotations
 
-import io
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 pytest.importorskip("nvidia.dali")
 
@@ -32,6 +30,7 @@ from dataio.decode.cpu import CpuDecoder, DecodeConfig  # noqa: E402
 from dataio.decode.dali import DaliDecoder  # noqa: E402
 from dataio.rand import sample_seed  # noqa: E402
 from dataio.storage.store import Store  # noqa: E402
+from tests.dataio.mixed_images import photo  # noqa: E402
 from tests.dataio.shardgen import write_parquet_dataset, write_tar_dataset, write_tar_samples  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,19 +38,6 @@ pytestmark = pytest.mark.timeout(120)
 MAX_MEAN_ABS = 1.0  # of 255; see the module docstring
 MAX_MEAN_ABS_SCALED = 8.0
 SEED = 7
-
-
-def photo(i: int, size: tuple[int, int] = (320, 240), fmt: str = "JPEG", mode: str = "RGB") -> bytes:
-    """A photo-like image (smooth gradients, texture, noise): resize filters matter as on real data."""
-    w, h = size
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    r = np.random.default_rng(i)
-    chans = [np.sin(x / (9 + 20 * r.random()) + c) * np.cos(y / (7 + 25 * r.random())) for c in range(3)]
-    arr = (np.stack(chans, -1) * 0.5 + 0.5) * 255 + r.normal(0, 6, (h, w, 3))
-    img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8)).convert(mode)
-    buf = io.BytesIO()
-    img.save(buf, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
-    return buf.getvalue()
 
 
 IMAGES = [photo(i) for i in range(6)]

@@ -9,13 +9,11 @@ scale in the DCT domain where the crop allows, MAX_MEAN_ABS_SCALED.
 
 from __future__ import annotations
 
-import io
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 from dataio import CorruptSampleError
 from dataio.batch import PackedBytes
@@ -24,22 +22,15 @@ from dataio.decode.gpu import GpuDecoder
 from dataio.decode.gpu_codecs import CpuTwin, pick_codec
 from dataio.decode.gpu_crop import crop_resize, resize_weights
 from dataio.rand import sample_seed
+from tests.dataio import mixed_images
 
 MAX_MEAN_ABS_SCALED = 8.0
 SEED = 7
 
 
 def photo(i: int, size: tuple[int, int] = (160, 120), fmt: str = "JPEG", mode: str = "RGB") -> bytes:
-    """A photo-like image (gradients, texture, noise), as test_decode_dali.py makes them."""
-    w, h = size
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    r = np.random.default_rng(i)
-    chans = [np.sin(x / (9 + 20 * r.random()) + c) * np.cos(y / (7 + 25 * r.random())) for c in range(3)]
-    arr = (np.stack(chans, -1) * 0.5 + 0.5) * 255 + r.normal(0, 6, (h, w, 3))
-    img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8)).convert(mode)
-    buf = io.BytesIO()
-    img.save(buf, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
-    return buf.getvalue()
+    """The DALI tests' photo-like image (tests/dataio/mixed_images.py), smaller by default."""
+    return mixed_images.photo(i, size, fmt, mode)
 
 
 def raw_batch(items: list[bytes], *, epoch: int = 0) -> dict:
