@@ -154,7 +154,8 @@ class TokenShards:
             blocks = np.concatenate([np.arange(f, g + 1) for f, g in zip(first.tolist(), last.tolist())])
         else:
             blocks = np.concatenate([first, last])
-        self._check_blocks(shard, self._maps[shard], np.unique(blocks))
+        blocks.sort()  # unique, without np.unique (its first call imports numpy.ma: ~15 ms of a first batch)
+        self._check_blocks(shard, self._maps[shard], blocks[np.append(True, blocks[1:] != blocks[:-1])])
 
     def _check_blocks(self, shard: int, mm: np.ndarray, blocks: np.ndarray) -> None:
         """Hash those of `blocks` not hashed yet in this process (each block once)."""

@@ -120,7 +120,7 @@ class Store(ConditionalWrites):
                     "for s3:// install shardify[s3], for gs:// shardify[gcs], for az:// and abfs:// "
                     "shardify[azure], for http(s):// aiohttp"
                 ) from safe_cause(exc, self.secrets)
-            self._root = self._root.rstrip("/")
+            self._root = _local_root(self.raw_url) if self.is_local else self._root.rstrip("/")
             keep_in_forked_children(self._fs)
             if self.protocol in ("s3", "s3a") and s3_ranges.available():
                 self._range_options = options
@@ -137,6 +137,8 @@ class Store(ConditionalWrites):
         if self._resolved_pid != os.getpid() and self.protocol in ("s3", "s3a") and s3_ranges.available():
             url, self._range_options = s3_ranges.keyed(self.raw_url, self.options)
             self._root, self._resolved_pid = url.split("://", 1)[1].rstrip("/"), os.getpid()  # as url_to_fs's
+        elif self._resolved_pid != os.getpid() and self.is_local:  # no fsspec (its import alone takes ~35 ms)
+            self._root, self._resolved_pid = _local_root(self.raw_url), os.getpid()
         elif self._resolved_pid != os.getpid():
             self.fs  # noqa: B018 - resolves the root
 
@@ -188,6 +190,8 @@ class Store(ConditionalWrites):
             total = None
             if self._range_options is not None and (start is None) == (end is None):  # threads in parallel
                 data, total = s3_into.get_bytes(self._range_options, path, start, end)
+            elif self.is_local:
+                data = _read_local(path, start, end)
             elif start is None and end is None:
                 data = self.fs.cat_file(path, **whole)
             else:
@@ -431,6 +435,20 @@ class Store(ConditionalWrites):
     def cancel_session(self, uri: str) -> int:
         """Cancel a GCS resumable upload session (DELETE): 499 cancelled, 404/410 finished or expired."""
         return self._retry(lambda: gcs_resumable.cancel(self.fs, uri), f"cancelling an upload session to {self.url}")
+
+
+def _local_root(url: str) -> str:
+    """A local prefix as fsspec's LocalFileSystem names it (absolute, ~ expanded), found without fsspec."""
+    path = url.split("://", 1)[1] if "://" in url else url
+    return os.path.abspath(os.path.expanduser(path)).rstrip("/")
+
+
+def _read_local(path: str, start: int | None, end: int | None) -> bytes:
+    """Bytes [start, end) of a local file (whole when both are None), as LocalFileSystem.cat_file reads them."""
+    with open(path, "rb") as f:
+        if start:
+            f.seek(start)
+        return f.read() if end is None else f.read(end - (start or 0))
 
 
 def _mtime_s(info: Mapping[str, Any]) -> float:

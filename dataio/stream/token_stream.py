@@ -2,7 +2,7 @@
 packed into batches of sequences. Packing is the only token-specific stage; the tickets, the DataLoader
 dataset, the reader threads and worker processes are those of every stream (worker.py).
 
-A batch of B sequences of seq_len L (every tensor a fresh one the caller may keep):
+A batch of B sequences of seq_len L (every tensor the caller's to keep: rows of fresh memory, never reused):
     input_ids     [B, L+1] int64   tokens; inputs are [:, :-1], next-token labels [:, 1:]
     position_ids  [B, L+1] int64   0 at the row's start and at each document start within it
     doc_ids       [B, L+1] int64   global document number (manifest order); -1 on padding
@@ -70,6 +70,7 @@ class _Rows:
     """The batch being filled: numpy views of fresh tensors."""
 
     def __init__(self, batch_size: int, width: int, with_docs: bool, mixed: bool) -> None:
+        self.capacity = batch_size
         self.tensors: dict[str, torch.Tensor] = {
             "input_ids": torch.empty((batch_size, width), dtype=torch.int64),
             "loss_mask": torch.empty((batch_size, width), dtype=torch.bool),  # every element written per row
@@ -89,23 +90,31 @@ class _Rows:
         self.run_doc: list[np.ndarray] = []
         self.lengths = np.zeros(batch_size, dtype=np.int64)
 
+    def batches(self, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
+        """The filled rows as batches of `batch_size` rows: row slices of the chunk's tensors, each
+        batch's rows its own (the next chunk is fresh memory)."""
+        tensors = self.finish()
+        for j in range(0, self.filled, batch_size):
+            yield {k: v[j:j + batch_size] for k, v in tensors.items()}
+
     def finish(self) -> dict[str, torch.Tensor]:
-        """The batch, its position_ids and doc_ids made in two passes each over [B, L+1] (not per row)."""
-        if "doc_ids" in self.np:
-            B, W = self.np["doc_ids"].shape
+        """The rows' position_ids and doc_ids, made in two passes each over the filled [R, L+1] (not per
+        row)."""
+        if "doc_ids" in self.np and self.filled:
+            B, W = self.filled, self.np["doc_ids"].shape[1]
             run_at = np.concatenate(self.run_at)  # every row has a run at its first token
             order = np.argsort(run_at, kind="stable")  # rows were filled group by group: put runs in place
             run_at, run_doc = run_at[order], np.concatenate(self.run_doc)[order]
             # (B*W,) views, each a running sum of steps placed at the runs' first tokens: doc_ids steps by
             # the change of document, position_ids by 1 but back to 0 at each run's start.
-            docs, pos = self.np["doc_ids"].reshape(-1), self.np["position_ids"].reshape(-1)
+            docs, pos = self.np["doc_ids"][:B].reshape(-1), self.np["position_ids"][:B].reshape(-1)
             docs[:] = 0
             docs[run_at] = _steps(run_doc, 0)
             np.cumsum(docs, out=docs)
             pos[:] = 1
             pos[run_at] = 1 - _steps(run_at, run_at[0] - 1)  # back to 0: minus the last run's length - 1
             np.cumsum(pos, out=pos)
-            for r in np.flatnonzero(self.lengths < W).tolist():  # padding (aligned packing, a short tail)
+            for r in np.flatnonzero(self.lengths[:B] < W).tolist():  # padding (aligned packing, a short tail)
                 self.np["doc_ids"][r, self.lengths[r]:] = -1
                 self.np["position_ids"][r, self.lengths[r]:] = 0
         return self.tensors
@@ -119,13 +128,20 @@ def _steps(values: np.ndarray, before: int) -> np.ndarray:
     return out
 
 
+#: Rows are filled and finished in chunks of up to this many batches, then handed out as row slices: the
+#: per-batch cost of allocating and finishing (a few dozen numpy calls) is paid once per chunk. The first
+#: chunk is one batch (the first batch's latency), each next one twice the last.
+CHUNK_BATCHES = 8
+
+
 def packed_batches(opened: OpenJob, plan: TokenWorkerPlan) -> Iterator[dict[str, Any]]:
     """A worker plan's batches, in its order: its windows read ahead, each sequence packed into a row."""
     job, reader = opened.job, opened.token_reader
     spec = job.tokens
     assert spec is not None
     B, width, mixed = job.batch_size, spec.seq_len + 1, not job.mixture.single
-    rows = _Rows(B, width, spec.with_docs, mixed)
+    chunk = 1
+    rows = _Rows(B * chunk, width, spec.with_docs, mixed)
     reads = reader.windows((w.segments for w in plan.windows), budget_bytes=job.prefetch_bytes,
                            max_in_flight=job.max_in_flight)
     try:
@@ -133,15 +149,17 @@ def packed_batches(opened: OpenJob, plan: TokenWorkerPlan) -> Iterator[dict[str,
             lookups = [_PieceLookup(pieces, g, reader) for g in window.groups]
             i, m = 0, len(window.stream_starts)
             while i < m:  # the window's sequences into rows, as many at a time as the batch has room for
-                take = min(B - rows.filled, m - i)
+                take = min(rows.capacity - rows.filled, m - i)
                 _fill_rows(spec, reader, rows, lookups, window, i, i + take)
                 i += take
-                if rows.filled == B:
-                    yield rows.finish()
-                    rows = _Rows(B, width, spec.with_docs, mixed)
+                if rows.filled == rows.capacity:
+                    yield from rows.batches(B)
+                    chunk = min(2 * chunk, CHUNK_BATCHES)
+                    rows = _Rows(B * chunk, width, spec.with_docs, mixed)
+        assert rows.filled % B == 0, "a worker's sequences are whole batches"
+        yield from rows.batches(B)
     finally:
         reads.close()  # type: ignore[attr-defined]  # its prefetch threads stop with the stream
-    assert rows.filled == 0, "a worker's sequences are whole batches"
 
 
 class _PieceLookup:

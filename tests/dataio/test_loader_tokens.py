@@ -123,6 +123,27 @@ def test_input_ids_alone_and_a_state_of_another_seq_len(token_url) -> None:
         other.load_state_dict(loader.state_dict())
 
 
+@pytest.mark.parametrize("packing", ["concat", "aligned"])
+def test_rows_packed_in_chunks_are_the_batches_packed_one_by_one_and_each_the_callers(token_url, packing,
+                                                                                       monkeypatch) -> None:
+    """Rows are filled and finished several batches at a time (token_stream.CHUNK_BATCHES) and handed out
+    as row slices: the same batches as one batch at a time, and a batch kept by the caller and written to
+    is not changed by the batches after it, nor changes them."""
+    from dataio.stream import token_stream
+
+    def run(chunk: int) -> list[dict]:
+        monkeypatch.setattr(token_stream, "CHUNK_BATCHES", chunk)
+        (loader,) = loaders(token_url, 1, 0, packing=packing)
+        return [{k: v.clone() for k, v in b.items()} for b in loader], list(loader)
+
+    (one, _), (chunked, kept) = run(1), run(8)
+    assert len(one) == len(chunked) == len(kept) > 8
+    for a, b in zip(one, chunked):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    kept[0]["input_ids"].fill_(-7)  # the caller's rows: writing them touches no other batch
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(one[1:], kept[1:]) for k in a)
+
+
 def test_builder_threads_deliver_what_the_interleaved_streams_do(token_url) -> None:
     for packing in ("concat", "aligned"):
         auto, threads = (loaders(token_url, 2, 3, packing=packing, worker_mode=mode, decode=None)
