@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -47,6 +48,19 @@ _SPOOL_BYTES = 64 << 20
 _SINGLE_PUT_BYTES = 100 << 20
 _PART_BYTES = 64 << 20
 _MAX_PARTS = 10_000  # S3's limit: larger objects get larger parts
+
+
+# Held while a filesystem is opened: fsspec (not imported for local reads) is then imported by whichever
+# thread opens one first, and two threads importing it at once see a partially initialised module.
+_OPENING = threading.RLock()
+
+
+def _fresh_opening_lock() -> None:
+    global _OPENING
+    _OPENING = threading.RLock()  # a child forked while another thread held it must not wait forever
+
+
+os.register_at_fork(after_in_child=_fresh_opening_lock)
 
 
 class Store(ConditionalWrites):
@@ -102,6 +116,12 @@ class Store(ConditionalWrites):
     @property
     def fs(self) -> Any:
         # Reopen after a fork: an s3fs client inherited from the parent is not fork-safe.
+        if self._fs is None or self._fs_pid != os.getpid():
+            with _OPENING:  # fsspec may be imported here first, in any thread: one import at a time
+                return self._open_fs()
+        return self._fs
+
+    def _open_fs(self) -> Any:
         if self._fs is None or self._fs_pid != os.getpid():
             from fsspec.core import url_to_fs
 
@@ -267,11 +287,17 @@ class Store(ConditionalWrites):
         return once() if hedger is None else hedger.call(once, 0)
 
     def _stat(self, path: str) -> dict[str, Any]:
-        """fsspec's info of `path`; on GCS one GET of the object (gcsfs's info also lists it as a folder)."""
+        """fsspec's info of `path` (local files: os.stat's size and mtime, without fsspec); on GCS one GET of
+        the object (gcsfs's info also lists it as a folder)."""
+        if self.is_local:
+            st = os.stat(path)
+            return {"size": st.st_size, "mtime": st.st_mtime}
         return gcs.stat(self.fs, path) if self.protocol in cloud_options.GCS_PROTOCOLS else self.fs.info(path)
 
     def exists(self, rel: str) -> bool:
         path = self.path(rel)
+        if self.is_local:
+            return os.path.exists(path)
         return bool(self._retry(lambda: self.fs.exists(path), f"checking {self.url_of(rel)}"))
 
     def prefix_exists(self) -> bool:
