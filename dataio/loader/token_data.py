@@ -117,7 +117,8 @@ def open_tokens(sources: Sequence[Source], config: LoaderConfig) -> tuple[OpenSo
     mixture = token_mixture(doc_lengths, plan, names=[st.url for st, _ in opened],
                             weights=[1.0 if s.weight is None else s.weight for s in sources],
                             fingerprints=[m.fingerprint for _, m in opened],
-                            schedule=config.mix_schedule)  # pieces last a number of sequences
+                            schedule=config.mix_schedule,  # pieces last a number of sequences
+                            epoch_samples=config.epoch_samples)
     spec = TokenSpec(seq_len=config.seq_len, packing=config.packing, doc_lengths=doc_lengths,
                      with_docs=config.fields is None or "doc_ids" in config.fields, pad_id=info.tokenizer.eos_id)
     sources_ = OpenSources(stores=tuple(st for st, _ in opened), manifests=tuple(m for _, m in opened),
