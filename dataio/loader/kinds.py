@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from dataio.errors import ManifestError, StateError
+from dataio.format.captions import CAPTION_FIELD
 from dataio.format.manifest import read_manifest
 from dataio.loader.config import LoaderConfig, Source
 from dataio.loader.protocol import DatasetFacts, SourceFacts
@@ -32,14 +33,14 @@ KINDS_VERSION = 1
 
 
 def source_kinds(sources: Sequence[Source], config: LoaderConfig) -> list[str]:
-    """Each source's kind from its manifest: "tokens" (token shards), "pairs" (captions, read with
-    context_length), else "samples"."""
+    """Each source's kind from its manifest: "tokens" (token shards), "pairs" (captions, or a `txt`
+    field, read with context_length), else "samples"."""
     kinds = []
     for s in sources:
         manifest = read_manifest(Store(s.url, config.storage).first_request())
         if manifest.format == "tokens":
             kinds.append("tokens")
-        elif manifest.captions is not None and config.context_length is not None:
+        elif config.context_length is not None and (manifest.captions is not None or CAPTION_FIELD in manifest.field_names):
             kinds.append("pairs")
         else:
             kinds.append("samples")

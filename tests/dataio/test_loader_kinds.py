@@ -11,6 +11,7 @@ import pytest
 
 from dataio import make_loader
 from dataio.errors import StateError
+from dataio.loader.protocol import TrainLoader
 from dataio.loader.token_data import tokenizer_hash
 from dataio.plan.kinds import KindOrder, kind_counts, kind_pieces
 from dataio.plan.schedule import Piece, Schedule
@@ -62,6 +63,7 @@ def _summary(batch: dict) -> tuple:
 
 def test_each_batch_is_one_kind_with_its_own_fields(kinds) -> None:
     with _make(kinds) as loader:
+        assert isinstance(loader, TrainLoader)  # what a trainer reads of any loader
         steps = len(loader)
         batches = list(loader)
     assert len(batches) == steps

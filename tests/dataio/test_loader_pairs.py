@@ -116,16 +116,20 @@ def test_stop_save_load_replays_captions_of_this_and_the_next_epoch(pairs) -> No
     check_save_load_state(lambda: _ranks(url, tok, 2, 0), stop=2, summary=batch_summary)
 
 
-def test_a_dataset_or_mixture_source_without_captions_is_refused_in_one_sentence(tmp_path, pairs) -> None:
+def test_a_dataset_without_captions_is_refused_and_mixed_in_batches_of_its_kind(tmp_path, pairs) -> None:
     from tests.sharding.conftest import make_image_folder
 
     src = make_image_folder(tmp_path / "images", per_class=2)
     assert shardify(["write", str(src), str(tmp_path / "ds"), "--quiet"]) == 0
     images = str(tmp_path / "ds")
-    for url in (images, [pairs[0], images]):
-        with pytest.raises(ValueError, match=r"ds holds no captions \(fields \['jpg', 'png', 'cls'\]\), and "
-                                             r"image-label, image-text and token datasets cannot share a batch"):
-            make_loader(url, num_workers=0, **_options(pairs[1]))
+    with pytest.raises(ValueError, match=r"ds holds no captions \(fields \['jpg', 'png', 'cls'\]\), and "
+                                         r"image-label, image-text and token datasets cannot share a batch"):
+        make_loader(images, num_workers=0, **_options(pairs[1]))
+    # in a mixture, each batch is of one kind (loader/kinds.py); asked to share batches, refused
+    with make_loader([pairs[0], images], num_workers=0, **_options(pairs[1])) as loader:
+        assert {b["kind"] for b in loader} == {"pairs", "samples"}
+    with pytest.raises(ValueError, match=r"cannot mix .* \(pairs\) and .*ds \(samples\) in one batch"):
+        make_loader([pairs[0], images], num_workers=0, mix_kinds="in_batch", **_options(pairs[1]))
 
 
 def test_img2dataset_tars_written_as_they_are_load_unchanged(tmp_path, pairs) -> None:
