@@ -94,6 +94,7 @@ class PairSource(Source):
     caption_key: str = CAPTION_FIELD
     captions: CaptionsInfo = field(default_factory=CaptionsInfo)
     notes: tuple[str, ...] = ()  # for the user: e.g. img2dataset's failed downloads
+    tokenizer_file: str = ""  # --tokenizer: stored with the dataset and named by its manifest (writer.py)
 
     def load(self, refs: Sequence[Ref]) -> Iterator[tuple[Ref, RawSample | Exception]]:
         for ref, loaded in self.inner.load(refs):
@@ -276,6 +277,18 @@ def img2dataset_notes(inner: Source) -> list[str]:
         return []
     return [f"img2dataset's status tables list {failed} sample(s) that failed to download (e.g. {examples}); "
             "they are not in the tars, so not in the dataset"]
+
+
+def name_tokenizer(source: PairSource, path: str) -> None:
+    """The captions' tokenizer for the write to store and name (`--captions --tokenizer FILE`); a file that
+    is no tokenizer is refused now, naming it."""
+    from dataio.stream.captions import load_caption_tokenizer
+
+    try:
+        load_caption_tokenizer(path)
+    except ValueError as exc:
+        raise SourceError(f"--tokenizer {exc}") from None
+    source.tokenizer_file = path
 
 
 def with_captions(source: Source) -> Any:

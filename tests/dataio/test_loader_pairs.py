@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from dataio import make_loader
+from dataio.format.manifest import read_manifest
+from dataio.loader.token_data import tokenizer_hash
+from dataio.storage.store import Store
 from dataio.stream.captions import load_caption_tokenizer
 from sharding.cli import main as shardify
 from sharding.write.tokenizer import train_bpe
@@ -130,6 +133,29 @@ def test_a_dataset_without_captions_is_refused_and_mixed_in_batches_of_its_kind(
         assert {b["kind"] for b in loader} == {"pairs", "samples"}
     with pytest.raises(ValueError, match=r"cannot mix .* \(pairs\) and .*ds \(samples\) in one batch"):
         make_loader([pairs[0], images], num_workers=0, mix_kinds="in_batch", **_options(pairs[1]))
+
+
+def test_the_tokenizer_the_manifest_names_is_used_and_another_refused_naming_both(tmp_path, pairs) -> None:
+    url, tok = pairs
+    src = write_pair_folder(tmp_path / "src", 6)
+    ds = tmp_path / "named"
+    assert shardify(["write", str(src), str(ds), "--captions", "--tokenizer", tok, "--quiet"]) == 0
+    info = read_manifest(Store(str(ds))).captions
+    assert info.tokenizer.startswith("versions/v000001/tokenizer/") and info.tokenizer_hash == tokenizer_hash(tok)
+    assert (ds / info.tokenizer).read_bytes() == Path(tok).read_bytes()
+    options = {k: v for k, v in _options(tok).items() if k != "tokenizer"}
+    got = {k: ids for b in make_loader(str(ds), num_workers=0, **options)
+           for k, ids in zip(b["__key__"], b["input_ids"].tolist())}
+    assert len(got) == 6 and all(ids in [_expected(tok, c, 6)[0] for c in pair(int(k))[1]] for k, ids in got.items())
+    other = tmp_path / "other.json"
+    train_bpe(["something else entirely"] * 5, 300, str(other))
+    with pytest.raises(ValueError, match=r"written for the tokenizer .*tokenizer=.*other.json hashes to") as exc:
+        make_loader(str(ds), num_workers=0, tokenizer=str(other), **options)
+    assert str(ds) in str(exc.value) and info.tokenizer_hash in str(exc.value)
+    with pytest.raises(ValueError, match="names no tokenizer: give tokenizer="):
+        make_loader(url, num_workers=0, **options)
+    assert shardify(["write", str(src), str(tmp_path / "bad"), "--captions", "--tokenizer", str(src / "00000.txt"),
+                     "--quiet"]) == 2
 
 
 def test_img2dataset_tars_written_as_they_are_load_unchanged(tmp_path, pairs) -> None:

@@ -1,6 +1,6 @@
 """Image-text pairs in object storage (a real SeaweedFS on 127.0.0.1): `shardify write --captions`
-from an s3:// folder of x.jpg + x.txt (+ x.json), the pair dataset written to s3:// and loaded from
-there with its captions tokenized in the workers."""
+from an s3:// folder of x.jpg + x.txt (+ x.json), the pair dataset written to s3:// with its captions'
+tokenizer and loaded from there with the captions tokenized in the workers by that tokenizer."""
 
 from __future__ import annotations
 
@@ -29,8 +29,10 @@ def test_pairs_from_an_s3_folder_write_to_s3_and_load_with_captions_tokenized(s3
     src = Store(f"s3://{bucket}/raw/pairs", s3_server.options())
     for path in sorted(local.rglob("*")):
         src.write_bytes(str(path.relative_to(local)), path.read_bytes())
+    tok = str(tmp_path / "tok.json")
+    train_bpe([c for i in range(NUM) for c in pair(i)[1]], 300, tok)
     dest = f"s3://{bucket}/datasets/pairs"
-    assert run("write", src.raw_url, dest, "--captions", "--max-samples-per-shard", 4, "--quiet",
+    assert run("write", src.raw_url, dest, "--captions", "--tokenizer", tok, "--max-samples-per-shard", 4, "--quiet",
                *_flags(s3_server)) == 0
     manifest = read_manifest(Store(dest, s3_server.options()))
     assert manifest.num_samples == NUM and manifest.captions is not None
@@ -38,11 +40,10 @@ def test_pairs_from_an_s3_folder_write_to_s3_and_load_with_captions_tokenized(s3
     assert run("write", local, tmp_path / "ds", "--captions", "--max-samples-per-shard", 4, "--quiet") == 0
     assert read_manifest(Store(str(tmp_path / "ds"))).shard_checksums == manifest.shard_checksums
 
-    tok = str(tmp_path / "tok.json")
-    train_bpe([c for i in range(NUM) for c in pair(i)[1]], 300, tok)
     t = load_caption_tokenizer(tok)
-    loader = make_loader(dest, storage=s3_server.options(), batch_size=3, image_size=16, tokenizer=tok,
-                         context_length=8, num_workers=1, seed=2)
+    # no tokenizer=: the one the manifest names, fetched once from the bucket
+    loader = make_loader(dest, storage=s3_server.options(), batch_size=3, image_size=16, context_length=8,
+                         num_workers=1, seed=2)
     seen = set()
     for batch in loader:
         assert batch["image"].shape == (3, 3, 16, 16)
