@@ -253,9 +253,6 @@ class LoaderConfig:
                              "reads its bytes in worker processes (worker_mode='processes' or 'auto')")
         if self.workers.reuse_buffers and decode in ("dali", "gpu", "auto"):
             raise ValueError(f"reuse_buffers=True is for decode=None or 'cpu'; decode={decode!r} holds batches ahead")
-        if self.tokens.context_length is not None and decode not in ("cpu", "dali"):
-            raise ValueError("context_length tokenizes the captions of image-text pairs beside their decoded "
-                             "images: use it with decode='cpu' or 'dali'")
 
     def __getattr__(self, name: str) -> Any:
         """The flat view: `config.decode` is `config.images.decode` (every option by its flat name)."""

@@ -148,6 +148,17 @@ class CaptionStage:
         texts = [self.pick(self.captions(s), epoch=epoch, sample_id=int(s["__id__"])) for s in samples]
         return self.tokenize(texts)
 
+    def of_batch(self, batch: dict[str, Any], ids: Sequence[int], *, epoch: int, urls: Sequence[str] = ()) -> dict[str, torch.Tensor]:
+        """The same for a RAW batch (decode=None, and the GPU's undecoded batches): each row's caption
+        field (PackedBytes) and json (parsed), row i being sample ids[i]."""
+        texts, metas = batch.get(self.field), batch.get("json")
+        samples = [{"__id__": int(sample_id), "__key__": batch["__key__"][i],
+                    "__url__": urls[i] if i < len(urls) else "?",
+                    self.field: None if texts is None else texts[i],
+                    "json": None if metas is None else metas[i]}
+                   for i, sample_id in enumerate(ids)]
+        return self(samples, epoch=epoch)
+
 
 def caption_stage(manifests: Sequence[Manifest], *, tokenizer: str | None, context_length: int | None,
                   seed: int, urls: Sequence[str] = (), stores: Sequence[Store] = ()) -> CaptionStage | None:

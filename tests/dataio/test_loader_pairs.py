@@ -166,13 +166,34 @@ def test_img2dataset_tars_written_as_they_are_load_unchanged(tmp_path, pairs) ->
     assert got == {f"00000{i:04d}": _expected(pairs[1], pair(i)[1][0], 6)[0] for i in range(3)}
 
 
+@pytest.mark.parametrize("decode,num_workers", [(None, 0), (None, 2), ("gpu", 0), ("gpu", 2), ("auto", 2)])
+def test_captions_are_tokenized_whatever_decode_is(pairs, decode, num_workers) -> None:
+    """decode=None: raw image bytes beside the ids; "gpu" / "auto": the RAW batches go to the GPU feed (here
+    its CPU twin) with their captions tokenized in the workers; the ids are decode="cpu"'s, row for row."""
+    from dataio.decode.gpu_codecs import CpuTwin
+    from dataio.loader.gpu_feed import device_twin
+
+    url, tok = pairs
+    want = _epoch(url, tok, 1)
+    with device_twin(lambda: CpuTwin()):
+        loader = make_loader(url, num_workers=num_workers, decode=decode, **_options(tok))
+        loader.set_epoch(1)
+        got = {}
+        for batch in loader:
+            if decode is None:
+                assert len(batch["jpg"]) == 3 and batch["jpg"][0][:2] == b"\xff\xd8"  # the JPEG's own bytes
+            else:
+                assert batch["image"].shape == (3, 3, 16, 16)
+            for i, key in enumerate(batch["__key__"]):
+                got[key] = (batch["input_ids"][i].tolist(), batch["attention_mask"][i].tolist())
+        loader.close()
+    assert got == want
+
+
 def test_bad_options_are_refused(pairs) -> None:
     url, tok = pairs
     with pytest.raises(ValueError, match="give tokenizer="):
         make_loader(url, batch_size=2, context_length=8, num_workers=0)
-    for decode in (None, "gpu", "auto"):  # RAW batches (decoded on the GPU, if at all): no caption stage there
-        with pytest.raises(ValueError, match="use it with decode='cpu' or 'dali'"):
-            make_loader(url, batch_size=2, tokenizer=tok, context_length=8, decode=decode, num_workers=0)
     with pytest.raises(ValueError, match="context_length must be an int >= 2"):
         make_loader(url, batch_size=2, tokenizer=tok, context_length=1, num_workers=0)
     with pytest.raises(ValueError, match="cannot read it"):
