@@ -26,6 +26,7 @@ from dataio.loader.protocol import TrainLoader
 from trainer import runtime
 from trainer.gpt import Block
 
+CLIP_MODELS = ("clip", "clip_vit")  # --model names of a CLIP: the ResNet image tower, or a ViT (trainer/models.py)
 MAX_LOGIT_SCALE = 100.0  # CLIP clamps exp(logit_scale) here: a sharper softmax destabilises training
 PROMPT = "a photo of a {}"
 
