@@ -93,7 +93,7 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
         )
     tokens = cfg.model == "gpt"  # token batches: the vocabulary is the model's output (trainer/gpt.py)
     pairs = cfg.model in clip.CLIP_MODELS  # image-text pairs: the captions' vocabulary is the text tower's (trainer/clip.py)
-    num_classes = gpt.vocab_size_of(loader) if tokens else clip.vocab_size_of(cfg) if pairs else \
+    num_classes = gpt.vocab_size_of(loader) if tokens else clip.vocab_size_of(cfg, loader) if pairs else \
         data.num_classes_of(cfg, loader)
     sizes = gpt.model_sizes(cfg) if tokens else {"context_length": data.clip_context_length(cfg)} if pairs else None
     accel = accel_of(cfg.network, rt.device)
@@ -385,7 +385,8 @@ def train(run: Run) -> None:
         save(run, epoch_done=done == steps)
         if run.val_loader is not None:
             if cfg.model in clip.CLIP_MODELS:  # zero-shot: the validation set's class names as caption prompts
-                run.val = clip.zero_shot(run.model, run.val_loader, run.rt, tokenizer=cfg.tokenizer, epoch=run.epoch)
+                run.val = clip.zero_shot(run.model, run.val_loader, run.rt, tokenizer=clip.tokenizer_of(cfg, run.loader),
+                                         epoch=run.epoch)
             elif cfg.model == "gpt":
                 run.val = gpt.evaluate(run.model, run.val_loader, run.rt, epoch=run.epoch, accel=run.accel,
                                        doc_masking=cfg.doc_masking)
