@@ -93,8 +93,12 @@ class KindsLoader:
             for i, src in zip(group, loader.mixture.sources):
                 sizes[i] = src.num_samples
         self.counts = kind_counts(sizes, weights, kinds, config.epoch_samples)
-        self.loaders = [loader if loader.mixture.total == self.counts[kind] and pieces is None else build(k, self.counts[kind])
-                        for k, (kind, loader) in enumerate(zip(self.kinds, loaders))]
+        self.loaders = []
+        for k, (kind, loader) in enumerate(zip(self.kinds, loaders)):
+            if loader.mixture.total != self.counts[kind] or pieces is not None:
+                loader.close()  # nothing started yet: it only opened the data
+                loader = build(k, self.counts[kind])
+            self.loaders.append(loader)
         self._order: KindOrder | None = None  # None: a new order at the next iteration
         self._epoch, self._finished, self._iterating = 0, False, False
         self.label_names = next((l.label_names for l in self.loaders if l.data.tokens is None), None)
