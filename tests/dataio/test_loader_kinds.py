@@ -176,3 +176,16 @@ def test_kind_counts_and_order_are_arithmetic() -> None:
     assert np.array_equal(KindOrder.from_dict(later.to_dict()).kinds(), later.kinds())
     with pytest.raises(StateError):
         KindOrder.from_dict({"counts": [1], "delivered": 5})
+
+
+def test_kinds_read_by_worker_processes_give_the_batches_of_in_process_reading(kinds) -> None:
+    """Each kind's own readers (here a worker process each for images and pairs) interleave as in process."""
+    with _make(kinds, weights=[NUM_IMAGES, NUM_PAIRS, 9]) as here:
+        want = [_summary(b) for b in here]
+    options = dict(batch_size=2, image_size=16, tokenizer=kinds["tok"], context_length=6, seq_len=SEQ_LEN, seed=3,
+                   shuffle_window=4)
+    with make_loader([kinds["images"], kinds["pairs"], kinds["tokens"]], weights=[NUM_IMAGES, NUM_PAIRS, 9],
+                     num_workers=1, **options) as loader:
+        assert "processes x1" in loader.describe()
+        got = [_summary(b) for b in loader]
+    assert got == want
