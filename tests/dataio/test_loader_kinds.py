@@ -50,10 +50,11 @@ def _make(kinds: dict[str, str], *, weights=None, rank=0, world_size=1, **extra)
 
 
 def _keys(batch: dict) -> tuple[str, ...]:
-    """The batch's rows as kind:identity (a sequence by its first token, unique in concat packing)."""
+    """The batch's rows as kind:source:identity (a sequence by its first token, unique in concat packing)."""
+    sources = batch["source"].tolist()
     if batch["kind"] == "tokens":
-        return tuple(f"tokens:{int(row[0])}" for row in batch["input_ids"])
-    return tuple(f"{batch['kind']}:{k}" for k in batch["__key__"])
+        return tuple(f"tokens:{s}:{int(row[0])}" for s, row in zip(sources, batch["input_ids"]))
+    return tuple(f"{batch['kind']}:{s}:{k}" for s, k in zip(sources, batch["__key__"]))
 
 
 def _summary(batch: dict) -> tuple:
@@ -189,3 +190,18 @@ def test_kinds_read_by_worker_processes_give_the_batches_of_in_process_reading(k
         assert "processes x1" in loader.describe()
         got = [_summary(b) for b in loader]
     assert got == want
+
+
+def test_a_scheduled_mixture_across_kinds_resumes_at_another_world_size(kinds) -> None:
+    urls = [kinds["images"], kinds["images"], kinds["pairs"]]
+    schedule = Schedule((Piece((2.0, 0.0, 2.0), samples=12), Piece((0.0, 2.0, 2.0))))
+
+    def make_at(topology):
+        world_size, _ = topology
+        return [make_loader(urls, weights=schedule, epoch_samples=24, batch_size=2, image_size=16,
+                            tokenizer=kinds["tok"], context_length=6, num_workers=0, seed=1, rank=r,
+                            world_size=world_size) for r in range(world_size)]
+
+    deliver, advance = loader_deliver(make_at, _summary), loader_advance(make_at)
+    delivered, _ = check_resume(deliver, advance, lambda s: s[2], None, [((2, 1), 2), ((1, 1), 1), ((3, 1), None)])
+    assert {k.split(":")[0] for k in delivered} == {"samples", "pairs"}
