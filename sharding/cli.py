@@ -194,7 +194,7 @@ def _write(args: argparse.Namespace) -> int:
     from sharding.overlap import check_overlap
     from sharding.sources.base import IMAGE_EXT_SET
     from sharding.sources.by_path import open_source
-    from sharding.sources.pairs import open_pairs
+    from sharding.sources.pairs import name_tokenizer, open_pairs
     from sharding.write.writer import WriteConfig, write_with_progress
 
     options = _options(args)
@@ -213,13 +213,15 @@ def _write(args: argparse.Namespace) -> int:
     check_overlap(args.src, args.dest, overwrite=config.overwrite or resume or append,
                   shown_src=redact(args.src, options.secrets), shown_dest=dest.url)
     _check_reachable(dest)
-    if args.tokenizer:  # text into token shards (sharding/text_cli.py)
+    if args.tokenizer and args.captions is None:  # text into token shards (sharding/text_cli.py)
         return write_text(args, config, dest, options, resume=resume, append=append)
     opener = partial(open_pairs, caption=args.captions) if args.captions is not None else open_source
     source = opener(args.src, storage=options, image_column=args.image_column,
                          label_column=args.label_column, key_column=args.key_column, key=args.key,
                          label_names=args.label_names, follow_symlinks=args.follow_symlinks,
                          log=None if args.quiet else (lambda line: print(line, file=sys.stderr)))
+    if args.tokenizer:  # image-text pairs: the captions' tokenizer, named by the manifest
+        name_tokenizer(source, args.tokenizer)
     report = write_with_progress(source, dest, config, quiet=args.quiet, resume=resume, append=append)
     m = report.manifest
     print(f"wrote {m.num_samples} samples in {m.num_shards} {m.format} shards ({m.num_bytes / 1e6:.1f} MB) to "

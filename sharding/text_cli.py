@@ -25,7 +25,8 @@ def add_text_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("text (JSON Lines, Parquet text columns, .txt/.md folders) into token shards")
     g.add_argument("--tokenizer", metavar="FILE",
                    help="tokenize text with this tokenizer.json (Hugging Face tokenizers) or NAME.tiktoken file "
-                        "into token shards (make one with `shardify tokenizer train`)")
+                        "into token shards (make one with `shardify tokenizer train`); with --captions: the captions' "
+                        "tokenizer, stored with the pair dataset and named by its manifest")
     g.add_argument("--eos-token", help="the token ending each document (default: the tokenizer's, e.g. <|endoftext|>)")
     g.add_argument("--text-field", default="text", help="JSON field or Parquet column holding the text (default text)")
     g.add_argument("--min-tokens", type=_count, default=0, help="drop (and count) documents with fewer tokens")

@@ -26,6 +26,7 @@ from dataio.loader.protocol import TrainLoader
 from trainer import runtime
 from trainer.gpt import Block
 
+CLIP_MODELS = ("clip", "clip_vit")  # --model names of a CLIP: the ResNet image tower, or a ViT (trainer/models.py)
 MAX_LOGIT_SCALE = 100.0  # CLIP clamps exp(logit_scale) here: a sharper softmax destabilises training
 PROMPT = "a photo of a {}"
 
@@ -149,14 +150,24 @@ def prompt_ids(class_names: Sequence[str], tokenizer: str, context_length: int) 
     return out["input_ids"], out["attention_mask"]
 
 
-def vocab_size_of(cfg: Any) -> int:
-    """The text tower's vocabulary: the --tokenizer's; ValueError without one."""
+def tokenizer_of(cfg: Any, loader: Any) -> str:
+    """The captions' tokenizer file: --tokenizer, else the one the pair dataset's manifest names (as the
+    loader resolved it); ValueError without either."""
+    if cfg.tokenizer:
+        return cfg.tokenizer
+    stage = getattr(getattr(loader, "job", None), "captions", None)  # a ShardLoader's caption stage
+    if stage is None:
+        raise ValueError("--model clip tokenizes captions: give --tokenizer FILE (a tokenizer.json or .tiktoken; "
+                         "make one with `shardify tokenizer train`), or train on a pair dataset written with "
+                         "--captions --tokenizer FILE")
+    return str(stage.tokenizer)
+
+
+def vocab_size_of(cfg: Any, loader: Any = None) -> int:
+    """The text tower's vocabulary: the captions' tokenizer's (tokenizer_of)."""
     from dataio.stream.captions import load_caption_tokenizer
 
-    if not cfg.tokenizer:
-        raise ValueError("--model clip tokenizes captions: give --tokenizer FILE (a tokenizer.json or .tiktoken; "
-                         "make one with `shardify tokenizer train`)")
-    return load_caption_tokenizer(cfg.tokenizer).vocab_size
+    return load_caption_tokenizer(tokenizer_of(cfg, loader)).vocab_size
 
 
 @torch.no_grad()

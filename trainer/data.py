@@ -11,6 +11,7 @@ from dataio.decode.images import IMAGE_EXTS
 from dataio.format.manifest import Manifest
 from dataio.loader.protocol import TrainLoader
 from dataio.storage.store import StorageOptions
+from trainer.clip import CLIP_MODELS
 from trainer.config import DataSource, TrainConfig
 from trainer.loader_options import make_options
 from trainer.synthetic import synthetic_loader
@@ -51,7 +52,7 @@ def open_loader(cfg: TrainConfig, url: str | tuple[DataSource, ...], *, rank: in
     loader = make_loader([Source(s.url, weight=s.weight) for s in sources], rank=rank, world_size=world_size,
                          pin_memory=pin_memory, **options)
     try:
-        if kind != TOKENS and not (cfg.model == "clip" and train):  # pairs train on captions, not labels
+        if kind != TOKENS and not (cfg.model in CLIP_MODELS and train):  # pairs train on captions, not labels
             check_labelled(loader)
     except ValueError:
         loader.close()
@@ -82,7 +83,7 @@ def loader_options(cfg: TrainConfig, kind: str, *, mixed: bool, train: bool, sto
     }
     if kind == TOKENS:  # batches of packed sequences (trainer/gpt.py); tokens are mixed by token share
         return make_options(cfg.loader, **derived)
-    if cfg.model == "clip" and train:  # image-text pairs, captions tokenized in the workers (trainer/clip.py)
+    if cfg.model in CLIP_MODELS and train:  # image-text pairs, captions tokenized in the workers (trainer/clip.py)
         return make_options(cfg.loader, **derived, seq_len=None, train=cfg.augment,
                             context_length=clip_context_length(cfg))
     tabular = bool(cfg.feature_names)  # rows of numeric columns: no image decode, only the columns needed

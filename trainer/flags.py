@@ -21,7 +21,8 @@ _HELP = {
             "as --data URL=WEIGHT to train on a weighted mixture (the last '=' splits; no weight: 1)",
     "val_data": "held-out dataset URL (its own manifest); every sample seen once per validation; empty: none",
     "model": "registry name (resnet, mlp, gpt: a decoder-only transformer on a token dataset, clip: image-text "
-             "pairs, zero-shot validated on a labelled --val-data), a torchvision "
+             "pairs, zero-shot validated on a labelled --val-data; clip_vit: its image tower a small ViT, needs "
+             "torchvision), a torchvision "
              "classification model (resnet50, vit_b_16, ...; needs torchvision) or a factory "
              "package.module:function(num_classes=, image_size=); the dataset's manifest must fit it (gpt: tokens)",
     "precision": "autocast: bf16, fp16 (with a gradient scaler), fp32 (none), or auto (bf16 on CUDA, fp32 on CPU)",

@@ -90,7 +90,30 @@ def clip(*, num_classes: int, image_size: int, in_features: int = 0, context_len
     return CLIP(visual=visual, vocab_size=num_classes, context_length=context_length, embed_dim=embed_dim)
 
 
-REGISTRY: dict[str, Callable[..., nn.Module]] = {"resnet": resnet, "mlp": mlp, "gpt": gpt, "clip": clip}
+def clip_vit(*, num_classes: int, image_size: int, in_features: int = 0, context_length: int = 32,
+             embed_dim: int = 64) -> nn.Module:
+    """A small CLIP whose image tower is a small ViT (torchvision's VisionTransformer: 4 layers, 4 heads,
+    width 128, patches of vit_patch_size); ValueError where torchvision does not import."""
+    if in_features:
+        raise ValueError("model 'clip_vit' takes image-text pairs, not --features rows")
+    try:
+        vision = importlib.import_module("torchvision.models.vision_transformer")
+    except ImportError as exc:
+        raise ValueError(f"model 'clip_vit' builds its image tower with torchvision's VisionTransformer, and "
+                         f"torchvision does not import here ({exc}); use --model clip (the ResNet tower), or install "
+                         "the torchvision built for this torch") from None
+    visual = vision.VisionTransformer(image_size=image_size, patch_size=vit_patch_size(image_size), num_layers=4,
+                                      num_heads=4, hidden_dim=128, mlp_dim=256, num_classes=embed_dim)
+    return CLIP(visual=visual, vocab_size=num_classes, context_length=context_length, embed_dim=embed_dim)
+
+
+def vit_patch_size(image_size: int) -> int:
+    """The largest of 16, 8, 4, 2 and 1 pixels that tiles the image into at least 4 x 4 patches."""
+    return next(p for p in (16, 8, 4, 2, 1) if image_size % p == 0 and image_size // p >= 4 or p == 1)
+
+
+REGISTRY: dict[str, Callable[..., nn.Module]] = {"resnet": resnet, "mlp": mlp, "gpt": gpt, "clip": clip,
+                                                 "clip_vit": clip_vit}
 
 
 def resolve_factory(name: str) -> Callable[..., nn.Module]:

@@ -92,8 +92,8 @@ def setup(cfg: TrainConfig, rt: runtime.Runtime, *, loaders: tuple[TrainLoader, 
             + "--batch-size or --grad-accum, or fewer ranks"
         )
     tokens = cfg.model == "gpt"  # token batches: the vocabulary is the model's output (trainer/gpt.py)
-    pairs = cfg.model == "clip"  # image-text pairs: the captions' vocabulary is the text tower's (trainer/clip.py)
-    num_classes = gpt.vocab_size_of(loader) if tokens else clip.vocab_size_of(cfg) if pairs else \
+    pairs = cfg.model in clip.CLIP_MODELS  # image-text pairs: the captions' vocabulary is the text tower's (trainer/clip.py)
+    num_classes = gpt.vocab_size_of(loader) if tokens else clip.vocab_size_of(cfg, loader) if pairs else \
         data.num_classes_of(cfg, loader)
     sizes = gpt.model_sizes(cfg) if tokens else {"context_length": data.clip_context_length(cfg)} if pairs else None
     accel = accel_of(cfg.network, rt.device)
@@ -299,7 +299,7 @@ def train_step(run: Run, batches: Any) -> tuple[StepRecord, float, list[str]]:
                                f"(step {run.step + 1}); this is a loader bug, not a data problem")
         read_s += float(batch.get("read_s", 0.0))
         decode_s += float(batch.get("decode_s", 0.0))
-        if cfg.model == "clip":  # --- image-text pairs: contrastive loss over every rank's pairs (trainer/clip.py) ---
+        if cfg.model in clip.CLIP_MODELS:  # --- image-text pairs: contrastive loss over every rank's pairs (trainer/clip.py) ---
             loss_share, num_pairs = clip.micro_step(run, batch, micro == cfg.grad_accum - 1)
             loss_total, samples = loss_total + loss_share, samples + num_pairs
             keys.extend(k for k, m in zip(batch["__key__"], batch["mask"].tolist(), strict=True) if m)
@@ -384,8 +384,9 @@ def train(run: Run) -> None:
         # Leftover micro-batches (fewer than --grad-accum) are part of the documented dropped tail.
         save(run, epoch_done=done == steps)
         if run.val_loader is not None:
-            if cfg.model == "clip":  # zero-shot: the validation set's class names as caption prompts
-                run.val = clip.zero_shot(run.model, run.val_loader, run.rt, tokenizer=cfg.tokenizer, epoch=run.epoch)
+            if cfg.model in clip.CLIP_MODELS:  # zero-shot: the validation set's class names as caption prompts
+                run.val = clip.zero_shot(run.model, run.val_loader, run.rt, tokenizer=clip.tokenizer_of(cfg, run.loader),
+                                         epoch=run.epoch)
             elif cfg.model == "gpt":
                 run.val = gpt.evaluate(run.model, run.val_loader, run.rt, epoch=run.epoch, accel=run.accel,
                                        doc_masking=cfg.doc_masking)

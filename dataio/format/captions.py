@@ -22,18 +22,28 @@ class CaptionsInfo:
 
     field: str = CAPTION_FIELD
     list_key: str = CAPTION_LIST_KEY
+    # The captions' tokenizer, when the write was given one (`--tokenizer FILE`): its file, stored in the
+    # dataset's prefix at this relative path (tokenizers/<hash>/<name>), and "xxh3_64:<hex>" of its bytes.
+    tokenizer: str = ""
+    tokenizer_hash: str = ""
 
     def __post_init__(self) -> None:
         for name in ("field", "list_key"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"captions {name} must be a non-empty string, got {value!r}")
+        if bool(self.tokenizer) != bool(self.tokenizer_hash) or self.tokenizer.startswith("/") or ".." in self.tokenizer:
+            raise ValueError(f"captions tokenizer must be a path inside the dataset with its hash, got "
+                             f"{self.tokenizer!r} ({self.tokenizer_hash!r})")
 
     def to_json(self) -> dict[str, Any]:
-        return {"field": self.field, "list_key": self.list_key}
+        named = {"tokenizer": self.tokenizer, "tokenizer_hash": self.tokenizer_hash} if self.tokenizer else {}
+        return {"field": self.field, "list_key": self.list_key, **named}
 
     @classmethod
     def from_json(cls, doc: Any, *, where: str = "manifest") -> CaptionsInfo:
-        if not isinstance(doc, Mapping) or set(doc) - {"field", "list_key"}:
-            raise ValueError(f"{where}: 'captions' must be {{'field': NAME, 'list_key': KEY}}, got {doc!r}")
-        return cls(field=str(doc.get("field", CAPTION_FIELD)), list_key=str(doc.get("list_key", CAPTION_LIST_KEY)))
+        if not isinstance(doc, Mapping) or set(doc) - {"field", "list_key", "tokenizer", "tokenizer_hash"}:
+            raise ValueError(f"{where}: 'captions' must be {{'field': NAME, 'list_key': KEY}} (+ 'tokenizer', "
+                             f"'tokenizer_hash'), got {doc!r}")
+        return cls(field=str(doc.get("field", CAPTION_FIELD)), list_key=str(doc.get("list_key", CAPTION_LIST_KEY)),
+                   tokenizer=str(doc.get("tokenizer", "")), tokenizer_hash=str(doc.get("tokenizer_hash", "")))

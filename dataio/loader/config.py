@@ -27,6 +27,7 @@ TAILS = ("drop", "pad")
 ON_CORRUPT = ("raise", "skip")
 START_METHODS = (None, "fork", "spawn", "forkserver")
 WORKER_MODES = ("auto", "threads", "processes")
+MIX_KINDS = ("by_batch", "in_batch")
 LABEL_SPACES = ("same", "union")  # or a mapping: see dataio/loader/labels.py
 MiB = 1 << 20
 RAW_PREFETCH_BYTES = 128 * MiB  # RAW (and token) read-ahead: a window or more, measured fastest
@@ -193,10 +194,14 @@ class MixingConfig:
     label_space: str | Mapping[str, Any] = _opt("same", "the sources' labels: same, union, or a map")
     # A mixture's weights over the run (plan/schedule.py Pieces): make_loader(weights=Schedule); None: fixed.
     mix_schedule: tuple[Any, ...] | None = _opt(None, "weights that change over the run (plan/schedule.py pieces)")
+    # Sources of different kinds (samples, image-text pairs, tokens: plan/kinds.py) cannot share a batch:
+    # "by_batch" gives each batch one kind (batch["kind"]); "in_batch" refuses such a mixture.
+    mix_kinds: str = _opt("by_batch", "sources of different kinds: by_batch (each batch one kind), or in_batch (refused)")
 
     def __post_init__(self) -> None:
         if self.epoch_samples is not None:
             check_int("epoch_samples", self.epoch_samples, minimum=0)
+        check_choice("mix_kinds", self.mix_kinds, MIX_KINDS)
         check_label_space(self.label_space)
 
 
@@ -248,9 +253,6 @@ class LoaderConfig:
                              "reads its bytes in worker processes (worker_mode='processes' or 'auto')")
         if self.workers.reuse_buffers and decode in ("dali", "gpu", "auto"):
             raise ValueError(f"reuse_buffers=True is for decode=None or 'cpu'; decode={decode!r} holds batches ahead")
-        if self.tokens.context_length is not None and (self.tokens.seq_len is not None or decode not in ("cpu", "dali")):
-            raise ValueError("context_length tokenizes the captions of image-text pairs beside their decoded "
-                             "images: use it with decode='cpu' or 'dali', without seq_len (token datasets)")
 
     def __getattr__(self, name: str) -> Any:
         """The flat view: `config.decode` is `config.images.decode` (every option by its flat name)."""

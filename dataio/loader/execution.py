@@ -167,7 +167,7 @@ def worker_job(config: LoaderConfig, data: OpenedData, plan: ExecutionPlan, topo
         slice_bytes=config.shuffle_window_bytes, reuse_buffers=config.reuse_buffers,
         pooled_images=plan.pooled_images, pooled_reads=plan.pooled_reads, stream=plan.stream, tokens=data.tokens,
         captions=caption_stage(opened.manifests, tokenizer=config.tokenizer, context_length=config.context_length,
-                               seed=config.seed, urls=[s.url for s in opened.stores]))
+                               seed=config.seed, urls=[s.url for s in opened.stores], stores=opened.stores))
 
 
 def main_decoder(plan: ExecutionPlan, job: WorkerJob, config: LoaderConfig, *, url_of: Callable[[int], str],

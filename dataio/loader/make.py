@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from dataio.loader.config import LoaderConfig, Source, check_int
+from dataio.loader.kinds import KindsLoader, source_kinds
 from dataio.loader.mixing import as_sources
 from dataio.loader.shard_loader import ShardLoader
 from dataio.plan.schedule import Schedule
@@ -42,13 +43,20 @@ def make_loader(url: str | Sequence[str | Source], *, weights: Sequence[float] |
     (0: in this process). These three build the Topology; every other keyword is a LoaderConfig
     field (listed below, with its default). With seq_len, a token dataset (or a mixture of them,
     weights as token shares) gives batches of packed sequences instead, through the same loader.
+    Sources of different kinds (samples, image-text pairs read with context_length, tokens read with
+    seq_len) make a KindsLoader: each batch of one kind, tagged batch["kind"] (loader/kinds.py).
     """
     if isinstance(weights, Schedule):  # weights that change over the run (plan/schedule.py)
         options, weights = {**options, "mix_schedule": weights.pieces}, None
     config = LoaderConfig.from_options(**checked_options(options))
     topology, kv_store = job_topology(rank=rank, world_size=world_size, num_workers=num_workers)
-    loader = ShardLoader(as_sources(url, weights), config, topology=topology, num_workers=num_workers,
-                         kv_store=kv_store)
+    sources = as_sources(url, weights)
+    if len(sources) > 1 and (config.seq_len is not None or config.context_length is not None):
+        kinds = source_kinds(sources, config)  # tokens, pairs and samples: one kind per batch (loader/kinds.py)
+        if len(set(kinds)) > 1:
+            return KindsLoader(sources, kinds, config, topology=topology, num_workers=num_workers,
+                               kv_store=kv_store).start()  # type: ignore[return-value]
+    loader = ShardLoader(sources, config, topology=topology, num_workers=num_workers, kv_store=kv_store)
     return loader.start()  # what the execution plan starts early (early_start)
 
 

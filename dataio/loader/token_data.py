@@ -29,6 +29,7 @@ from dataio.plan.token_plan import SequenceOrder, TokenPlanConfig
 from dataio.plan.types import PlanConfig
 from dataio.readers.token_shards import TokenShards
 from dataio.storage.store import Store
+from dataio.stream.captions import file_hash
 from dataio.stream.job import TokenSpec
 
 TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
@@ -36,11 +37,7 @@ TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
 
 def tokenizer_hash(path: str) -> str:
     """"xxh3_64:<hex>" of a tokenizer file, as the manifest records it (sharding/tokenizer.py)."""
-    try:
-        with open(path, "rb") as f:
-            return "xxh3_64:" + xxhash.xxh3_64_hexdigest(f.read())
-    except OSError as exc:
-        raise ValueError(f"tokenizer {path}: cannot read it ({exc.strerror or exc})") from None
+    return file_hash(path)
 
 
 def check_tokenizer(manifest: Manifest, url: str, path: str) -> None:
@@ -117,7 +114,8 @@ def open_tokens(sources: Sequence[Source], config: LoaderConfig) -> tuple[OpenSo
     mixture = token_mixture(doc_lengths, plan, names=[st.url for st, _ in opened],
                             weights=[1.0 if s.weight is None else s.weight for s in sources],
                             fingerprints=[m.fingerprint for _, m in opened],
-                            schedule=config.mix_schedule)  # pieces last a number of sequences
+                            schedule=config.mix_schedule,  # pieces last a number of sequences
+                            epoch_samples=config.epoch_samples)
     spec = TokenSpec(seq_len=config.seq_len, packing=config.packing, doc_lengths=doc_lengths,
                      with_docs=config.fields is None or "doc_ids" in config.fields, pad_id=info.tokenizer.eos_id)
     sources_ = OpenSources(stores=tuple(st for st, _ in opened), manifests=tuple(m for _, m in opened),

@@ -58,17 +58,18 @@ def source_config(config: TokenPlanConfig, source: int) -> TokenPlanConfig:
 
 def token_mixture(doc_lengths: Sequence[Sequence[Sequence[int]]], config: TokenPlanConfig, *,
                   names: Sequence[str], weights: Sequence[float], fingerprints: Sequence[str],
-                  schedule: Sequence[Piece] | None = None) -> Mixture:
+                  schedule: Sequence[Piece] | None = None, epoch_samples: int | None = None) -> Mixture:
     """The mixture of sources (each its shards' document lengths) counted in sequences, weights as shares;
-    with `schedule`, weights that follow its pieces (each lasting a number of sequences) over the run."""
+    with `schedule`, weights that follow its pieces (each lasting a number of sequences) over the run;
+    `epoch_samples` sequences an epoch (None: the sources' sequences summed)."""
     sources = []
     for s, docs in enumerate(doc_lengths):
         n = SequenceOrder(docs, source_config(config, s), 0).num_sequences  # the same in every pass
         sources.append(MixSource(name=names[s], shard_sizes=[n], weight=float(weights[s]),
                                  fingerprint=fingerprints[s]))
     if schedule is not None:
-        return scheduled(sources, schedule)
-    return Mixture(sources=tuple(sources))
+        return scheduled(sources, schedule, epoch_samples)
+    return Mixture(sources=tuple(sources), epoch_samples=epoch_samples)
 
 
 def token_mix_num_steps(doc_lengths: Sequence[Sequence[Sequence[int]]], mixture: Mixture, *, config: TokenPlanConfig,

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import xxhash
 
 from dataio.errors import CorruptSampleError
 from dataio.format.captions import CAPTION_FIELD, CAPTION_LIST_KEY
 from dataio.format.manifest import Manifest
 from dataio.rand import key, sample_seed
+from dataio.storage.store import Store
 
 # Tried in order: the names common tokenizers give their end-of-text token.
 END_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[SEP]", "<|im_end|>")
@@ -145,24 +148,92 @@ class CaptionStage:
         texts = [self.pick(self.captions(s), epoch=epoch, sample_id=int(s["__id__"])) for s in samples]
         return self.tokenize(texts)
 
+    def of_batch(self, batch: dict[str, Any], ids: Sequence[int], *, epoch: int, urls: Sequence[str] = ()) -> dict[str, torch.Tensor]:
+        """The same for a RAW batch (decode=None, and the GPU's undecoded batches): each row's caption
+        field (PackedBytes) and json (parsed), row i being sample ids[i]."""
+        texts, metas = batch.get(self.field), batch.get("json")
+        samples = [{"__id__": int(sample_id), "__key__": batch["__key__"][i],
+                    "__url__": urls[i] if i < len(urls) else "?",
+                    self.field: None if texts is None else texts[i],
+                    "json": None if metas is None else metas[i]}
+                   for i, sample_id in enumerate(ids)]
+        return self(samples, epoch=epoch)
+
 
 def caption_stage(manifests: Sequence[Manifest], *, tokenizer: str | None, context_length: int | None,
-                  seed: int, urls: Sequence[str] = ()) -> CaptionStage | None:
+                  seed: int, urls: Sequence[str] = (), stores: Sequence[Store] = ()) -> CaptionStage | None:
     """The stage for make_loader(..., tokenizer=, context_length=), or None without context_length;
-    the caption field from the first pair dataset's manifest (`txt`, img2dataset's, otherwise).
-    ValueError for a mixture with a source that has no captions (one kind per batch)."""
+    the caption field from the first pair dataset's manifest (`txt`, img2dataset's, otherwise), the
+    tokenizer the one given or else the one the manifests name (tokenizer_for). ValueError for a
+    source that has no captions (one kind per batch)."""
     if context_length is None:
         return None
-    if tokenizer is None:
-        raise ValueError("context_length tokenizes captions: give tokenizer= (a tokenizer.json or .tiktoken file)")
-    for url, m in zip(urls or [f"source {i}" for i in range(len(manifests))], manifests):
+    urls = list(urls) or [f"source {i}" for i in range(len(manifests))]
+    for url, m in zip(urls, manifests):
         if m.captions is None and CAPTION_FIELD not in m.field_names:
             raise ValueError(f"{url} holds no captions (fields {list(m.field_names)}), and image-label, image-text "
                              "and token datasets cannot share a batch: load it with a loader of its own, without "
                              "context_length")
+    tokenizer = tokenizer_for(manifests, stores, urls, given=tokenizer)
     load_caption_tokenizer(tokenizer)  # a bad file fails here, once, not in every worker
     info = next((m.captions for m in manifests if m.captions is not None), None)
     if info is None:
         return CaptionStage(tokenizer=tokenizer, context_length=context_length, seed=seed)
     return CaptionStage(tokenizer=tokenizer, context_length=context_length, seed=seed, field=info.field,
                         list_key=info.list_key)
+
+
+def file_hash(path: str) -> str:
+    """"xxh3_64:<hex>" of a tokenizer file, as manifests record it; ValueError naming an unreadable file."""
+    try:
+        with open(path, "rb") as f:
+            return "xxh3_64:" + xxhash.xxh3_64_hexdigest(f.read())
+    except OSError as exc:
+        raise ValueError(f"tokenizer {path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def tokenizer_for(manifests: Sequence[Manifest], stores: Sequence[Store], urls: Sequence[str], *,
+                  given: str | None) -> str:
+    """A local path of the captions' tokenizer: `given`, refused unless it is the one every manifest that
+    names a tokenizer names (by hash); else the named one (a local dataset's own file, or a remote one's
+    copied once into a cache folder beside the temporary files)."""
+    named = [(url, store, m.captions) for url, store, m in zip(urls, list(stores) or [None] * len(urls), manifests)
+             if m.captions is not None and m.captions.tokenizer]
+    if given is not None:
+        got = file_hash(given)
+        for url, _, info in named:
+            if info.tokenizer_hash != got:
+                raise ValueError(f"{url}: its captions were written for the tokenizer {info.tokenizer} "
+                                 f"({info.tokenizer_hash}), but tokenizer={given} hashes to {got}: pass the "
+                                 "dataset's tokenizer (or leave tokenizer= out to use it), or rewrite the dataset")
+        return given
+    if not named:
+        raise ValueError(f"context_length tokenizes captions, and {urls[0]} names no tokenizer: give tokenizer= (a "
+                         "tokenizer.json or .tiktoken file), or write the dataset with --captions --tokenizer FILE")
+    hashes = {info.tokenizer_hash for _, _, info in named}
+    if len(hashes) > 1:
+        raise ValueError(f"{named[0][0]} and {[u for u, _, i in named if i.tokenizer_hash != named[0][2].tokenizer_hash][0]} "
+                         "name different caption tokenizers: give one with tokenizer=, or mix datasets of one tokenizer")
+    url, store, info = named[0]
+    assert store is not None, "tokenizer_for needs the stores to fetch a named tokenizer"
+    return _local_copy(store, info.tokenizer, info.tokenizer_hash, url)
+
+
+def _local_copy(store: Store, rel: str, want: str, url: str) -> str:
+    """The tokenizer file at `rel` of the dataset as a local path, its hash checked."""
+    if store.is_local:
+        path = store.path(rel)
+    else:
+        folder = os.path.join(tempfile.gettempdir(), "shardify-tokenizers", want.split(":")[-1])
+        path = os.path.join(folder, os.path.basename(rel))
+        if not os.path.exists(path):
+            os.makedirs(folder, exist_ok=True)
+            partial = f"{path}.{os.getpid()}.part"
+            with open(partial, "wb") as f:
+                f.write(store.read(rel))
+            os.replace(partial, path)  # other processes see the whole file or none
+    got = file_hash(path)
+    if got != want:
+        raise ValueError(f"{url}: its tokenizer {store.url_of(rel)} hashes to {got}, the manifest records {want}: "
+                         "the file was changed after the write; rewrite the dataset, or give tokenizer=")
+    return path

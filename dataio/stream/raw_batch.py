@@ -152,6 +152,9 @@ class BatchBuilder:
         batch["__shard__"], batch["__position__"] = torch.from_numpy(shard), torch.from_numpy(position)
         batch["mask"] = torch.from_numpy(mask.copy())
         batch["read_s"], batch["decode_s"], batch["batch_number"] = read_s, 0.0, number
+        if job.captions is not None:  # image-text pairs: tokenized here too (raw bytes, or the GPU's to decode)
+            batch.update(job.captions.of_batch(batch, ids.tolist(), epoch=self.epoch,
+                                               urls=[items.url(i) for i in range(len(ids))]))
         batch[HEDGES_KEY] = hedges_since_last_batch()
         return batch
 

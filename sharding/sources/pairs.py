@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataio.format.captions import CAPTION_FIELD, CAPTION_LIST_KEY, CaptionsInfo
+from dataio.errors import ShardifyError
 from dataio.format.manifest import Field
+from dataio.storage.store import Store, redact
 from sharding.sources.base import (
     IMAGE_EXT_SET,
     TABLE_EXTS,
@@ -31,6 +33,7 @@ from sharding.sources.base import (
     path_keys,
 )
 from sharding.sources.by_path import open_source
+from sharding.sources.remote import RemoteFiles, is_url, list_sizes
 
 CAPTION_COLUMN_GUESSES = ("caption", "captions", "text", "txt", "prompt")
 _FIX = "write a caption for it, or rerun with --on-error skip to leave such samples out"
@@ -91,6 +94,7 @@ class PairSource(Source):
     caption_key: str = CAPTION_FIELD
     captions: CaptionsInfo = field(default_factory=CaptionsInfo)
     notes: tuple[str, ...] = ()  # for the user: e.g. img2dataset's failed downloads
+    tokenizer_file: str = ""  # --tokenizer: stored with the dataset and named by its manifest (writer.py)
 
     def load(self, refs: Sequence[Ref]) -> Iterator[tuple[Ref, RawSample | Exception]]:
         for ref, loaded in self.inner.load(refs):
@@ -117,58 +121,80 @@ def wrap_pairs(inner: Source, caption_key: str, notes: Sequence[str] = ()) -> Pa
 
 @dataclass(kw_only=True)
 class PairFolderSource(Source):
-    """A local folder of `x.jpg` + `x.txt` (+ `x.json`), in subfolders or not; refs' loc: (image, txt, json)."""
+    """A folder of `x.jpg` + `x.txt` (+ `x.json`), in subfolders or not, on local disk or in object storage
+    (a URL prefix: read on threads, with the store's retries); refs' loc: (image, txt, json)."""
 
     root: str
+    storage: Any = None
 
     def load(self, refs: Sequence[Ref]) -> Iterator[tuple[Ref, RawSample | Exception]]:
-        for ref in refs:
+        files = RemoteFiles(self.storage)
+        remote = is_url(self.root)
+
+        def one(ref: Ref) -> RawSample | Exception:
             image_rel, text_rel, json_rel = ref.loc
-            path = os.path.join(self.root, image_rel)
+            path = f"{self.root.rstrip('/')}/{image_rel}" if remote else os.path.join(self.root, image_rel)
             extras: dict[str, Any] = {}
             try:
-                with open(path, "rb") as f:
-                    image = f.read()
+                image = files.read(path)
                 for name, rel in (("txt", text_rel), ("json", json_rel)):
                     if rel is not None:
-                        with open(os.path.join(self.root, rel), "rb") as f:
-                            extras[name] = f.read()
+                        extras[name] = files.read(f"{self.root.rstrip('/')}/{rel}" if remote
+                                                  else os.path.join(self.root, rel))
             except OSError as exc:
-                yield ref, SampleLoadError(f"{path}: cannot read ({exc.strerror or exc})", where=path)
-                continue
+                return SampleLoadError(f"{path}: cannot read ({exc.strerror or exc})", where=path)
+            except ShardifyError as exc:  # object storage, after its retries (credentials redacted)
+                return SampleLoadError(str(exc), where=path)
             ext = normalize_ext(os.path.splitext(image_rel)[1])
-            yield ref, RawSample(ref.key, None, ext, image, extras, path, origin=image_rel)
+            return RawSample(ref.key, None, ext, image, extras, path, origin=image_rel)
+
+        if remote:  # object storage: requests in flight on threads (latency bound)
+            yield from zip(refs, files.map(one, list(refs)))
+            return
+        yield from ((ref, one(ref)) for ref in refs)
 
 
-def open_pair_folder(root: str, *, key: str = "index") -> PairFolderSource:
-    """Every image below `root` with the `.txt` (and `.json`) of the same name beside it; an image
-    without one is kept, and refused (or skipped) when written, naming it."""
+def open_pair_folder(root: str, *, key: str = "index", storage: Any = None) -> PairFolderSource:
+    """Every image below `root` (a local folder or a URL prefix) with the `.txt` (and `.json`) of the
+    same name beside it; an image without one is kept, and refused (or skipped) when written, naming it."""
+    listed = _listed_remote(root, storage) if is_url(root) else _listed_local(root)  # [(rel, size)], in order
+    sizes = dict(listed)
     items: list[tuple[str, str | None, str | None]] = []
-    for top, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        names = set(files)
-        for name in sorted(files):
-            stem, ext = os.path.splitext(name)
-            if name.startswith(".") or normalize_ext(ext) not in IMAGE_EXT_SET:
-                continue
-            rel_dir = os.path.relpath(top, root)
-
-            def rel(n: str, rel_dir: str = rel_dir) -> str:
-                return n if rel_dir == "." else os.path.join(rel_dir, n)
-
-            items.append((rel(name), rel(f"{stem}.txt") if f"{stem}.txt" in names else None,
-                          rel(f"{stem}.json") if f"{stem}.json" in names else None))
+    for rel, _ in listed:
+        stem, ext = os.path.splitext(rel)
+        if os.path.basename(rel).startswith(".") or normalize_ext(ext) not in IMAGE_EXT_SET:
+            continue
+        items.append((rel, f"{stem}.txt" if f"{stem}.txt" in sizes else None,
+                      f"{stem}.json" if f"{stem}.json" in sizes else None))
     if not items:
-        raise SourceError(f"{root}: no images found; a pair folder holds x.jpg with its caption in x.txt "
-                          f"(images: {', '.join(sorted(IMAGE_EXT_SET))})")
+        raise SourceError(f"{redact(root, storage.secrets if storage else ())}: no images found; a pair folder holds "
+                          f"x.jpg with its caption in x.txt (images: {', '.join(sorted(IMAGE_EXT_SET))})")
     width = key_width(len(items))
     keys = path_keys([i[0] for i in items]) if key == "path" else [f"{n:0{width}d}" for n in range(len(items))]
-    refs = [Ref(k, None, item, sum(_size(root, r) for r in item if r), 1 + sum(r is not None for r in item[1:]))
+    refs = [Ref(k, None, item, sum(sizes.get(r, 0) for r in item if r), 1 + sum(r is not None for r in item[1:]))
             for k, item in zip(keys, items)]
     exts = tuple(sorted({normalize_ext(os.path.splitext(i[0])[1]) for i in items}))
     fields = (Field(name="json", type="json"),) if any(i[2] for i in items) else ()
-    return PairFolderSource(description=root, refs=refs, label_names=None, image_exts=exts,
-                            extra_fields=(Field(name="txt", type="bytes"), *fields), has_labels=False, root=root)
+    return PairFolderSource(description=redact(root, storage.secrets if storage else ()), refs=refs, label_names=None,
+                            image_exts=exts, extra_fields=(Field(name="txt", type="bytes"), *fields),
+                            has_labels=False, root=root, storage=storage)
+
+
+def _listed_local(root: str) -> list[tuple[str, int]]:
+    """(path relative to root, size) of every file, a folder's files (sorted) before its sub-folders'."""
+    out: list[tuple[str, int]] = []
+    for top, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        rel_dir = os.path.relpath(top, root)
+        for name in sorted(files):
+            rel = name if rel_dir == "." else os.path.join(rel_dir, name)
+            out.append((rel, _size(root, rel)))
+    return out
+
+
+def _listed_remote(root: str, storage: Any) -> list[tuple[str, int]]:
+    """(key relative to the prefix, size) of every object below it, sorted; one listing, retried."""
+    return sorted((rel, size) for rel, size in list_sizes(Store(root, storage), "") if not rel.startswith("."))
 
 
 def _size(root: str, rel: str) -> int:
@@ -185,6 +211,9 @@ def open_pairs(src: str, *, caption: str = "", **options: Any) -> PairSource:
     is_table = path.lower().endswith(TABLE_EXTS)
     if "://" not in path and os.path.isdir(path) and not _holds_tars_or_tables(path):
         return wrap_pairs(open_pair_folder(path, key=options.get("key", "index")), CAPTION_FIELD)
+    if is_url(src) and _is_remote_pair_folder(src, options.get("storage")):
+        return wrap_pairs(open_pair_folder(src, key=options.get("key", "index"), storage=options.get("storage")),
+                          CAPTION_FIELD)
     inner = open_source(src, **options)
     columns = getattr(inner, "extra_columns", None)
     if columns is not None:  # a table
@@ -198,6 +227,16 @@ def open_pairs(src: str, *, caption: str = "", **options: Any) -> PairSource:
         raise SourceError(f"{src}: its samples have no {caption_key!r} member (they have "
                           f"{sorted(f.name for f in inner.extra_fields)}); name the caption member with --captions EXT")
     return wrap_pairs(inner, caption_key, notes=img2dataset_notes(inner))
+
+
+def _is_remote_pair_folder(src: str, storage: Any) -> bool:
+    """A URL prefix holding images with their captions and no tars, tables or dataset: a pair folder."""
+    if "{" in src or src.endswith(".tar") or src.lower().endswith(TABLE_EXTS):
+        return False
+    listed = Store(src, storage).list()
+    shards = any(n.endswith((".tar", ".tgz")) or ".tar." in n or n.lower().endswith(TABLE_EXTS) or n == "manifest.json"
+                 for n in listed)
+    return not shards and any(n.endswith(".txt") for n in listed)
 
 
 def _holds_tars_or_tables(path: str) -> bool:
@@ -238,6 +277,18 @@ def img2dataset_notes(inner: Source) -> list[str]:
         return []
     return [f"img2dataset's status tables list {failed} sample(s) that failed to download (e.g. {examples}); "
             "they are not in the tars, so not in the dataset"]
+
+
+def name_tokenizer(source: PairSource, path: str) -> None:
+    """The captions' tokenizer for the write to store and name (`--captions --tokenizer FILE`); a file that
+    is no tokenizer is refused now, naming it."""
+    from dataio.stream.captions import load_caption_tokenizer
+
+    try:
+        load_caption_tokenizer(path)
+    except ValueError as exc:
+        raise SourceError(f"--tokenizer {exc}") from None
+    source.tokenizer_file = path
 
 
 def with_captions(source: Source) -> Any:

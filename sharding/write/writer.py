@@ -20,6 +20,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
+import xxhash
+
 from dataio.format.manifest import Manifest, write_manifest
 from dataio.format.versions import (
     DEFAULT_GRACE_S,
@@ -28,6 +30,7 @@ from dataio.format.versions import (
     JournalHead,
     JournalSessions,
     is_own,
+    journal_dir,
     journal_versions,
     next_generation,
     read_journal,
@@ -306,6 +309,21 @@ def _write_leased(source: Source, dest: Store, config: WriteConfig, progress: Pr
                        version=journal.head.version, removed=removed, dropped=dropped)
 
 
+def store_named_tokenizer(job: WriteJob, manifest: Manifest, version_dir: str) -> Manifest:
+    """A pair write given --tokenizer: its file stored in this version's folder (kept while the version
+    lives, gone with it after gc's grace), and named with its hash by the manifest's captions section."""
+    path = getattr(job.source, "tokenizer_file", "")
+    if not path or manifest.captions is None:
+        return manifest
+    with open(path, "rb") as f:
+        data = f.read()
+    rel = f"{version_dir}/tokenizer/{os.path.basename(path)}"
+    job.dest.write_bytes(rel, data)
+    captions = replace(manifest.captions, tokenizer=rel,
+                                   tokenizer_hash="xxh3_64:" + xxhash.xxh3_64_hexdigest(data))
+    return replace(manifest, captions=captions)
+
+
 def _publish(job: WriteJob, tasks: list[ShardTask], done: dict[int, ShardResult], old: Manifest | None,
              sink: _Journaled, lease: Lease) -> tuple[Manifest, dict[str, int]]:
     """Write the shards of `tasks`, then the manifest naming them and those `done` (and `old`'s when
@@ -325,6 +343,7 @@ def _publish(job: WriteJob, tasks: list[ShardTask], done: dict[int, ShardResult]
             )
         journal.flush()  # every shard the manifest names is in the journal before it is published
         lease.check()  # (flush checks too, but only when it had shards to record)
+        manifest = store_named_tokenizer(job, manifest, journal_dir(journal.head.version))
         write_manifest(job.dest, manifest, parts_threshold=job.config.parts_threshold)
     except BaseException as exc:
         with contextlib.suppress(Exception):

@@ -293,7 +293,7 @@ def test_the_config_is_grouped_by_concern_and_read_flat() -> None:
         config.images.decode = "cpu"  # type: ignore[misc]
     options = LoaderConfig.options()
     names = [o.name for o in options]
-    assert len(names) == len(set(names)) == 38 and all(o.help and "\n" not in o.help for o in options)
+    assert len(names) == len(set(names)) == 39 and all(o.help and "\n" not in o.help for o in options)
     assert {o.group for o in options} == {"", "reading", "workers", "images", "tokens", "mixing"}
     by_name = {o.name: o for o in options}
     assert by_name["batch_size"].default is dataclasses.MISSING and by_name["image_size"].default == 224

@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from dataio import make_loader
+from dataio.format.manifest import read_manifest
+from dataio.loader.token_data import tokenizer_hash
+from dataio.storage.store import Store
 from dataio.stream.captions import load_caption_tokenizer
 from sharding.cli import main as shardify
 from sharding.write.tokenizer import train_bpe
@@ -116,16 +119,43 @@ def test_stop_save_load_replays_captions_of_this_and_the_next_epoch(pairs) -> No
     check_save_load_state(lambda: _ranks(url, tok, 2, 0), stop=2, summary=batch_summary)
 
 
-def test_a_dataset_or_mixture_source_without_captions_is_refused_in_one_sentence(tmp_path, pairs) -> None:
+def test_a_dataset_without_captions_is_refused_and_mixed_in_batches_of_its_kind(tmp_path, pairs) -> None:
     from tests.sharding.conftest import make_image_folder
 
     src = make_image_folder(tmp_path / "images", per_class=2)
     assert shardify(["write", str(src), str(tmp_path / "ds"), "--quiet"]) == 0
     images = str(tmp_path / "ds")
-    for url in (images, [pairs[0], images]):
-        with pytest.raises(ValueError, match=r"ds holds no captions \(fields \['jpg', 'png', 'cls'\]\), and "
-                                             r"image-label, image-text and token datasets cannot share a batch"):
-            make_loader(url, num_workers=0, **_options(pairs[1]))
+    with pytest.raises(ValueError, match=r"ds holds no captions \(fields \['jpg', 'png', 'cls'\]\), and "
+                                         r"image-label, image-text and token datasets cannot share a batch"):
+        make_loader(images, num_workers=0, **_options(pairs[1]))
+    # in a mixture, each batch is of one kind (loader/kinds.py); asked to share batches, refused
+    with make_loader([pairs[0], images], num_workers=0, **_options(pairs[1])) as loader:
+        assert {b["kind"] for b in loader} == {"pairs", "samples"}
+    with pytest.raises(ValueError, match=r"cannot mix .* \(pairs\) and .*ds \(samples\) in one batch"):
+        make_loader([pairs[0], images], num_workers=0, mix_kinds="in_batch", **_options(pairs[1]))
+
+
+def test_the_tokenizer_the_manifest_names_is_used_and_another_refused_naming_both(tmp_path, pairs) -> None:
+    url, tok = pairs
+    src = write_pair_folder(tmp_path / "src", 6)
+    ds = tmp_path / "named"
+    assert shardify(["write", str(src), str(ds), "--captions", "--tokenizer", tok, "--quiet"]) == 0
+    info = read_manifest(Store(str(ds))).captions
+    assert info.tokenizer.startswith("versions/v000001/tokenizer/") and info.tokenizer_hash == tokenizer_hash(tok)
+    assert (ds / info.tokenizer).read_bytes() == Path(tok).read_bytes()
+    options = {k: v for k, v in _options(tok).items() if k != "tokenizer"}
+    got = {k: ids for b in make_loader(str(ds), num_workers=0, **options)
+           for k, ids in zip(b["__key__"], b["input_ids"].tolist())}
+    assert len(got) == 6 and all(ids in [_expected(tok, c, 6)[0] for c in pair(int(k))[1]] for k, ids in got.items())
+    other = tmp_path / "other.json"
+    train_bpe(["something else entirely"] * 5, 300, str(other))
+    with pytest.raises(ValueError, match=r"written for the tokenizer .*tokenizer=.*other.json hashes to") as exc:
+        make_loader(str(ds), num_workers=0, tokenizer=str(other), **options)
+    assert str(ds) in str(exc.value) and info.tokenizer_hash in str(exc.value)
+    with pytest.raises(ValueError, match="names no tokenizer: give tokenizer="):
+        make_loader(url, num_workers=0, **options)
+    assert shardify(["write", str(src), str(tmp_path / "bad"), "--captions", "--tokenizer", str(src / "00000.txt"),
+                     "--quiet"]) == 2
 
 
 def test_img2dataset_tars_written_as_they_are_load_unchanged(tmp_path, pairs) -> None:
@@ -136,13 +166,34 @@ def test_img2dataset_tars_written_as_they_are_load_unchanged(tmp_path, pairs) ->
     assert got == {f"00000{i:04d}": _expected(pairs[1], pair(i)[1][0], 6)[0] for i in range(3)}
 
 
+@pytest.mark.parametrize("decode,num_workers", [(None, 0), (None, 2), ("gpu", 0), ("gpu", 2), ("auto", 2)])
+def test_captions_are_tokenized_whatever_decode_is(pairs, decode, num_workers) -> None:
+    """decode=None: raw image bytes beside the ids; "gpu" / "auto": the RAW batches go to the GPU feed (here
+    its CPU twin) with their captions tokenized in the workers; the ids are decode="cpu"'s, row for row."""
+    from dataio.decode.gpu_codecs import CpuTwin
+    from dataio.loader.gpu_feed import device_twin
+
+    url, tok = pairs
+    want = _epoch(url, tok, 1)
+    with device_twin(lambda: CpuTwin()):
+        loader = make_loader(url, num_workers=num_workers, decode=decode, **_options(tok))
+        loader.set_epoch(1)
+        got = {}
+        for batch in loader:
+            if decode is None:
+                assert len(batch["jpg"]) == 3 and batch["jpg"][0][:2] == b"\xff\xd8"  # the JPEG's own bytes
+            else:
+                assert batch["image"].shape == (3, 3, 16, 16)
+            for i, key in enumerate(batch["__key__"]):
+                got[key] = (batch["input_ids"][i].tolist(), batch["attention_mask"][i].tolist())
+        loader.close()
+    assert got == want
+
+
 def test_bad_options_are_refused(pairs) -> None:
     url, tok = pairs
     with pytest.raises(ValueError, match="give tokenizer="):
         make_loader(url, batch_size=2, context_length=8, num_workers=0)
-    for decode in (None, "gpu", "auto"):  # RAW batches (decoded on the GPU, if at all): no caption stage there
-        with pytest.raises(ValueError, match="use it with decode='cpu' or 'dali'"):
-            make_loader(url, batch_size=2, tokenizer=tok, context_length=8, decode=decode, num_workers=0)
     with pytest.raises(ValueError, match="context_length must be an int >= 2"):
         make_loader(url, batch_size=2, tokenizer=tok, context_length=1, num_workers=0)
     with pytest.raises(ValueError, match="cannot read it"):

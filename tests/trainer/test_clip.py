@@ -102,3 +102,15 @@ def test_padding_does_not_change_a_caption_feature() -> None:
     torch.testing.assert_close(model.encode_text(ids, mask), model.encode_text(other, mask))
     assert not torch.allclose(model.encode_text(ids, mask), model.encode_text(ids, torch.tensor([[1, 1, 0, 0, 0, 0]])))
 
+
+
+def test_the_captions_tokenizer_is_the_flag_or_the_one_the_dataset_names() -> None:
+    from types import SimpleNamespace
+
+    from trainer.clip import tokenizer_of
+
+    named = SimpleNamespace(job=SimpleNamespace(captions=SimpleNamespace(tokenizer="/data/v1/tokenizer.json")))
+    assert tokenizer_of(SimpleNamespace(tokenizer="mine.json"), named) == "mine.json"
+    assert tokenizer_of(SimpleNamespace(tokenizer=""), named) == "/data/v1/tokenizer.json"
+    with pytest.raises(ValueError, match="give --tokenizer FILE .* or train on a pair dataset written with"):
+        tokenizer_of(SimpleNamespace(tokenizer=""), SimpleNamespace(job=SimpleNamespace(captions=None)))
