@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ import pytest
 from dataio import make_loader
 from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
+from tools.process_tree import kill_tree
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "dist_loader.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,7 +31,7 @@ def torchrun(nproc: int, mode: str, url: str, out_dir: str, *, timeout_s: float 
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)  # ranks run in sessions of their own
         out, _ = proc.communicate()
         pytest.fail(f"torchrun {mode} did not finish in {timeout_s} s (a rank hangs?):\n{out[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)

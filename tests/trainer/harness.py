@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tools.process_tree import kill_tree
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -51,7 +52,7 @@ def finish(proc: subprocess.Popen[str], *, timeout_s: float) -> Result:
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         out, err = proc.communicate()
         raise AssertionError(f"trainer did not finish in {timeout_s} s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
     finally:
@@ -60,11 +61,8 @@ def finish(proc: subprocess.Popen[str], *, timeout_s: float) -> Result:
 
 
 def kill_group(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL everything left in the run's session (torchrun, ranks, loader workers)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """SIGKILL everything left of the run (torchrun, ranks in their own sessions, loader workers)."""
+    kill_tree(proc.pid)
     if proc.poll() is None:
         proc.wait(timeout=10)
 

@@ -3,7 +3,6 @@ SIGSTOP of a rank under `torchrun --max-restarts` (committed steps exactly once)
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -13,6 +12,7 @@ import time
 from pathlib import Path
 
 from tools.faults.common import Row, Size, env, make_image_folder, shardify
+from tools.process_tree import kill_tree
 
 
 def checkpoint_scenarios(workdir: Path) -> list[Row]:
@@ -113,8 +113,7 @@ def trainer_rank_scenarios(workdir: Path, size: Size, seed: int) -> list[Row]:
             done_s = time.monotonic() - hit
             code = proc.poll()
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)  # ranks run in sessions of their own
             proc.wait(timeout=30)
         once, num_steps = _committed_once(out)
         detect = (f"rank 1 named after {detected_s:.1f} s (--dist-timeout-s 15)" if detected_s is not None
