@@ -20,12 +20,11 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dataio.errors import StorageError
-from dataio.storage import presigned
+from dataio.storage import presigned, threads
 from dataio.storage.hedge import Hedger
 from dataio.storage.presigned import pool as _pool
 from dataio.storage.options import StorageOptions
@@ -290,17 +289,22 @@ def read_into(options: StorageOptions, path: str, start: int, end: int, dest: me
                     errors.append(exc)
                 cancel.set()
 
-    helpers = min(options.parts_in_flight, len(parts)) - 1
-    if helpers <= 0:
-        worker()
-    else:
-        with ThreadPoolExecutor(helpers, thread_name_prefix=THREAD_NAME_PREFIX) as pool:
-            for _ in range(helpers):
-                pool.submit(worker)
-            worker()
+    _in_parallel(worker, min(options.parts_in_flight, len(parts)) - 1)
     if errors:
         raise next((e for e in errors if not isinstance(e, Superseded)), errors[0])
     return totals
+
+
+def _in_parallel(worker: Callable[[], None], helpers: int) -> None:
+    """worker() in this thread and in `helpers` threads of the process's part pool (kept between reads); returns
+    once every one that started has returned (one that had not started by then is cancelled: no parts were left)."""
+    started = [threads.pool(THREAD_NAME_PREFIX).submit(worker) for _ in range(max(0, helpers))]
+    try:
+        worker()
+    finally:
+        for future in started:
+            if not future.cancel():
+                future.result()  # worker() raises nothing: errors are collected
 
 
 def _part(options: StorageOptions, path: str, start: int, end: int, dest: memoryview, cancel: threading.Event,
