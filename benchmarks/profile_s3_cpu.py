@@ -10,7 +10,7 @@ so they inherit the wrapping) write their totals to a file after every batch; th
 Prints per epoch: CPU-s per 1,000 samples of the whole process tree, and per stage CPU-s per 1,000
 samples, user/sys and faults. Stages nest (a part's "receive" is inside its "part"); "rest" is the tree's
 CPU outside the top-level stages (the loader's own bookkeeping, IPC of batches, the interpreter).
-With --variant, "before" and "after" each take a round in turn (interleaved), for an A/B in one run.
+With --variant a,b (names in VARIANTS, "x+y" for both), each takes a round in turn: an A/B in one run.
 Not part of the tests or CI.
 """
 
@@ -159,13 +159,17 @@ def run(shards: Path, workers: int, epochs: int, variants: list[str]) -> None:
         results: dict[str, list[float]] = defaultdict(list)
         for e in range(epochs):
             for variant in variants:
-                VARIANTS[variant]()
+                extra: dict[str, Any] = {}
+                for name in variant.split("+"):  # "a+b": both
+                    extra.update(VARIANTS[name](server) or {})
                 loader = make_loader(f"s3://{bucket}/d", batch_size=256, num_workers=workers, decode=None,
-                                     rank=0, world_size=1)
+                                     rank=0, world_size=1, **extra)
                 loader.set_epoch(e)
                 before, t = snapshot(dump_dir), time.perf_counter()
+                main0 = sum(_thread_usage()[:2])
                 n = sum(len(b["__key__"]) for b in loader)
                 wall = time.perf_counter() - t
+                main_s = sum(_thread_usage()[:2]) - main0
                 loader.close()
                 time.sleep(0.3)  # workers' last dumps
                 d = diff(before, snapshot(dump_dir))
@@ -174,7 +178,8 @@ def run(shards: Path, workers: int, epochs: int, variants: list[str]) -> None:
                 print(f"\n### workers {workers}, round {e}, {variant}: {n} samples, {wall:.2f} s, {n / wall:.0f}/s, "
                       f"{cpu:.3f} CPU-s/1000 (load {os.getloadavg()[0]:.2f})")
                 print("| stage | CPU-s/1000 | user | sys | faults/1000 | calls |\n|---|---|---|---|---|---|")
-                print("\n".join(table(d, n)), flush=True)
+                print("\n".join(table(d, n)))
+                print(f"| main thread (all of it) | {main_s / n * 1000:.3f} | | | | |", flush=True)
         for variant, v in results.items():
             print(f"workers {workers} {variant}: median CPU-s/1000 {statistics.median(v):.3f} of {v}")
 
@@ -182,7 +187,7 @@ def run(shards: Path, workers: int, epochs: int, variants: list[str]) -> None:
 _SAVED: dict[str, Any] = {}
 
 
-def _threads_per_read() -> None:
+def _threads_per_read(server: Any) -> None:
     """The code before: a new thread pool for every read's parts and every hedged part's requests."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -209,14 +214,23 @@ def _threads_per_read() -> None:
     s3_into._in_parallel, hedge.threads = in_parallel, PerCall
 
 
-def _threads_kept() -> None:
+def _threads_kept(server: Any) -> None:
     from dataio.storage import hedge, s3_into
 
     s3_into._in_parallel = _SAVED.get("in_parallel", s3_into._in_parallel)
     hedge.threads = _SAVED.get("threads", hedge.threads)
 
 
-VARIANTS: dict[str, Any] = {"now": lambda: None, "threads-per-read": _threads_per_read, "threads-kept": _threads_kept}
+def _parts_of(size: int) -> Any:
+    def options(server: Any) -> dict[str, Any]:
+        import dataclasses
+
+        return {"storage": dataclasses.replace(server.options(), part_bytes=size)}
+    return options
+
+
+VARIANTS: dict[str, Any] = {"now": lambda server: None, "parts-16MiB": _parts_of(16 << 20),
+                            "parts-8MiB": _parts_of(8 << 20), "reuse-buffers": lambda server: {"reuse_buffers": True}, "threads-per-read": _threads_per_read, "threads-kept": _threads_kept}
 
 
 def main() -> None:

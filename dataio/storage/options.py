@@ -50,7 +50,7 @@ class StorageOptions:
     hedge: HedgePolicy | None = HedgePolicy()
     # S3 reads into a caller's buffer (Store.read_into: RAW windows) come as parts of about part_bytes,
     # up to parts_in_flight of one read at once, each body received in place (dataio/storage/s3_into.py).
-    part_bytes: int = 8 << 20
+    part_bytes: int = 16 << 20
     parts_in_flight: int = 8
     # Both above as caps: parts sized and counted from the throughput measured per endpoint (fewer in
     # flight after errors or stalls, more while each request keeps its rate; dataio/storage/tune.py).
