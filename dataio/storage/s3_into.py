@@ -306,7 +306,12 @@ def read_into(options: StorageOptions, path: str, start: int, end: int, dest: me
 def _in_parallel(worker: Callable[[], None], helpers: int) -> None:
     """worker() in this thread and in `helpers` threads of the process's part pool (kept between reads); returns
     once every one that started has returned (one that had not started by then is cancelled: no parts were left)."""
-    started = [threads.pool(THREAD_NAME_PREFIX).submit(worker) for _ in range(max(0, helpers))]
+    pool, started = threads.pool(THREAD_NAME_PREFIX), []
+    for _ in range(max(0, helpers)):
+        try:
+            started.append(pool.submit(worker))
+        except RuntimeError:  # no thread to be had now: fewer helpers, this thread reads the rest
+            break
     try:
         worker()
     finally:
