@@ -13,6 +13,10 @@ Rates measured at a level are forgotten after FORGET_S, so a level that was slow
 Parts are sized to take about TARGET_PART_S at the measured per-request rate, between MIN_PART_BYTES
 and the cap: on a slow link a hedge or a retry then repeats a small part, not 8 MiB.
 The policy is a pure class over an injected clock (tests drive it without a network).
+Limits: parts in flight are per read, and the RAW path runs several reads at once (its I/O threads),
+so the requests on the wire are up to that many times this level, and the rates it compares are
+measured with them; a read shorter than one part (a window piece under part_bytes) is one request
+whatever the level.
 """
 
 from __future__ import annotations
