@@ -20,9 +20,11 @@ from tools.s3_server import MotoS3Server, S3Server
 # dataio-hedge: the losing request of a hedged read is not waited for (dataio/storage/hedge.py: the
 # first result wins, the others run out on their own, bounded by the store's read timeout); on a
 # loaded machine a loser can outlive the grace below.
+# dataio-s3-parts: the part threads of S3 reads (dataio/storage/threads.py) wait for the next read and end
+# only after IDLE_S idle (hedged requests' threads too, named dataio-hedge).
 # gcsfs-deferred-close: gcsfs's one worker per process that closes files without blocking the event loop.
 _KNOWN_THREAD_PREFIXES = ("fsspecIO", "asyncio_", "pytest_timeout", "ThreadPoolExecutor-fsspec", "dataio-hedge",
-                          "gcsfs-deferred-close")
+                          "dataio-s3-parts", "gcsfs-deferred-close")
 # Per-connection handler threads of threaded HTTP servers (moto's werkzeug) live as long as a
 # pooled client keeps its connection open; they belong to the session server, not the test.
 _KNOWN_THREAD_PARTS = ("process_request_thread",)

@@ -16,9 +16,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import TypeVar
+
+from dataio.storage import threads
 
 T = TypeVar("T")
 
@@ -262,25 +264,22 @@ class Hedger:
             result = fn()
             self._record(size, time.perf_counter() - start, start)
             return result
-        pool = ThreadPoolExecutor(1 + self.policy.max_hedges, thread_name_prefix=THREAD_NAME_PREFIX)
-        try:
-            first = pool.submit(fn)
-            if not self._slow(first, size, start, number, overdue) or not self._may_hedge():
-                if not first.done():
-                    self._count(over_budget=1)
-                result = first.result()
-                self._record(size, time.perf_counter() - start, start)
-                return result
-            starts = {first: start}
-            winner = self._race(pool, fn, size, starts)
-            if winner is not first:
-                self._count(won=1)
-            self._record(size, time.perf_counter() - starts[winner], starts[winner])
-            return winner.result()
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # the losers run out on their own
+        pool = threads.pool(THREAD_NAME_PREFIX)  # threads kept between reads; the losers run out on their own
+        first = pool.submit(fn)
+        if not self._slow(first, size, start, number, overdue) or not self._may_hedge():
+            if not first.done():
+                self._count(over_budget=1)
+            result = first.result()
+            self._record(size, time.perf_counter() - start, start)
+            return result
+        starts = {first: start}
+        winner = self._race(pool, fn, size, starts)
+        if winner is not first:
+            self._count(won=1)
+        self._record(size, time.perf_counter() - starts[winner], starts[winner])
+        return winner.result()
 
-    def _race(self, pool: ThreadPoolExecutor, fn: Callable[[], T], size: int,
+    def _race(self, pool: threads.ElasticPool, fn: Callable[[], T], size: int,
               starts: dict[Future[T], float]) -> Future[T]:
         """Hedge, and hedge again while every request so far is slow (a hedge meets stragglers too),
         up to max_hedges and within budget. The first success wins; if all fail, the last to fail."""

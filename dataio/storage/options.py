@@ -50,8 +50,11 @@ class StorageOptions:
     hedge: HedgePolicy | None = HedgePolicy()
     # S3 reads into a caller's buffer (Store.read_into: RAW windows) come as parts of about part_bytes,
     # up to parts_in_flight of one read at once, each body received in place (dataio/storage/s3_into.py).
-    part_bytes: int = 8 << 20
+    part_bytes: int = 16 << 20
     parts_in_flight: int = 8
+    # Both above as caps: parts sized and counted from the throughput measured per endpoint (fewer in
+    # flight after errors or stalls, more while each request keeps its rate; dataio/storage/tune.py).
+    adapt_parts: bool = True
     # How each call retries transient errors: backoff until its time budget (deadline_s, 2 minutes)
     # is spent; a Store given its own RetryPolicy uses that one instead.
     retry: RetryPolicy = RetryPolicy()
@@ -69,6 +72,8 @@ class StorageOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if not isinstance(self.adapt_parts, bool):
+            raise TypeError(f"adapt_parts must be True or False, got {self.adapt_parts!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
 

@@ -20,12 +20,11 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dataio.errors import StorageError
-from dataio.storage import presigned
+from dataio.storage import presigned, threads, tune
 from dataio.storage.hedge import Hedger
 from dataio.storage.presigned import pool as _pool
 from dataio.storage.options import StorageOptions
@@ -263,10 +262,13 @@ def part_spans(start: int, end: int, part_bytes: int) -> list[tuple[int, int]]:
 def read_into(options: StorageOptions, path: str, start: int, end: int, dest: memoryview, *, what: str,
               retry: RetryPolicy, secrets: tuple[str, ...], hedger: Hedger | None) -> list[int | None]:
     """Bytes [start, end) of `path` into dest[: end - start] in parallel parts of options.part_bytes, up to
-    options.parts_in_flight at once (this thread reads too); each part retried (one budget for all of them
-    and their hedges) and hedged; the whole sizes the answers stated. The first error is raised once every
-    part has stopped writing."""
-    parts = part_spans(start, end, options.part_bytes)
+    options.parts_in_flight at once (with adapt_parts: as tune.py measures, within those; this thread reads
+    too); each part retried (one budget for all of them and their hedges) and hedged; the whole sizes the
+    answers stated. The first error is raised once every part has stopped writing."""
+    tuner = tune.tuner_for(options) if options.adapt_parts else None
+    cut = tuner.plan() if tuner is not None else tune.PartPlan(part_bytes=options.part_bytes,
+                                                                in_flight=options.parts_in_flight)
+    parts = part_spans(start, end, cut.part_bytes)
     ends_at = retry.ends_at(time.monotonic())
     cancel = threading.Event()
     totals: list[int | None] = [None] * len(parts)
@@ -281,26 +283,41 @@ def read_into(options: StorageOptions, path: str, start: int, end: int, dest: me
             if i is None:
                 return
             a, b = parts[i]
+            began = time.monotonic()
             try:
                 totals[i] = _part(options, path, a, b, dest[a - start: b - start], cancel,
                                   what=f"{what} bytes {a}-{b}", retry=retry, secrets=secrets, hedger=hedger,
                                   ends_at=ends_at)
+                if tuner is not None:
+                    tuner.finished(b - a, time.monotonic() - began)
             except BaseException as exc:  # noqa: BLE001 - raised by the caller once all have stopped
+                if tuner is not None and not isinstance(exc, Superseded):
+                    tuner.failed()
                 with lock:
                     errors.append(exc)
                 cancel.set()
 
-    helpers = min(options.parts_in_flight, len(parts)) - 1
-    if helpers <= 0:
-        worker()
-    else:
-        with ThreadPoolExecutor(helpers, thread_name_prefix=THREAD_NAME_PREFIX) as pool:
-            for _ in range(helpers):
-                pool.submit(worker)
-            worker()
+    _in_parallel(worker, min(cut.in_flight, len(parts)) - 1)
     if errors:
         raise next((e for e in errors if not isinstance(e, Superseded)), errors[0])
     return totals
+
+
+def _in_parallel(worker: Callable[[], None], helpers: int) -> None:
+    """worker() in this thread and in `helpers` threads of the process's part pool (kept between reads); returns
+    once every one that started has returned (one that had not started by then is cancelled: no parts were left)."""
+    pool, started = threads.pool(THREAD_NAME_PREFIX), []
+    for _ in range(max(0, helpers)):
+        try:
+            started.append(pool.submit(worker))
+        except RuntimeError:  # no thread to be had now: fewer helpers, this thread reads the rest
+            break
+    try:
+        worker()
+    finally:
+        for future in started:
+            if not future.cancel():
+                future.result()  # worker() raises nothing: errors are collected
 
 
 def _part(options: StorageOptions, path: str, start: int, end: int, dest: memoryview, cancel: threading.Event,

@@ -173,3 +173,32 @@ def test_a_body_cut_short_is_asked_again(ranges_server, whole) -> None:
         s3_into.read_into(options, "b/k", 5, 1005, memoryview(dest), what="r", retry=retry, secrets=(), hedger=None)
         assert bytes(dest) == BODY[5:1005]
     assert ranges_server.count == 2
+
+
+def _part_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith(s3_into.THREAD_NAME_PREFIX)}
+
+
+def test_part_threads_are_kept_for_the_next_read(ranges_server) -> None:
+    options = _options(ranges_server, part_bytes=4096, parts_in_flight=4, adapt_parts=False)
+    once = RetryPolicy(max_attempts=1, base_delay_s=0.0, max_delay_s=0.0)
+    dest = bytearray(len(BODY))
+    s3_into.read_into(options, "b/k", 0, len(BODY), memoryview(dest), what="r", retry=once, secrets=(), hedger=None)
+    first = _part_threads()
+    assert len(first) >= 1
+    s3_into.read_into(options, "b/k", 0, len(BODY), memoryview(dest), what="r", retry=once, secrets=(), hedger=None)
+    assert _part_threads() <= first  # the same threads read again: none started
+    assert bytes(dest) == BODY
+
+
+def test_a_read_with_no_thread_to_be_had_is_read_by_its_own_thread(ranges_server, monkeypatch) -> None:
+    class NoThreads:
+        def submit(self, fn, *args):
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(s3_into.threads, "pool", lambda name: NoThreads())
+    options = _options(ranges_server, part_bytes=4096, parts_in_flight=4, adapt_parts=False)
+    once = RetryPolicy(max_attempts=1, base_delay_s=0.0, max_delay_s=0.0)
+    dest = bytearray(len(BODY))
+    s3_into.read_into(options, "b/k", 0, len(BODY), memoryview(dest), what="r", retry=once, secrets=(), hedger=None)
+    assert bytes(dest) == BODY

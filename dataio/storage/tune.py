@@ -1,0 +1,138 @@
+"""Part size and parts in flight of S3 reads into a buffer, from the throughput measured per endpoint.
+
+The CRT client's idea, kept small: StorageOptions.part_bytes and parts_in_flight are the caps and the
+start (a read never asks for more than the user allowed, and the first reads go as before). After each
+round (as many finished parts as were allowed in flight) the tuner compares the throughput per request
+with the best measured at fewer parts in flight (a request's own rate, before requests share the link):
+- an error (a part that gave up) or a stall (a part slower than STALL_FACTOR x its expected time) in the
+  round halves the parts in flight (a struggling server gets fewer requests at once, not more retries);
+- else, while the throughput per request holds (at least HOLD of that best: the link is not full yet),
+  one more part in flight, up to the cap;
+- where it does not hold (more requests only share the link out), one fewer.
+Rates measured at a level are forgotten after FORGET_S, so a level that was slow once is tried again.
+Parts are sized to take about TARGET_PART_S at the measured per-request rate, between MIN_PART_BYTES
+and the cap: on a slow link a hedge or a retry then repeats a small part, not 8 MiB.
+The policy is a pure class over an injected clock (tests drive it without a network).
+Limits: parts in flight are per read, and the RAW path runs several reads at once (its I/O threads),
+so the requests on the wire are up to that many times this level, and the rates it compares are
+measured with them; a read shorter than one part (a window piece under part_bytes) is one request
+whatever the level.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dataio.storage.options import StorageOptions
+
+HOLD = 0.8
+STALL_FACTOR = 4.0
+FORGET_S = 30.0
+TARGET_PART_S = 0.25
+MIN_PART_BYTES = 1 << 20
+EWMA = 0.5  # weight of a new round's rate in its level's
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PartPlan:
+    """How one read is cut: parts of about part_bytes, up to in_flight of them at once."""
+
+    part_bytes: int
+    in_flight: int
+
+
+class PartTuner:
+    """One endpoint's part size and parts in flight, adapted from finished parts (thread-safe)."""
+
+    def __init__(self, *, max_part_bytes: int, max_in_flight: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if max_part_bytes < 1 or max_in_flight < 1:
+            raise ValueError(f"caps must be >= 1, got part bytes {max_part_bytes}, in flight {max_in_flight}")
+        self.max_part_bytes, self.max_in_flight, self.clock = max_part_bytes, max_in_flight, clock
+        self._lock = threading.Lock()
+        self._in_flight = max_in_flight
+        self._rates: dict[int, tuple[float, float]] = {}  # level -> (bytes/s per request, measured at)
+        self._round: list[tuple[int, float]] = []  # (bytes, seconds) of this round's finished parts
+        self._trouble = False
+
+    def plan(self) -> PartPlan:
+        """The cut for the next read."""
+        with self._lock:
+            rate = self._rate(self._in_flight)
+            floor = min(MIN_PART_BYTES, self.max_part_bytes)
+            size = self.max_part_bytes if rate is None else int(min(self.max_part_bytes,
+                                                                    max(floor, rate * TARGET_PART_S)))
+            return PartPlan(part_bytes=size, in_flight=self._in_flight)
+
+    def finished(self, num_bytes: int, seconds: float) -> None:
+        """A part came in whole after `seconds` (its retries and hedges included)."""
+        with self._lock:
+            expected = self._expected_s(num_bytes)
+            if expected is not None and seconds > STALL_FACTOR * expected:
+                self._trouble = True
+            self._round.append((num_bytes, max(seconds, 1e-6)))
+            self._maybe_step()
+
+    def failed(self) -> None:
+        """A part gave up (its error is the read's): fewer parts in flight from the next read on."""
+        with self._lock:
+            self._trouble = True
+            self._round.append((0, 0.0))
+            self._maybe_step()
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def _rate(self, level: int) -> float | None:
+        found = self._rates.get(level)
+        if found is None or self.clock() - found[1] > FORGET_S:
+            return None
+        return found[0]
+
+    def _expected_s(self, num_bytes: int) -> float | None:
+        rate = self._rate(self._in_flight)
+        return None if rate is None else num_bytes / rate
+
+    def _maybe_step(self) -> None:
+        if len(self._round) < self._in_flight:
+            return
+        done = [(b, s) for b, s in self._round if b]
+        level, self._round = self._in_flight, []
+        if done:
+            rate = sum(b / s for b, s in done) / len(done)
+            old = self._rate(level)
+            self._rates[level] = (rate if old is None else EWMA * rate + (1 - EWMA) * old, self.clock())
+        if self._trouble:
+            self._trouble = False
+            self._in_flight = max(1, level // 2)
+            return
+        here, above = self._rate(level), self._rate(level + 1)
+        lower = [r for r in (self._rate(k) for k in range(1, level)) if r is not None]
+        best = max([*lower, here or 0.0])  # a request's rate with the fewest in flight: the uncontended one
+        if here is None:
+            return
+        if lower and here < HOLD * max(lower):
+            self._in_flight = level - 1  # more requests only share the link out
+        elif level < self.max_in_flight and (above is None or above >= HOLD * best):
+            self._in_flight = level + 1
+
+
+_TUNERS: dict[tuple[int, str | None, int, int], PartTuner] = {}
+_LOCK = threading.Lock()
+
+
+def tuner_for(options: StorageOptions) -> PartTuner:
+    """This process's tuner for the options' endpoint and caps."""
+    key = (os.getpid(), options.endpoint_url, options.part_bytes, options.parts_in_flight)
+    with _LOCK:
+        found = _TUNERS.get(key)
+        if found is None:
+            if any(k[0] != key[0] for k in _TUNERS):  # a forked child measures for itself
+                _TUNERS.clear()
+            found = _TUNERS[key] = PartTuner(max_part_bytes=options.part_bytes, max_in_flight=options.parts_in_flight)
+        return found
