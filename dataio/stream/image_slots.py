@@ -8,7 +8,7 @@ storage is written again only once nothing in the main process refers to it any 
 How: each pooled storage ends with a 64-byte tail: a magic, how many times the worker filled it,
 how many times the main process released it. The worker (SharedSlots, one per process) writes a
 batch only into a storage whose two counts agree, else makes a new one (at most `max_slots`; beyond,
-fresh storages that nobody pools). The main process (SlotReleaser, a SlabKeeper) keeps each such storage it
+fresh storages that nobody pools, whose memory goes once the main process drops the batch). The main process (SlotReleaser, a SlabKeeper) keeps each such storage it
 receives (so torch maps it once: it rebuilds a received storage from its cache while a reference
 lives) with the fill count of the batch it received there and, at each batch it delivers, marks
 released, up to that count, every kept storage whose use count says its own reference is the
@@ -31,6 +31,11 @@ TAIL_BYTES = 64
 _MAGIC = int.from_bytes(b"SHFYSLOT", "little") & (2**63 - 1)
 _MAGIC_AT, _FILLED_AT, _RELEASED_AT = 0, 1, 2  # int64 words of the tail
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
+# Pooled storages per worker: what is in flight while workers keep up with the caller (the batch the
+# caller holds, the one the worker fills; the main process releases as the caller asks for the next).
+# A worker running ahead (prefetch_factor, or a slower peer) takes fresh storages for the extra
+# batches, pooled by nobody: their memory goes as they are dropped instead of staying resident.
+POOLED_SLOTS = 2
 
 
 def _tail(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -46,7 +51,7 @@ def _padded(num_bytes: int) -> int:
 class SharedSlots:
     """Worker side: shared uint8 tensors on pooled storages (see the module's docstring)."""
 
-    def __init__(self, max_slots: int = 8) -> None:
+    def __init__(self, max_slots: int = POOLED_SLOTS) -> None:
         self.max_slots = max_slots
         self._slots: list[torch.UntypedStorage] = []
 
