@@ -130,19 +130,20 @@ def children(args: argparse.Namespace, data: dict[str, str]) -> list[tuple[str, 
     return out
 
 
-def report(results: dict[str, list[dict[str, Any]]]) -> None:
-    print("| child | CPU samples/s (tree) | wall samples/s | first batch s | peak PSS MiB (main + workers) | "
-          "load | rounds |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+def report(results: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The table of medians over each child's rounds (its PSS parts: the run nearest the median)."""
+    lines = ["| child | CPU samples/s (tree) | wall samples/s | first batch s | peak PSS MiB (main + workers) | "
+             "load | rounds |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, runs in results.items():
         ok = [x for x in runs if "error" not in x]
         if not ok:
-            print(f"| {name} | error: {runs[0].get('error')} | | | | | |")
+            lines.append(f"| {name} | error: {runs[0].get('error')} | | | | | |")
             continue
         med = {k: statistics.median(x[k] for x in ok) for k in ("cpu", "wall", "first_s", "pss_mib", "load")}
         parts = min(ok, key=lambda x: abs(x["pss_mib"] - med["pss_mib"]))["pss_parts_mib"]
-        print(f"| {name} | {med['cpu']:.0f} | {med['wall']:.0f} | {med['first_s']:.3f} | {med['pss_mib']:.0f} "
-              f"({' + '.join(map(str, parts))}) | {med['load']:.1f} | {len(ok)} |")
+        lines.append(f"| {name} | {med['cpu']:.0f} | {med['wall']:.0f} | {med['first_s']:.3f} | {med['pss_mib']:.0f} "
+                     f"({' + '.join(map(str, parts))}) | {med['load']:.1f} | {len(ok)} |")
+    return lines
 
 
 def main() -> None:
@@ -156,6 +157,7 @@ def main() -> None:
     ap.add_argument("--measures", type=int, default=3, help="timed measures per child after a warm epoch")
     ap.add_argument("--raw-passes", type=int, default=10, help="epochs per RAW measure (one epoch takes ~0.1 s)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None, help="also write the run line, the machine and the table here")
     args = ap.parse_args()
     from benchmarks.loader_data import prepare
 
@@ -167,14 +169,21 @@ def main() -> None:
         python = str(peers_python())
     todo = children(args, data)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in todo}
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()}, python {python}")
+    started, load0 = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"# {started}, load {load0}, python {python}")
     for r in range(args.rounds):
         for name, tree, spec in todo:
             load = os.getloadavg()[0]
             got = {**run(spec, tree, python), "load": load}
             results[name].append(got)
             print(f"round {r} {time.strftime('%H:%M:%S')} {name}: {got}", flush=True)
-    report(results)
+    table = report(results)
+    print("\n".join(table))
+    if args.out:
+        from tools.machine import machine_markdown
+
+        run = f"Run {started}: `python -m benchmarks.image_ab {' '.join(sys.argv[1:])}`, load at the start {load0}."
+        Path(args.out).write_text("\n\n".join([run, machine_markdown(), "\n".join(table)]) + "\n")
 
 
 if __name__ == "__main__":
