@@ -117,7 +117,7 @@ def children(args: argparse.Namespace, data: dict[str, str]) -> list[tuple[str, 
     rows = [("raw, 2 workers", {"task": "raw", "num_workers": 2, "passes": args.raw_passes}),
             ("raw, in process", {"task": "raw", "num_workers": 0, "passes": args.raw_passes}),
             ("decode, 2 workers", {"task": "decode", "num_workers": 2, "passes": 1})]
-    if args.peers:  # the memory comparison: DECODE only
+    if args.peers or args.decode_only:  # the memory comparison: DECODE only
         rows = rows[2:]
     for option in args.option:  # e.g. pooled_buffers=False: one more DECODE row per tree
         key, value = option.split("=", 1)
@@ -152,6 +152,7 @@ def main() -> None:
     ap.add_argument("--num-images", type=int, default=3000)
     ap.add_argument("--trees", nargs="+", default=[str(HERE)])
     ap.add_argument("--peers", action="store_true", help="children under the peers' torch, with ImageFolder")
+    ap.add_argument("--decode-only", action="store_true", help="only the DECODE rows")
     ap.add_argument("--option", action="append", default=[], help="KEY=VALUE: one more DECODE row per tree")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--measures", type=int, default=3, help="timed measures per child after a warm epoch")
@@ -182,8 +183,8 @@ def main() -> None:
     if args.out:
         from tools.machine import machine_markdown
 
-        run = f"Run {started}: `python -m benchmarks.image_ab {' '.join(sys.argv[1:])}`, load at the start {load0}."
-        Path(args.out).write_text("\n\n".join([run, machine_markdown(), "\n".join(table)]) + "\n")
+        header = f"Run {started}: `python -m benchmarks.image_ab {' '.join(sys.argv[1:])}`, load at the start {load0}."
+        Path(args.out).write_text("\n\n".join([header, machine_markdown(), "\n".join(table)]) + "\n")
 
 
 if __name__ == "__main__":
