@@ -10,8 +10,8 @@ how many times the main process released it. The worker (SharedSlots, one per pr
 batch only into a storage whose two counts agree, else makes a new one (at most `max_slots`; beyond,
 fresh storages that nobody pools, whose memory goes once the main process drops the batch). The main process (SlotReleaser, a SlabKeeper) keeps each such storage it
 receives (so torch maps it once: it rebuilds a received storage from its cache while a reference
-lives) with the fill count of the batch it received there and, at each batch it delivers, marks
-released, up to that count, every kept storage whose use count says its own reference is the
+lives) with the fill count of the batch it received there and, at each batch it delivers and as
+the caller asks for the next one, marks released, up to that count, every kept storage whose use count says its own reference is the
 last: the caller dropped the batch and every view, numpy array and tensor of it. Up to the count
 received, not the tail's current one: a storage the worker filled again after a release travels
 in the queue while nothing here refers to it yet. A batch handed on to another process by the caller is outside this accounting: copy it first
