@@ -5,17 +5,19 @@ at 224) costs ~85 us of page faults per image, about a tenth of a sample's CPU. 
 spares them under a lifetime rule (valid until the next batch); this spares them with none: a
 storage is written again only once nothing in the main process refers to it any more.
 
-How: each pooled storage ends with a 64-byte tail: a magic, how many times the worker filled it,
-how many times the main process released it. The worker (SharedSlots, one per process) writes a
-batch only into a storage whose two counts agree, else makes a new one (at most `max_slots`; beyond,
-fresh storages that nobody pools, whose memory goes once the main process drops the batch). The main process (SlotReleaser, a SlabKeeper) keeps each such storage it
-receives (so torch maps it once: it rebuilds a received storage from its cache while a reference
-lives) with the fill count of the batch it received there and, at each batch it delivers and as
-the caller asks for the next one, marks released, up to that count, every kept storage whose use count says its own reference is the
-last: the caller dropped the batch and every view, numpy array and tensor of it. Up to the count
-received, not the tail's current one: a storage the worker filled again after a release travels
-in the queue while nothing here refers to it yet. A batch handed on to another process by the caller is outside this accounting: copy it first
-(`.clone()`), or use worker_mode='threads', whose batches come from this process's StoragePool.
+How: each pooled storage ends with a 64-byte tail: a magic, how many times the worker filled it, how
+many times the main process released it. The worker (SharedSlots, one per process) writes a batch
+only into a storage whose two counts agree, else makes a new one (at most `max_slots`; beyond, fresh
+storages that nobody pools, whose memory goes once the main process drops the batch). The main
+process (SlotReleaser, a SlabKeeper) keeps each such storage it receives (so torch maps it once: it
+rebuilds a received storage from its cache while a reference lives) with the fill count of the batch
+it received there and, at each batch it delivers and as the caller asks for the next one, marks
+released, up to that count, every kept storage whose use count says its own reference is the last:
+the caller dropped the batch and every view, numpy array and tensor of it. Up to the count received,
+not the tail's current one: a storage the worker filled again after a release travels in the queue
+while nothing here refers to it yet. A batch handed on to another process by the caller is outside
+this accounting: copy it first (`.clone()`), or use worker_mode='threads', whose batches come from
+this process's StoragePool.
 """
 
 from __future__ import annotations
