@@ -270,6 +270,8 @@ class ShardLoader(PlanPosition):
                 if guard is not None:  # per-sample views live as long as the slab (batch.py)
                     self._views, batch = guard, guard.attach(batch)
                 yield batch
+                if self._slot_releaser is not None:  # asked for the next: what the caller dropped goes
+                    self._slot_releaser.release_unused()  # back now, not once the next batch arrives
                 self._shard_check.start()  # after the first batch, never on its path
                 # The caller asks for the next batch: the one it held may be overwritten (slabs.py).
                 if guard is not None:

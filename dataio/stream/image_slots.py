@@ -5,17 +5,19 @@ at 224) costs ~85 us of page faults per image, about a tenth of a sample's CPU. 
 spares them under a lifetime rule (valid until the next batch); this spares them with none: a
 storage is written again only once nothing in the main process refers to it any more.
 
-How: each pooled storage ends with a 64-byte tail: a magic, how many times the worker filled it,
-how many times the main process released it. The worker (SharedSlots, one per process) writes a
-batch only into a storage whose two counts agree, else makes a new one (at most `max_slots`; beyond,
-fresh storages that nobody pools). The main process (SlotReleaser, a SlabKeeper) keeps each such storage it
-receives (so torch maps it once: it rebuilds a received storage from its cache while a reference
-lives) with the fill count of the batch it received there and, at each batch it delivers, marks
-released, up to that count, every kept storage whose use count says its own reference is the
-last: the caller dropped the batch and every view, numpy array and tensor of it. Up to the count
-received, not the tail's current one: a storage the worker filled again after a release travels
-in the queue while nothing here refers to it yet. A batch handed on to another process by the caller is outside this accounting: copy it first
-(`.clone()`), or use worker_mode='threads', whose batches come from this process's StoragePool.
+How: each pooled storage ends with a 64-byte tail: a magic, how many times the worker filled it, how
+many times the main process released it. The worker (SharedSlots, one per process) writes a batch
+only into a storage whose two counts agree, else makes a new one (at most `max_slots`; beyond, fresh
+storages that nobody pools, whose memory goes once the main process drops the batch). The main
+process (SlotReleaser, a SlabKeeper) keeps each such storage it receives (so torch maps it once: it
+rebuilds a received storage from its cache while a reference lives) with the fill count of the batch
+it received there and, at each batch it delivers and as the caller asks for the next one, marks
+released, up to that count, every kept storage whose use count says its own reference is the last:
+the caller dropped the batch and every view, numpy array and tensor of it. Up to the count received,
+not the tail's current one: a storage the worker filled again after a release travels in the queue
+while nothing here refers to it yet. A batch handed on to another process by the caller is outside
+this accounting: copy it first (`.clone()`), or use worker_mode='threads', whose batches come from
+this process's StoragePool.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ TAIL_BYTES = 64
 _MAGIC = int.from_bytes(b"SHFYSLOT", "little") & (2**63 - 1)
 _MAGIC_AT, _FILLED_AT, _RELEASED_AT = 0, 1, 2  # int64 words of the tail
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
+# Pooled storages per worker: what is in flight while workers keep up with the caller (the batch the
+# caller holds, the one the worker fills; the main process releases as the caller asks for the next).
+# A worker running ahead (prefetch_factor, or a slower peer) takes fresh storages for the extra
+# batches, pooled by nobody: their memory goes as they are dropped instead of staying resident.
+POOLED_SLOTS = 2
 
 
 def _tail(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -46,7 +53,7 @@ def _padded(num_bytes: int) -> int:
 class SharedSlots:
     """Worker side: shared uint8 tensors on pooled storages (see the module's docstring)."""
 
-    def __init__(self, max_slots: int = 8) -> None:
+    def __init__(self, max_slots: int = POOLED_SLOTS) -> None:
         self.max_slots = max_slots
         self._slots: list[torch.UntypedStorage] = []
 

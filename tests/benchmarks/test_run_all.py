@@ -97,7 +97,7 @@ def test_gather_reads_every_results_file_of_this_checkout(bench_dir):
 
 # Every results file of the checkout with a peer has a reader here; those without one are only linked.
 READERS = {"loader", "loader_2k", "first", "s3", "s3_https", "s3_start", "clouds", "write", "decode", "dali", "tokens", "pairs"}
-NO_PEER = {"plan", "mix", "scale", "verify", "faults", "gpu"}
+NO_PEER = {"plan", "mix", "scale", "verify", "faults", "gpu", "image_ab"}  # image_ab: code against code
 
 
 def test_every_results_file_has_a_headline_reader_or_has_no_peer():

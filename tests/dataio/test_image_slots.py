@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dataio import make_loader
-from dataio.stream.image_slots import SharedSlots, SlotReleaser
+from dataio.stream.image_slots import _MAGIC, POOLED_SLOTS, SharedSlots, SlotReleaser, _tail
 from tests.dataio.loader_helpers import TOTAL
 
 pytestmark = pytest.mark.timeout(300)
@@ -50,17 +50,25 @@ def test_kept_batches_views_and_arrays_are_never_overwritten(dataset):
 
 
 def test_dropped_batches_storages_are_reused(dataset):
-    """Batches dropped as the loop moves on come on a few storages, mapped once in this process."""
+    """Batches dropped as the loop moves on come on a few pooled storages (POOLED_SLOTS per worker),
+    mapped once in this process; what the caller dropped is released as it asks for the next batch."""
     with make_loader(dataset, num_workers=2, worker_mode="processes", multiprocessing_context="fork",
                      **OPTIONS) as loader:
-        pointers, count = set(), 0
+        releases = []
+        release_unused = loader._slot_releaser.release_unused
+        loader._slot_releaser.release_unused = lambda: releases.append(loader._delivered) or release_unused()
+        pooled, count = [], 0
         for epoch in range(2):
             loader.set_epoch(epoch)
             for batch in loader:
-                pointers.add(batch["image"].untyped_storage().data_ptr())
+                if _tail(batch["image"].untyped_storage())[0] == _MAGIC:
+                    pooled.append(batch["image"].untyped_storage().data_ptr())
                 count += 1
+                done = loader._delivered
+                if done > 1:  # as the caller asked for this batch (its last one held), then on delivery
+                    assert releases[-3:] == [done - 1, done - 1, done]
     assert count >= 2 * TOTAL // OPTIONS["batch_size"] - 2
-    assert len(pointers) <= 2 * 8 < count  # at most SharedSlots.max_slots per worker
+    assert len(set(pooled)) <= 2 * POOLED_SLOTS < len(pooled)  # reused; a worker running ahead takes fresh ones
 
 
 def test_a_slot_is_free_only_once_released():
