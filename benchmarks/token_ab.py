@@ -62,8 +62,9 @@ print(json.dumps({"first_s": first, "cpu": max(cpu), "wall": max(wall)}))
 
 def run(spec: dict, tree: str | None) -> dict:
     env = {**os.environ, "PYTHONPATH": tree or ""}
+    # cwd "/": a `-c` child puts its working directory first on sys.path, ahead of PYTHONPATH's tree
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True, env=env,
-                         timeout=900)
+                         timeout=900, cwd="/")
     if out.returncode:
         return {"error": out.stderr.strip().splitlines()[-1:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
