@@ -29,15 +29,19 @@ from dataio.plan.token_plan import SequenceOrder, TokenPlanConfig
 from dataio.plan.types import PlanConfig
 from dataio.readers.token_shards import TokenShards
 from dataio.storage.store import Store
-from dataio.stream.captions import file_hash
 from dataio.stream.job import TokenSpec
 
 TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
 
 
 def tokenizer_hash(path: str) -> str:
-    """"xxh3_64:<hex>" of a tokenizer file, as the manifest records it (sharding/tokenizer.py)."""
-    return file_hash(path)
+    """"xxh3_64:<hex>" of a tokenizer file, as the manifest records it (sharding/tokenizer.py); ValueError
+    naming an unreadable file."""
+    try:
+        with open(path, "rb") as f:
+            return "xxh3_64:" + xxhash.xxh3_64_hexdigest(f.read())
+    except OSError as exc:
+        raise ValueError(f"tokenizer {path}: cannot read it ({exc.strerror or exc})") from None
 
 
 def check_tokenizer(manifest: Manifest, url: str, path: str) -> None:
