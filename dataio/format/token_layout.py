@@ -51,6 +51,21 @@ def dtype_for(vocab_size: int, *, where: str = "the tokenizer") -> str:
                      f"{1 << 32}); use a smaller tokenizer")
 
 
+def tokenizer_hash_of(data: bytes) -> str:
+    """"xxh3_64:<hex>" of a tokenizer file's bytes: the identity manifests record (TokenizerInfo.file_hash,
+    CaptionsInfo.tokenizer_hash)."""
+    return "xxh3_64:" + xxhash.xxh3_64_hexdigest(data)
+
+
+def tokenizer_file_hash(path: str) -> str:
+    """tokenizer_hash_of a file's bytes; ValueError naming a file that cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return tokenizer_hash_of(f.read())
+    except OSError as exc:
+        raise ValueError(f"tokenizer {path}: cannot read it ({exc.strerror or exc})") from None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TokenizerInfo:
     """The tokenizer a token dataset was written with; `file_hash` refuses a different one later."""

@@ -20,6 +20,7 @@ import xxhash
 
 from dataio.errors import ManifestError
 from dataio.format.manifest import Manifest, read_manifest
+from dataio.format.token_layout import tokenizer_file_hash
 from dataio.loader.config import LoaderConfig, Source
 from dataio.loader.mixing import OpenSources
 from dataio.loader.protocol import DatasetFacts, SourceFacts
@@ -34,20 +35,10 @@ from dataio.stream.job import TokenSpec
 TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
 
 
-def tokenizer_hash(path: str) -> str:
-    """"xxh3_64:<hex>" of a tokenizer file, as the manifest records it (sharding/tokenizer.py); ValueError
-    naming an unreadable file."""
-    try:
-        with open(path, "rb") as f:
-            return "xxh3_64:" + xxhash.xxh3_64_hexdigest(f.read())
-    except OSError as exc:
-        raise ValueError(f"tokenizer {path}: cannot read it ({exc.strerror or exc})") from None
-
-
 def check_tokenizer(manifest: Manifest, url: str, path: str) -> None:
     """ValueError unless the tokenizer file at `path` is the one the dataset at `url` was written with."""
     assert manifest.tokens is not None
-    want, got = manifest.tokens.tokenizer, tokenizer_hash(path)
+    want, got = manifest.tokens.tokenizer, tokenizer_file_hash(path)
     if got != want.file_hash:
         raise ValueError(f"{url}: tokenized by {want.name!r} ({want.file_hash}), but tokenizer={path} hashes to "
                          f"{got}: its ids would not match the dataset's; pass the dataset's tokenizer, or rewrite the "

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import xxhash
 
 from dataio.errors import CorruptSampleError
 from dataio.format.captions import CAPTION_FIELD, CAPTION_LIST_KEY
 from dataio.format.manifest import Manifest
+from dataio.format.token_layout import tokenizer_file_hash
 from dataio.rand import key, sample_seed
 from dataio.storage.store import Store
 
@@ -183,15 +183,6 @@ def caption_stage(manifests: Sequence[Manifest], *, tokenizer: str | None, conte
                         list_key=info.list_key)
 
 
-def file_hash(path: str) -> str:
-    """"xxh3_64:<hex>" of a tokenizer file, as manifests record it; ValueError naming an unreadable file."""
-    try:
-        with open(path, "rb") as f:
-            return "xxh3_64:" + xxhash.xxh3_64_hexdigest(f.read())
-    except OSError as exc:
-        raise ValueError(f"tokenizer {path}: cannot read it ({exc.strerror or exc})") from None
-
-
 def tokenizer_for(manifests: Sequence[Manifest], stores: Sequence[Store], urls: Sequence[str], *,
                   given: str | None) -> str:
     """A local path of the captions' tokenizer: `given`, refused unless it is the one every manifest that
@@ -200,7 +191,7 @@ def tokenizer_for(manifests: Sequence[Manifest], stores: Sequence[Store], urls: 
     named = [(url, store, m.captions) for url, store, m in zip(urls, list(stores) or [None] * len(urls), manifests)
              if m.captions is not None and m.captions.tokenizer]
     if given is not None:
-        got = file_hash(given)
+        got = tokenizer_file_hash(given)
         for url, _, info in named:
             if info.tokenizer_hash != got:
                 raise ValueError(f"{url}: its captions were written for the tokenizer {info.tokenizer} "
@@ -232,7 +223,7 @@ def _local_copy(store: Store, rel: str, want: str, url: str) -> str:
             with open(partial, "wb") as f:
                 f.write(store.read(rel))
             os.replace(partial, path)  # other processes see the whole file or none
-    got = file_hash(path)
+    got = tokenizer_file_hash(path)
     if got != want:
         raise ValueError(f"{url}: its tokenizer {store.url_of(rel)} hashes to {got}, the manifest records {want}: "
                          "the file was changed after the write; rewrite the dataset, or give tokenizer=")

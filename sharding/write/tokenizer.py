@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import xxhash
 
-from dataio.format.token_layout import TokenizerInfo, dtype_for
+from dataio.format.token_layout import TokenizerInfo, dtype_for, tokenizer_file_hash
 from sharding.sources.base import SourceError
 
 # Tried in order when no --eos-token is given: the names common tokenizers give their end marker.
@@ -26,12 +25,6 @@ TIKTOKEN_SUFFIX = ".tiktoken"
 R50K_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
                   r"""\s*[\r\n]|\s+(?!\S)|\s+""")
-
-
-def file_hash(path: str) -> str:
-    """"xxh3_64:<hex>" of a file's bytes: the manifest's identity of a tokenizer."""
-    with open(path, "rb") as f:
-        return "xxh3_64:" + xxhash.xxh3_64_hexdigest(f.read())
 
 
 # A document longer than LONG_DOCUMENT_CHARS is encoded in pieces of about PIECE_CHARS, PIECES_PER_CALL
@@ -126,7 +119,7 @@ def _load_hf(path: str, eos_token: str | None) -> Tokenizer:
     vocab_size = impl.get_vocab_size(with_added_tokens=True)
     _check_ids(path, vocab_size, impl.get_vocab(with_added_tokens=True))
     info = TokenizerInfo(name=os.path.basename(path), kind="hf", vocab_size=vocab_size,
-                         eos_id=eos, special_ids=special, file_hash=file_hash(path))
+                         eos_id=eos, special_ids=special, file_hash=tokenizer_file_hash(path))
     _check_fits(info, path)
     return Tokenizer(impl, info)
 
@@ -147,7 +140,7 @@ def _load_tiktoken(path: str, eos_token: str | None) -> Tokenizer:
     impl = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
     eos = special[eos_name] if special else ranks[eos_name.encode()]
     info = TokenizerInfo(name=os.path.basename(path), kind="tiktoken", vocab_size=impl.n_vocab, eos_id=eos,
-                         special_ids=special, file_hash=file_hash(path))
+                         special_ids=special, file_hash=tokenizer_file_hash(path))
     _check_fits(info, path)
     return Tokenizer(impl, info)
 

@@ -20,9 +20,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
-import xxhash
-
 from dataio.format.manifest import Manifest, write_manifest
+from dataio.format.token_layout import tokenizer_hash_of
 from dataio.format.versions import (
     DEFAULT_GRACE_S,
     LEASE_NAME,
@@ -319,8 +318,7 @@ def store_named_tokenizer(job: WriteJob, manifest: Manifest, version_dir: str) -
         data = f.read()
     rel = f"{version_dir}/tokenizer/{os.path.basename(path)}"
     job.dest.write_bytes(rel, data)
-    captions = replace(manifest.captions, tokenizer=rel,
-                                   tokenizer_hash="xxh3_64:" + xxhash.xxh3_64_hexdigest(data))
+    captions = replace(manifest.captions, tokenizer=rel, tokenizer_hash=tokenizer_hash_of(data))
     return replace(manifest, captions=captions)
 
 

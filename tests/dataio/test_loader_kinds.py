@@ -12,7 +12,7 @@ import pytest
 from dataio import make_loader
 from dataio.errors import StateError
 from dataio.loader.protocol import TrainLoader
-from dataio.loader.token_data import tokenizer_hash
+from dataio.format.token_layout import tokenizer_file_hash
 from dataio.plan.kinds import KindOrder, kind_counts, kind_pieces
 from dataio.plan.schedule import Piece, Schedule
 from dataio.storage.store import Store
@@ -37,7 +37,7 @@ def kinds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     assert shardify(["write", str(src), str(root / "pairs"), "--captions", "--quiet", "--max-samples-per-shard", "5"]) == 0
     train_bpe([c for i in range(40) for c in pair(i)[1]], 300, str(root / "tok.json"))
     # one tokenizer for captions and tokens: the token dataset names it (by its hash), as a real one would
-    write_token_dataset(Store(str(root / "tokens")), DOCS, block_tokens=16, file_hash=tokenizer_hash(str(root / "tok.json")))
+    write_token_dataset(Store(str(root / "tokens")), DOCS, block_tokens=16, file_hash=tokenizer_file_hash(str(root / "tok.json")))
     return {"images": str(root / "images"), "pairs": str(root / "pairs"), "tokens": str(root / "tokens"),
             "tok": str(root / "tok.json")}
 

@@ -12,7 +12,7 @@ import torch
 
 from dataio import make_loader
 from dataio.format.manifest import read_manifest
-from dataio.loader.token_data import tokenizer_hash
+from dataio.format.token_layout import tokenizer_file_hash
 from dataio.storage.store import Store
 from dataio.stream.captions import load_caption_tokenizer
 from sharding.cli import main as shardify
@@ -141,7 +141,7 @@ def test_the_tokenizer_the_manifest_names_is_used_and_another_refused_naming_bot
     ds = tmp_path / "named"
     assert shardify(["write", str(src), str(ds), "--captions", "--tokenizer", tok, "--quiet"]) == 0
     info = read_manifest(Store(str(ds))).captions
-    assert info.tokenizer.startswith("versions/v000001/tokenizer/") and info.tokenizer_hash == tokenizer_hash(tok)
+    assert info.tokenizer.startswith("versions/v000001/tokenizer/") and info.tokenizer_hash == tokenizer_file_hash(tok)
     assert (ds / info.tokenizer).read_bytes() == Path(tok).read_bytes()
     options = {k: v for k, v in _options(tok).items() if k != "tokenizer"}
     got = {k: ids for b in make_loader(str(ds), num_workers=0, **options)
