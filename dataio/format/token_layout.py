@@ -77,6 +77,14 @@ class TokenizerInfo:
     special_ids: Mapping[str, int] = field(default_factory=dict)
     file_hash: str = ""  # "xxh3_64:<hex>" of the tokenizer's file bytes
 
+    def check_file(self, path: str, *, url: str) -> None:
+        """ValueError unless the tokenizer file at `path` is this one (the dataset at `url` was written with it)."""
+        got = tokenizer_file_hash(path)
+        if got != self.file_hash:
+            raise ValueError(f"{url}: tokenized by {self.name!r} ({self.file_hash}), but tokenizer={path} hashes to "
+                             f"{got}: its ids would not match the dataset's; pass the dataset's tokenizer, or rewrite "
+                             "the dataset with this one")
+
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "vocab_size": self.vocab_size, "eos_id": self.eos_id,
                 "special_ids": dict(self.special_ids), "file_hash": self.file_hash}

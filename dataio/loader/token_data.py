@@ -15,12 +15,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-import numpy as np
 import xxhash
 
 from dataio.errors import ManifestError
 from dataio.format.manifest import Manifest, read_manifest
-from dataio.format.token_layout import tokenizer_file_hash
 from dataio.loader.config import LoaderConfig, Source
 from dataio.loader.mixing import OpenSources
 from dataio.loader.protocol import DatasetFacts, SourceFacts
@@ -35,16 +33,6 @@ from dataio.stream.job import TokenSpec
 TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
 
 
-def check_tokenizer(manifest: Manifest, url: str, path: str) -> None:
-    """ValueError unless the tokenizer file at `path` is the one the dataset at `url` was written with."""
-    assert manifest.tokens is not None
-    want, got = manifest.tokens.tokenizer, tokenizer_file_hash(path)
-    if got != want.file_hash:
-        raise ValueError(f"{url}: tokenized by {want.name!r} ({want.file_hash}), but tokenizer={path} hashes to "
-                         f"{got}: its ids would not match the dataset's; pass the dataset's tokenizer, or rewrite the "
-                         "dataset with this one")
-
-
 def open_token_dataset(url: str, config: LoaderConfig) -> tuple[Store, Manifest]:
     """The Store and manifest of a token dataset, its tokenizer checked; ManifestError for another format."""
     store = Store(url, config.storage)
@@ -53,7 +41,7 @@ def open_token_dataset(url: str, config: LoaderConfig) -> tuple[Store, Manifest]
         raise ManifestError(f"{store.url}: seq_len= reads token datasets (`shardify write TEXT DEST --tokenizer "
                             f"FILE`); this one holds {manifest.format} shards: leave seq_len out")
     if config.tokenizer is not None:
-        check_tokenizer(manifest, store.url, config.tokenizer)
+        manifest.tokens.tokenizer.check_file(config.tokenizer, url=store.url)
     return store, manifest
 
 
@@ -97,7 +85,7 @@ def open_tokens(sources: Sequence[Source], config: LoaderConfig) -> tuple[OpenSo
     plan_config = PlanConfig(seed=config.seed, batch_size=config.batch_size, tail=config.tail,
                              shuffle=config.shuffle, shuffle_window=window)
     plan = TokenPlanConfig(seq_len=config.seq_len, packing=config.packing, plan=plan_config)
-    doc_lengths = tuple(doc_lengths_of(TokenShards(st, m, verify_checksums=config.verify_checksums), config.packing)
+    doc_lengths = tuple(TokenShards(st, m, verify_checksums=config.verify_checksums).plan_lengths(config.packing)
                         for st, m in opened)
     for (store, _), docs in zip(opened, doc_lengths):
         try:
@@ -117,9 +105,3 @@ def open_tokens(sources: Sequence[Source], config: LoaderConfig) -> tuple[OpenSo
                            mixture=mixture)
     return sources_, fingerprint, spec, plan_config, info.tokenizer.vocab_size
 
-
-def doc_lengths_of(shards: TokenShards, packing: str) -> tuple[np.ndarray, ...]:
-    """What the plan cuts: concat needs only each shard's tokens, aligned every document's length."""
-    if packing == "aligned":
-        return tuple(shards.document_lengths(range(shards.manifest.num_shards)))
-    return tuple(np.asarray([n] if n else [], dtype=np.int64) for n in shards.manifest.shard_num_tokens)

@@ -19,7 +19,6 @@ import numpy as np
 from dataio.errors import ManifestError, StateError
 from dataio.format.manifest import Manifest
 from dataio.format.provenance import read_sources
-from dataio.loader.token_data import doc_lengths_of
 from dataio.plan.mix import Mixture
 from dataio.plan.schedule import Piece
 from dataio.plan.token_mix import plan_token_mix_worker, token_mixture
@@ -74,7 +73,7 @@ def sequences_of_step(doc: dict[str, Any], chosen: HistoryPass, place: StepPlace
     shape = json.loads(state["tokens"])
     config = TokenPlanConfig(seq_len=int(shape["seq_len"]), packing=str(shape["packing"]), plan=chosen.plan)
     shards = [TokenShards(st, m, verify_checksums=True) for st, m in zip(stores, manifests)]
-    doc_lengths = tuple(doc_lengths_of(s, config.packing) for s in shards)
+    doc_lengths = tuple(s.plan_lengths(config.packing) for s in shards)
     mixture = _mixture(state, shards, doc_lengths, config, chosen.fingerprint)
     names = _Names(shards)
     out = []

@@ -95,6 +95,13 @@ class TokenShards:
         """Tokens per document of each shard (reads every shard's offsets: aligned packing needs them)."""
         return [np.diff(self.offsets(s)) for s in shards]
 
+    def plan_lengths(self, packing: str) -> tuple[np.ndarray, ...]:
+        """What the token plan cuts, per shard: concat needs only each shard's tokens, aligned every
+        document's length."""
+        if packing == "aligned":
+            return tuple(self.document_lengths(range(self.manifest.num_shards)))
+        return tuple(np.asarray([n] if n else [], dtype=np.int64) for n in self.manifest.shard_num_tokens)
+
     def sums(self, shard: int) -> np.ndarray:
         got = self._sums.get(shard)
         if got is None:
