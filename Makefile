@@ -48,9 +48,12 @@ demo-pairs: $(STAMP) region
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
+# The suite runs on cores + 1 processes (pytest-xdist; tests/conftest.py), the docs site builds as one of
+# its tests (tests/tools/test_docs_site.py). compileall first: where PYTHONDONTWRITEBYTECODE is set, every
+# torchrun rank and CLI process would compile the project's modules again.
 test: $(STAMP) region lint
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
-	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(PY) -m compileall -q dataio sharding trainer tools benchmarks tests
+	$(PY) -m pytest -q -n auto --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 # The documentation site, built and served on http://127.0.0.1:8000 (rebuilt on every edit).
 docs: $(STAMP)

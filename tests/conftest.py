@@ -3,6 +3,7 @@ and against unmarked server tests (the `slow` marker decides what `make test-fas
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -73,6 +74,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     module or session fixture that starts a server counts for the first test that needs it)."""
     _STARTED.clear()
     _WATCHING[0] = item.get_closest_marker("slow") is None
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (make test): one test process per core plus one, at most 8. The suite is mostly
+    programs it starts (torchrun ranks, servers) and their waits; one more process than cores fills
+    the waits, and each process starts its own session servers (SeaweedFS, the emulators)."""
+    return min(8, len(os.sched_getaffinity(0)) + 1)
 
 
 @pytest.fixture(autouse=True)

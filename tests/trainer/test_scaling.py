@@ -72,7 +72,11 @@ def test_scaling_report_matches_the_injected_delays(tmp_path):
     storage_total = 0.0005e9 / 8 / 48  # 1302 samples/s for all ranks together
     per_rank = inputs["samples_per_step"] / (inputs["local_s"] + inputs["wait_s"])  # ~27 samples/s at most
     wall = plain["walls"]
-    assert wall["data_wall_kind"] == "storage" and wall["first"] == "data"
+    assert wall["data_wall_kind"] == "storage"
+    # Which wall comes first depends on the measured 2-rank efficiency (ranks sharing a busy machine's
+    # cores can put the comm wall at 2): the report must name the earlier of the two it found.
+    comm_at = wall["comm_wall_at"]
+    assert wall["first"] == ("data" if comm_at is None or wall["data_wall_at"] < comm_at else "comm"), wall
     # The storage wall sits where the storage's share per rank first falls below what a rank does there.
     m, link = predict.Measured(**inputs), predict.Link(latency_s=200e-6, bytes_per_s=10e9 / 8)
     assert storage_total / per_rank <= wall["data_wall_at"] < 1.5 * storage_total / per_rank
