@@ -19,13 +19,13 @@ import fcntl
 import hashlib
 import os
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from dataio import forksafe
 from dataio.storage import azure, gcs, s3_ranges
 from dataio.storage.cloud_options import AZURE_PROTOCOLS, GCS_PROTOCOLS
+from dataio.storage.temps import temporary_beside
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -202,20 +202,15 @@ def _local_read(path: str, *, locked: bool = False) -> tuple[bytes, str] | None:
 
 
 def _local_replace(path: str, data: bytes, tag: str) -> str | None:
-    directory, name = os.path.split(path)
-    with _locked_dir(directory):
+    with _locked_dir(os.path.dirname(path)):
         now = _local_read(path, locked=True)
         if now is None or now[1] != tag:
             return None
-        tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        try:
+        with temporary_beside(path) as tmp:
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
                 new = _tag(os.fstat(f.fileno()))
             os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
         return new

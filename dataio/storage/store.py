@@ -13,7 +13,6 @@ import os
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, BinaryIO, TypeVar
@@ -26,6 +25,7 @@ from dataio.storage.options import StorageOptions
 from dataio.storage import azure, cloud_options, gcs, gcs_resumable, s3_into, s3_list, s3_ranges
 from dataio.storage.paths import check_relative
 from dataio.storage.redact import redact, url_secrets
+from dataio.storage.temps import temporary_beside
 from dataio.storage.retry import (  # noqa: F401 - RetryPolicy, with_retry & co. are also this module's API
     FIRST_REQUEST_DEADLINE_S,
     FIRST_REQUEST_UNREACHABLE_ATTEMPTS,
@@ -412,10 +412,9 @@ class Store(ConditionalWrites):
     @contextlib.contextmanager
     def _open_local_atomic(self, rel: str, *, durable: bool = True) -> Iterator[BinaryIO]:
         path = self.path(rel)
-        directory, name = os.path.split(path)
+        directory = os.path.dirname(path)
         os.makedirs(directory or ".", exist_ok=True)
-        tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        try:
+        with temporary_beside(path) as tmp:
             with open(tmp, "w+b") as f:  # readable too: a writer may read back what it wrote
                 yield f
                 f.flush()
@@ -424,9 +423,6 @@ class Store(ConditionalWrites):
             os.replace(tmp, path)
             if durable:
                 _fsync_directory(directory or ".")  # the rename itself survives a power cut
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
 
     def _upload_confirmed(self, rel: str, spool: Any) -> None:
         """Upload the whole spool (again on each try) and confirm it with a HEAD; StorageError if never."""

@@ -3,9 +3,10 @@
 Only the main process decides to stop. Workers ignore SIGINT (Ctrl-C reaches the whole process
 group; a worker that left on it first would look like a dead worker), and the main process,
 on KeyboardInterrupt or any error, sends each worker SIGTERM. A worker that gets SIGTERM while
-writing lets `Store.open_atomic` remove its temporary file (or abort its upload), then exits
-130; an idle one exits at once. A watchdog thread notices when the parent is gone (kill -9) and
-stops the worker the same way, so no orphan keeps writing.
+writing lets `Store.open_atomic` remove its temporary file (or abort its upload; where the stop
+came before the block could own the file, dataio/storage/temps.py removes it), then exits 130;
+an idle one exits at once. A watchdog thread notices when the parent is gone (kill -9) and stops
+the worker the same way, so no orphan keeps writing.
 
 The stop is raised as KeyboardInterrupt wherever the worker is. Where that is a finalizer (a
 generator closed by the garbage collector, a weakref callback), Python swallows the exception:
@@ -28,6 +29,7 @@ from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from dataio.storage.temps import remove_open
 from sharding.write.config import ProgressSink, ShardResult, ShardTask, WriteJob
 from sharding.write.shard import write_shard
 
@@ -96,7 +98,10 @@ def _run_task(task: ShardTask) -> ShardResult:
         _check_stop()  # stopped while finishing: this shard is whole, the next one is not started
         return result
     except KeyboardInterrupt:
-        os._exit(INTERRUPTED)  # open_atomic already removed the temporary file
+        # open_atomic removed its temporary file, unless the stop came between its generator yielding
+        # the file and the `with` taking it (no `finally` then runs before os._exit): remove it here.
+        remove_open()
+        os._exit(INTERRUPTED)
     finally:
         w["busy"] = False
 
