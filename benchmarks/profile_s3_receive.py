@@ -1,11 +1,14 @@
 """The CPU of S3 reads into a buffer alone (no loader): s3_into.read_into of window-sized pieces, by
-SO_RCVLOWAT and by reads in flight, against curl fetching the same object, on the local SeaweedFS.
+SO_RCVLOWAT, by reads in flight and with or without the tuner's gate (parts in flight per process),
+against curl fetching the same object, on the local SeaweedFS.
 
     python -m benchmarks.profile_s3_receive [--shard /tmp/bench-s3/shards-3000-64MB/shards/shard-000000.tar]
-        [--rounds 7] [--piece-mb 13] [--lowat 0,262144] [--in-flight 2,4,8] [--passes 4]
+        [--rounds 7] [--piece-mb 13] [--lowat 0,262144] [--in-flight 2,4,8] [--gate on,off] [--passes 4]
 
-Each round runs every (lowat, in flight) variant once, in turn (interleaved): `in flight` threads
-each read pieces of the shard (like a RAW window's pieces) into a reused buffer, `passes` times over
+Each round runs every (lowat, in flight, gate) variant once, in turn (interleaved): `in flight` threads
+each read pieces of the shard (like a RAW window's pieces: 8 I/O threads by default) into a reused
+buffer (gate on: adapt_parts, the tuner's per-process gate admits as many at once as it measures
+worth it; off: each read's parts go at once, no gate), `passes` times over
 the object; CPU is this process's user + sys (getrusage) per GB read, the rate bytes over wall time.
 curl's row: one curl process fetching the object whole `passes` times to /dev/null (its CPU: the
 child's). Prints per variant the median CPU-s/GB (user / sys) and MB/s, with the load average.
@@ -15,6 +18,7 @@ Not part of the tests or CI.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import resource
 import statistics
@@ -73,9 +77,10 @@ def main() -> None:
     ap.add_argument("--piece-mb", type=float, default=13)
     ap.add_argument("--lowat", default="0,262144")
     ap.add_argument("--in-flight", default="2,4,8")
+    ap.add_argument("--gate", default="off")
     ap.add_argument("--passes", type=int, default=4)
     args = ap.parse_args()
-    from dataio.storage import s3_into
+    from dataio.storage import s3_into, tune
     from dataio.storage.store import Store
     from tools.s3_server import S3Server
 
@@ -84,24 +89,28 @@ def main() -> None:
         bucket = server.new_bucket()
         server.client().upload_file(str(args.shard), bucket, "x.tar")
         size = args.shard.stat().st_size
-        store = Store(f"s3://{bucket}", server.options())
-        read_pieces(store, "x.tar", size, int(args.piece_mb * 1e6), 2, 1)  # connections opened, not timed
-        variants = [(int(lw), int(n)) for lw in args.lowat.split(",") for n in args.in_flight.split(",")]
+        stores = {g: Store(f"s3://{bucket}", dataclasses.replace(server.options(), adapt_parts=g == "on"))
+                  for g in args.gate.split(",")}
+        for store in stores.values():
+            read_pieces(store, "x.tar", size, int(args.piece_mb * 1e6), 8, 1)  # connections opened, not timed
+        variants = [(int(lw), int(n), g) for lw in args.lowat.split(",") for n in args.in_flight.split(",")
+                    for g in stores]
         results: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
         for r in range(args.rounds):
-            for lowat, n in variants:
+            for lowat, n, gate in variants:
                 s3_into.RCVLOWAT_BYTES = lowat
                 (u0, s0), t = _cpu(), time.perf_counter()
-                got = read_pieces(store, "x.tar", size, int(args.piece_mb * 1e6), n, args.passes)
+                got = read_pieces(stores[gate], "x.tar", size, int(args.piece_mb * 1e6), n, args.passes)
                 wall = time.perf_counter() - t
                 u1, s1 = _cpu()
-                results[f"lowat {lowat >> 10} KiB, {n} in flight"].append(
+                results[f"lowat {lowat >> 10} KiB, {n} threads, gate {gate}"].append(
                     ((u1 - u0) / got * 1e9, (s1 - s0) / got * 1e9, got / wall / 1e6))
+            levels = {g: tune.tuner_for(st._range_options).in_flight for g, st in stores.items() if g == "on"}
             cu, cs, ns = curl_once(server, bucket, "x.tar", args.passes)
             results["curl, 1 process, whole object"].append((cu / (size * args.passes) * 1e9,
                                                              cs / (size * args.passes) * 1e9,
                                                              size * args.passes / (ns / 1e9) / 1e6))
-            print(f"round {r} done (load {os.getloadavg()[0]:.2f})", flush=True)
+            print(f"round {r} done (load {os.getloadavg()[0]:.2f}; the gate's level {levels or '-'})", flush=True)
         print(f"\nload average at the end {os.getloadavg()}")
         print("| what | CPU-s/GB | user | sys | MB/s |\n|---|---:|---:|---:|---:|")
         for name, rows in results.items():

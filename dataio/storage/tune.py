@@ -10,9 +10,9 @@ tuner compares the total throughput at this level (a request's rate times the le
 around it:
 - an error (a part that gave up) or a stall (a part slower than STALL_FACTOR x its expected time) in the
   round halves the parts in flight (a struggling server gets fewer requests at once, not more retries);
-- one fewer where the level below moved nearly as much (within MIN_GAIN): more requests only share
-  the link (or the cores) out;
-- else one more, up to the cap, unless the level above is known to add less than MIN_GAIN.
+- one fewer where this level's extra request adds less than GAIN_SHARE of a request's average share
+  over the level below: more requests only share the link (or the cores) out;
+- else one more, up to the cap, unless the level above is known to add less than that.
 Rates measured at a level are forgotten after FORGET_S, so a level that was slow once is tried again.
 Parts are sized to take about TARGET_PART_S at the measured per-request rate, between MIN_PART_BYTES
 and the cap: on a slow link a hedge or a retry then repeats a small part, not 8 MiB.
@@ -39,7 +39,10 @@ TARGET_PART_S = 0.25
 MIN_PART_BYTES = 1 << 20
 EWMA = 0.5  # weight of a new round's rate in its level's
 START_IN_FLIGHT = 2  # the first reads' parts in flight (at most the cap): more once more measure a gain
-MIN_GAIN = 0.1  # a level is worth its extra request if its total throughput beats the level below by this
+# A request is worth adding if it brings at least this share of what each request brings on average:
+# level k + 1 is kept if its total throughput is at least (1 + GAIN_SHARE / k) x level k's (a link that
+# is not full gains 1 / k; a full link or busy cores gain nothing, and noise of a few % does not count).
+GAIN_SHARE = 0.5
 GATE_RECHECK_S = 0.1  # a part waiting for its slot looks at its read's cancel flag this often
 
 
@@ -131,7 +134,7 @@ class PartTuner:
         done = [(b, s) for b, s in self._round if b]
         level, self._round = self._in_flight, []
         if done:
-            rate = sum(b / s for b, s in done) / len(done)
+            rate = sum(b for b, _ in done) / sum(s for _, s in done)  # a slow part weighs its time
             old = self._rate(level)
             self._rates[level] = (rate if old is None else EWMA * rate + (1 - EWMA) * old, self.clock())
         if self._trouble:
@@ -142,9 +145,9 @@ class PartTuner:
         below = self._total(level - 1) if level > 1 else None
         if here is None:
             return
-        if below is not None and below * (1 + MIN_GAIN) >= here:
+        if below is not None and here < below * (1 + GAIN_SHARE / (level - 1)):
             self._in_flight = level - 1  # the extra request only shares the link (or the cores) out
-        elif level < self.max_in_flight and (above is None or above >= here * (1 + MIN_GAIN)):
+        elif level < self.max_in_flight and (above is None or above >= here * (1 + GAIN_SHARE / level)):
             self._in_flight = level + 1
             self._gate.notify_all()  # a part waiting for a slot has one now
 
