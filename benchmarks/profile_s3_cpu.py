@@ -180,8 +180,16 @@ def run(shards: Path, workers: int, epochs: int, variants: list[str]) -> None:
                 print("| stage | CPU-s/1000 | user | sys | faults/1000 | calls |\n|---|---|---|---|---|---|")
                 print("\n".join(table(d, n)))
                 print(f"| main thread (all of it) | {main_s / n * 1000:.3f} | | | | |", flush=True)
+                print(f"this process's parts in flight (the tuner's gate): {_gate_levels()}")
         for variant, v in results.items():
             print(f"workers {workers} {variant}: median CPU-s/1000 {statistics.median(v):.3f} of {v}")
+
+
+def _gate_levels() -> dict[str, int]:
+    """Each endpoint's tuned parts in flight in this process (with workers: the parent's, not theirs)."""
+    from dataio.storage import tune
+
+    return {f"{key[1]} cap {key[3]}": t.in_flight for key, t in tune._TUNERS.items() if key[0] == os.getpid()}
 
 
 _SAVED: dict[str, Any] = {}

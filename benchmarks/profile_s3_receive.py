@@ -3,7 +3,7 @@ SO_RCVLOWAT, by reads in flight and with or without the tuner's gate (parts in f
 against curl fetching the same object, on the local SeaweedFS.
 
     python -m benchmarks.profile_s3_receive [--shard /tmp/bench-s3/shards-3000-64MB/shards/shard-000000.tar]
-        [--rounds 7] [--piece-mb 13] [--lowat 0,262144] [--in-flight 2,4,8] [--gate on,off] [--passes 4]
+        [--rounds 7] [--piece-mb 13] [--lowat 0,262144] [--in-flight 2,4,8] [--gate on,off] [--passes 4] [--hog]
 
 Each round runs every (lowat, in flight, gate) variant once, in turn (interleaved): `in flight` threads
 each read pieces of the shard (like a RAW window's pieces: 8 I/O threads by default) into a reused
@@ -11,7 +11,9 @@ buffer (gate on: adapt_parts, the tuner's per-process gate admits as many at onc
 worth it; off: each read's parts go at once, no gate), `passes` times over
 the object; CPU is this process's user + sys (getrusage) per GB read, the rate bytes over wall time.
 curl's row: one curl process fetching the object whole `passes` times to /dev/null (its CPU: the
-child's). Prints per variant the median CPU-s/GB (user / sys) and MB/s, with the load average.
+child's); with --hog, curl again beside a busy loop (a child process) that takes one core: what sharing
+the 2 cores costs a client that has them to itself otherwise. Prints per variant the median CPU-s/GB
+(user / sys) and MB/s, with the load average.
 Not part of the tests or CI.
 """
 
@@ -70,6 +72,10 @@ def curl_once(server: Any, bucket: str, key: str, passes: int) -> tuple[float, f
     return after[0] - before[0], after[1] - before[1], int(wall * 1e9)
 
 
+def _per_gb(user_s: float, sys_s: float, wall_ns: int, num_bytes: int) -> tuple[float, float, float]:
+    return user_s / num_bytes * 1e9, sys_s / num_bytes * 1e9, num_bytes / (wall_ns / 1e9) / 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shard", type=Path, default=Path("/tmp/bench-s3/shards-3000-64MB/shards/shard-000000.tar"))
@@ -79,6 +85,7 @@ def main() -> None:
     ap.add_argument("--in-flight", default="2,4,8")
     ap.add_argument("--gate", default="off")
     ap.add_argument("--passes", type=int, default=4)
+    ap.add_argument("--hog", action="store_true", help="also curl beside a busy loop on one core")
     args = ap.parse_args()
     from dataio.storage import s3_into, tune
     from dataio.storage.store import Store
@@ -107,9 +114,16 @@ def main() -> None:
                     ((u1 - u0) / got * 1e9, (s1 - s0) / got * 1e9, got / wall / 1e6))
             levels = {g: tune.tuner_for(st._range_options).in_flight for g, st in stores.items() if g == "on"}
             cu, cs, ns = curl_once(server, bucket, "x.tar", args.passes)
-            results["curl, 1 process, whole object"].append((cu / (size * args.passes) * 1e9,
-                                                             cs / (size * args.passes) * 1e9,
-                                                             size * args.passes / (ns / 1e9) / 1e6))
+            results["curl, 1 process, whole object"].append(_per_gb(cu, cs, ns, size * args.passes))
+            if args.hog:  # what sharing the cores costs: curl again while a busy loop takes one core
+                hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                try:
+                    cu, cs, ns = curl_once(server, bucket, "x.tar", args.passes)
+                finally:
+                    hog.kill()
+                    hog.wait()
+                results["curl, 1 process, a busy loop on one core beside it"].append(
+                    _per_gb(cu, cs, ns, size * args.passes))
             print(f"round {r} done (load {os.getloadavg()[0]:.2f}; the gate's level {levels or '-'})", flush=True)
         print(f"\nload average at the end {os.getloadavg()}")
         print("| what | CPU-s/GB | user | sys | MB/s |\n|---|---:|---:|---:|---:|")
