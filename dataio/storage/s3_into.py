@@ -274,7 +274,8 @@ def _fill(read: Callable[[memoryview], int], dest: memoryview, got: int, upto: i
 def _plain_socket(raw: Any) -> socket.socket | None:
     """The plain TCP socket under a urllib3 response (None for TLS, or where it cannot be found)."""
     sock = _socket_of(raw)
-    return sock if type(sock) is socket.socket and sock.family in (socket.AF_INET, socket.AF_INET6) else None
+    plain = type(sock) is socket.socket and sock.family in (socket.AF_INET, socket.AF_INET6)
+    return sock if plain and hasattr(socket, "SO_RCVLOWAT") else None
 
 
 @contextlib.contextmanager
@@ -284,15 +285,14 @@ def _low_water(sock: socket.socket) -> Iterator[None]:
     each wake-up is a poll, a recv and the GIL taken back. Only while at least that much of the body is
     still to come (the caller's part): a recv must never wait for bytes the server will not send, and
     the next answer's headers on the kept connection are read with the mark at 1 again."""
-    try:
+    marked = False
+    with contextlib.suppress(OSError):  # shut already (stopped), or a platform without it: read as before
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, RCVLOWAT_BYTES)
-        raised = True
-    except OSError:  # shut already (stopped), or a platform without it: read as before
-        raised = False
+        marked = True
     try:
         yield
     finally:
-        if raised:
+        if marked:
             with contextlib.suppress(OSError):  # shut or closed meanwhile: the connection is not reused
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
