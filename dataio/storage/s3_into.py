@@ -6,7 +6,8 @@ Why: the RAW path's windows came as one GET per shard piece, the body read into 
 parses it in 16 KiB reads, then joins them) and copied into the window buffer: ~3 passes over every
 byte under the GIL, and one connection per piece. Here http.client's own readinto fills the buffer
 from the socket (urllib3's readinto reads into a temporary and copies), and a piece of 64 MB comes as
-8 parts of 8 MiB on 8 connections (the CRT client's scheme), so one window keeps many requests going.
+parts on several connections (the CRT client's scheme); how many at once, over all of the process's
+reads, is tune.py's to measure (each body in flight costs CPU), and a thread wakes per RCVLOWAT_BYTES.
 
 A part's first request writes into the caller's memory; a hedge (a second request for a straggler)
 writes into its own, and if a hedge wins, the first is stopped (its socket shut, so a stalled
