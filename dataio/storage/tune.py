@@ -3,8 +3,8 @@
 The CRT client's idea, kept small: StorageOptions.part_bytes and parts_in_flight are the caps (a read
 never asks for more than the user allowed). The parts in flight are the process's, across all its reads
 of the endpoint (a gate, `slot`): the RAW path reads several window pieces at once, and each receiving
-connection costs CPU (on loopback at 2 cores, 8 bodies at once cost 1.05 CPU-s/GB against 0.65 for 2,
-at the same rate: the kernel copies from colder socket buffers and more threads wake). The first reads
+connection costs CPU (on loopback at 2 cores, 8 bodies at once cost 0.59-0.83 CPU-s/GB against
+0.47-0.55 for 2, at about the same rate: the kernel copies from colder socket buffers, more threads wake). The first reads
 go START_IN_FLIGHT at once; after each round (as many finished parts as were allowed in flight) the
 tuner compares the total throughput at this level (a request's rate times the level) with the levels
 around it:
@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 from dataio.storage.options import StorageOptions
 
-HOLD = 0.8
 STALL_FACTOR = 4.0
 FORGET_S = 30.0
 TARGET_PART_S = 0.25
