@@ -180,8 +180,16 @@ def run(shards: Path, workers: int, epochs: int, variants: list[str]) -> None:
                 print("| stage | CPU-s/1000 | user | sys | faults/1000 | calls |\n|---|---|---|---|---|---|")
                 print("\n".join(table(d, n)))
                 print(f"| main thread (all of it) | {main_s / n * 1000:.3f} | | | | |", flush=True)
+                print(f"this process's parts in flight (the tuner's gate): {_gate_levels()}")
         for variant, v in results.items():
             print(f"workers {workers} {variant}: median CPU-s/1000 {statistics.median(v):.3f} of {v}")
+
+
+def _gate_levels() -> dict[str, int]:
+    """Each endpoint's tuned parts in flight in this process (with workers: the parent's, not theirs)."""
+    from dataio.storage import tune
+
+    return {f"{key[1]} cap {key[3]}": t.in_flight for key, t in tune._TUNERS.items() if key[0] == os.getpid()}
 
 
 _SAVED: dict[str, Any] = {}
@@ -229,8 +237,33 @@ def _parts_of(size: int) -> Any:
     return options
 
 
+def _adapt(on: bool) -> Any:
+    def options(server: Any) -> dict[str, Any]:
+        import dataclasses
+
+        return {"storage": dataclasses.replace(server.options(), adapt_parts=on)}
+    return options
+
+
+def _low_water_of(size: int) -> Any:
+    def variant(server: Any) -> None:
+        from dataio.storage import s3_into
+
+        s3_into.RCVLOWAT_BYTES = size  # 0: woken per packet, as before
+    return variant
+
+
+def _in_flight(n: int) -> Any:
+    return lambda server: {"max_in_flight": n}
+
+
 VARIANTS: dict[str, Any] = {"now": lambda server: None, "parts-16MiB": _parts_of(16 << 20),
-                            "parts-8MiB": _parts_of(8 << 20), "reuse-buffers": lambda server: {"reuse_buffers": True}, "threads-per-read": _threads_per_read, "threads-kept": _threads_kept}
+                            "parts-8MiB": _parts_of(8 << 20), "reuse-buffers": lambda server: {"reuse_buffers": True},
+                            "threads-per-read": _threads_per_read, "threads-kept": _threads_kept,
+                            "lowat-off": _low_water_of(0), "lowat-64K": _low_water_of(64 << 10),
+                            "lowat-256K": _low_water_of(256 << 10), "lowat-1M": _low_water_of(1 << 20),
+                            "inflight-2": _in_flight(2), "inflight-4": _in_flight(4), "inflight-8": _in_flight(8),
+                            "gate": _adapt(True), "no-gate": _adapt(False)}
 
 
 def main() -> None:

@@ -49,11 +49,12 @@ class StorageOptions:
     # (dataio.storage.hedge); None: never.
     hedge: HedgePolicy | None = HedgePolicy()
     # S3 reads into a caller's buffer (Store.read_into: RAW windows) come as parts of about part_bytes,
-    # up to parts_in_flight of one read at once, each body received in place (dataio/storage/s3_into.py).
+    # up to parts_in_flight at once, each body received in place (dataio/storage/s3_into.py).
     part_bytes: int = 16 << 20
     parts_in_flight: int = 8
-    # Both above as caps: parts sized and counted from the throughput measured per endpoint (fewer in
-    # flight after errors or stalls, more while each request keeps its rate; dataio/storage/tune.py).
+    # Both above as caps: parts sized from the throughput measured per endpoint, and counted over all of
+    # the process's reads of it, from 2 (fewer after errors or stalls, more while each extra request adds
+    # throughput; dataio/storage/tune.py). Off: parts_in_flight per read, fixed.
     adapt_parts: bool = True
     # How each call retries transient errors: backoff until its time budget (deadline_s, 2 minutes)
     # is spent; a Store given its own RetryPolicy uses that one instead.

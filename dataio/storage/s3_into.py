@@ -6,7 +6,8 @@ Why: the RAW path's windows came as one GET per shard piece, the body read into 
 parses it in 16 KiB reads, then joins them) and copied into the window buffer: ~3 passes over every
 byte under the GIL, and one connection per piece. Here http.client's own readinto fills the buffer
 from the socket (urllib3's readinto reads into a temporary and copies), and a piece of 64 MB comes as
-8 parts of 8 MiB on 8 connections (the CRT client's scheme), so one window keeps many requests going.
+parts on several connections (the CRT client's scheme); how many at once, over all of the process's
+reads, is tune.py's to measure (each body in flight costs CPU), and a thread wakes per RCVLOWAT_BYTES.
 
 A part's first request writes into the caller's memory; a hedge (a second request for a straggler)
 writes into its own, and if a hedge wins, the first is stopped (its socket shut, so a stalled
@@ -32,6 +33,8 @@ from dataio.storage.retry import RetryPolicy, ShortReadError, with_retry
 
 THREAD_NAME_PREFIX = "dataio-s3-parts"
 CHUNK_BYTES = 4 << 20  # one recv_into at most this: a stopped request notices between them
+# A receiving thread is woken once this much of a body has arrived (SO_RCVLOWAT), not per packet (0: off).
+RCVLOWAT_BYTES = 256 << 10
 STOP_WAIT_S = 5.0  # a stopped request's recv returns at once (its socket shut); this only bounds a bug
 
 
@@ -86,14 +89,20 @@ class _Guard:
 def _shut(raw: Any) -> None:
     """Shut the socket under a urllib3 response: a recv blocked on it returns now. socket.shutdown of the
     plain class (an SSLSocket's own shutdown would drop its SSL object under the reading thread)."""
-    sock = getattr(getattr(getattr(getattr(raw, "_fp", None), "fp", None), "raw", None), "_sock", None)
-    if sock is None:  # http.client's response reads through its own file of the socket; else the pool's connection
-        sock = getattr(getattr(raw, "_connection", None), "sock", None)
+    sock = _socket_of(raw)
     if sock is not None:
         try:
             socket.socket.shutdown(sock, socket.SHUT_RDWR)
         except OSError:
             pass  # closed already
+
+
+def _socket_of(raw: Any) -> Any:
+    """The socket under a urllib3 response (plain or TLS; None where it cannot be found)."""
+    sock = getattr(getattr(getattr(getattr(raw, "_fp", None), "fp", None), "raw", None), "_sock", None)
+    if sock is None:  # http.client's response reads through its own file of the socket; else the pool's connection
+        sock = getattr(getattr(raw, "_connection", None), "sock", None)
+    return sock
 
 
 class HttpStatusError(OSError):
@@ -228,28 +237,65 @@ def _xml_code(body: bytes) -> str:
 
 
 def _receive(raw: Any, dest: memoryview, guard: _Guard | None) -> int:
-    """Receive the body into `dest` (socket to buffer: http.client's readinto; urllib3's would copy)."""
+    """Receive the body into `dest` (socket to buffer: http.client's readinto; urllib3's would copy). On plain
+    TCP all but its last RCVLOWAT_BYTES with the socket's low-water mark at RCVLOWAT_BYTES (see _low_water)."""
     fp = getattr(raw, "_fp", None)
     read = fp.readinto if fp is not None and hasattr(fp, "readinto") else raw.readinto
-    got, want = 0, len(dest)
+    want = len(dest)
+    sock = _plain_socket(raw) if RCVLOWAT_BYTES and want > 2 * RCVLOWAT_BYTES else None
     if guard is not None:
         guard.begin(raw)
     try:
-        while got < want:
-            if guard is not None and guard.halted():
-                raise Superseded("stopped while its body was read")
-            with _broken_is_transient():
-                n = read(dest[got: min(want, got + CHUNK_BYTES)])
-            if not n:
-                break
-            got += n
+        got = 0
+        if sock is not None:
+            with _low_water(sock):
+                got = _fill(read, dest, 0, want - RCVLOWAT_BYTES, guard)
+        return _fill(read, dest, got, want, guard)
     except BaseException:
         raw.close()
         raise
     finally:
         if guard is not None:
             guard.end()
+
+
+def _fill(read: Callable[[memoryview], int], dest: memoryview, got: int, upto: int, guard: _Guard | None) -> int:
+    """dest[got: upto] filled by `read` in chunks of at most CHUNK_BYTES; the count filled up to (short: the body ended)."""
+    while got < upto:
+        if guard is not None and guard.halted():
+            raise Superseded("stopped while its body was read")
+        with _broken_is_transient():
+            n = read(dest[got: min(upto, got + CHUNK_BYTES)])
+        if not n:
+            break
+        got += n
     return got
+
+
+def _plain_socket(raw: Any) -> socket.socket | None:
+    """The plain TCP socket under a urllib3 response (None for TLS, or where it cannot be found)."""
+    sock = _socket_of(raw)
+    plain = type(sock) is socket.socket and sock.family in (socket.AF_INET, socket.AF_INET6)
+    return sock if plain and hasattr(socket, "SO_RCVLOWAT") else None
+
+
+@contextlib.contextmanager
+def _low_water(sock: socket.socket) -> Iterator[None]:
+    """The socket's SO_RCVLOWAT at RCVLOWAT_BYTES inside, 1 (the default) after: the receiving thread is woken
+    (and its recv returns) once that much has arrived, not for every packet: on loopback at 2 busy cores
+    each wake-up is a poll, a recv and the GIL taken back. Only while at least that much of the body is
+    still to come (the caller's part): a recv must never wait for bytes the server will not send, and
+    the next answer's headers on the kept connection are read with the mark at 1 again."""
+    marked = False
+    with contextlib.suppress(OSError):  # shut already (stopped), or a platform without it: read as before
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, RCVLOWAT_BYTES)
+        marked = True
+    try:
+        yield
+    finally:
+        if marked:
+            with contextlib.suppress(OSError):  # shut or closed meanwhile: the connection is not reused
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
 
 def part_spans(start: int, end: int, part_bytes: int) -> list[tuple[int, int]]:
@@ -262,14 +308,14 @@ def part_spans(start: int, end: int, part_bytes: int) -> list[tuple[int, int]]:
 def read_into(options: StorageOptions, path: str, start: int, end: int, dest: memoryview, *, what: str,
               retry: RetryPolicy, secrets: tuple[str, ...], hedger: Hedger | None) -> list[int | None]:
     """Bytes [start, end) of `path` into dest[: end - start] in parallel parts of options.part_bytes, up to
-    options.parts_in_flight at once (with adapt_parts: as tune.py measures, within those; this thread reads
-    too); each part retried (one budget for all of them and their hedges) and hedged; the whole sizes the
-    answers stated. The first error is raised once every part has stopped writing."""
+    options.parts_in_flight at once (with adapt_parts: as many as tune.py measures worth it, counted over all
+    of this process's reads of the endpoint; this thread reads too); each part retried (one budget for all
+    of them and their hedges; its deadline from when it starts) and hedged; the whole sizes the answers
+    stated. The first error is raised once every part has stopped writing."""
     tuner = tune.tuner_for(options) if options.adapt_parts else None
     cut = tuner.plan() if tuner is not None else tune.PartPlan(part_bytes=options.part_bytes,
                                                                 in_flight=options.parts_in_flight)
     parts = part_spans(start, end, cut.part_bytes)
-    ends_at = retry.ends_at(time.monotonic())
     cancel = threading.Event()
     totals: list[int | None] = [None] * len(parts)
     errors: list[BaseException] = []
@@ -283,19 +329,22 @@ def read_into(options: StorageOptions, path: str, start: int, end: int, dest: me
             if i is None:
                 return
             a, b = parts[i]
-            began = time.monotonic()
-            try:
-                totals[i] = _part(options, path, a, b, dest[a - start: b - start], cancel,
-                                  what=f"{what} bytes {a}-{b}", retry=retry, secrets=secrets, hedger=hedger,
-                                  ends_at=ends_at)
-                if tuner is not None:
-                    tuner.finished(b - a, time.monotonic() - began)
-            except BaseException as exc:  # noqa: BLE001 - raised by the caller once all have stopped
-                if tuner is not None and not isinstance(exc, Superseded):
-                    tuner.failed()
-                with lock:
-                    errors.append(exc)
-                cancel.set()
+            with tuner.slot(cancel) if tuner is not None else contextlib.nullcontext(True) as holding:
+                if not holding:
+                    return  # another part failed while this one waited for its turn
+                began = time.monotonic()
+                try:
+                    totals[i] = _part(options, path, a, b, dest[a - start: b - start], cancel,
+                                      what=f"{what} bytes {a}-{b}", retry=retry, secrets=secrets, hedger=hedger,
+                                      ends_at=retry.ends_at(began))
+                    if tuner is not None:
+                        tuner.finished(b - a, time.monotonic() - began)
+                except BaseException as exc:  # noqa: BLE001 - raised by the caller once all have stopped
+                    if tuner is not None and not isinstance(exc, Superseded):
+                        tuner.failed()
+                    with lock:
+                        errors.append(exc)
+                    cancel.set()
 
     _in_parallel(worker, min(cut.in_flight, len(parts)) - 1)
     if errors:

@@ -3,7 +3,9 @@ bytes are copied in, so nothing writes into the caller's buffer after read_into 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import socket
 import threading
 import time
 import urllib.parse
@@ -124,6 +126,31 @@ def test_retried_parts_still_land_in_place(ranges_server) -> None:
     s3_into.read_into(options, "b/k", 0, len(BODY), memoryview(dest), what="r", retry=retry, secrets=(), hedger=None)
     assert bytes(dest) == BODY
     assert ranges_server.count == len(s3_into.part_spans(0, len(BODY), 4096)) + 3
+
+
+def test_bodies_come_in_with_a_low_water_mark_and_the_connection_is_read_at_one_after(ranges_server,
+                                                                                       monkeypatch) -> None:
+    """All but a body's last RCVLOWAT_BYTES are received with SO_RCVLOWAT set; the rest, and the next answer on the
+    kept connection, at 1: a mark left up would make those recvs wait for bytes that never come (a timeout)."""
+    monkeypatch.setattr(s3_into, "RCVLOWAT_BYTES", 8 << 10)
+    marks: list[int] = []
+    real = s3_into._low_water
+
+    @contextlib.contextmanager
+    def watched(sock: socket.socket) -> Iterator[None]:
+        with real(sock):
+            marks.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+            yield
+        marks.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+
+    monkeypatch.setattr(s3_into, "_low_water", watched)
+    options = _options(ranges_server, part_bytes=1 << 20, read_timeout_s=2.0)
+    once = RetryPolicy(max_attempts=1, base_delay_s=0.0, max_delay_s=0.0)
+    for a, b in [(0, len(BODY)), (3, len(BODY) - 1), (100, 20_000), (0, 10_000)]:  # the last: too short for it
+        dest = bytearray(b - a)
+        s3_into.read_into(options, "b/k", a, b, memoryview(dest), what="r", retry=once, secrets=(), hedger=None)
+        assert bytes(dest) == BODY[a:b]
+    assert marks == [8 << 10, 1] * 3
 
 
 def test_options_of_a_read_into_are_kept_through_replace() -> None:

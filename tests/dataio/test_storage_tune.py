@@ -4,6 +4,8 @@ read from SeaweedFS with it on."""
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 
 import pytest
 
@@ -31,19 +33,31 @@ def _round(tuner: PartTuner, clock: Clock, rate_per_request: float, part: int = 
     return tuner.in_flight
 
 
-def test_starts_at_the_caps_and_never_goes_above_them():
+def test_starts_at_two_parts_and_grows_to_the_caps_while_each_request_keeps_its_rate():
     clock = Clock()
     tuner = PartTuner(max_part_bytes=8 * MiB, max_in_flight=8, clock=clock)
-    assert tuner.plan() == tune.PartPlan(part_bytes=8 * MiB, in_flight=8)  # the first reads go as configured
-    for _ in range(10):  # a fast link: every request keeps its rate
-        assert _round(tuner, clock, 500 * MiB) == 8
+    assert tuner.plan() == tune.PartPlan(part_bytes=8 * MiB, in_flight=tune.START_IN_FLIGHT)
+    levels = [_round(tuner, clock, 500 * MiB) for _ in range(10)]  # a fast link: every request keeps its rate
+    assert levels == [3, 4, 5, 6, 7, 8, 8, 8, 8, 8]  # one more per round, never above the cap
     assert tuner.plan().part_bytes == 8 * MiB
+    assert PartTuner(max_part_bytes=MiB, max_in_flight=1).plan().in_flight == 1  # a cap below the start wins
+
+
+def test_a_level_that_moves_no_more_than_the_one_below_is_left_for_it():
+    clock = Clock()
+    tuner = PartTuner(max_part_bytes=8 * MiB, max_in_flight=8, clock=clock)
+    cores = 600 * MiB  # what the machine receives in all, however many requests share it (loopback)
+    levels = [_round(tuner, clock, cores / tuner.in_flight) for _ in range(6)]
+    assert levels == [3, 2, 2, 2, 2, 2]  # 3 moved no more than 2: back, and 3 is not tried again
+    assert _round(tuner, clock, cores / 2) == 2
+    clock.now += FORGET_S + 1
+    assert _round(tuner, clock, cores / 2) == 3  # forgotten: tried again
 
 
 def test_errors_halve_the_parts_in_flight_and_a_steady_rate_grows_them_back_to_the_cap():
     clock = Clock()
     tuner = PartTuner(max_part_bytes=8 * MiB, max_in_flight=8, clock=clock)
-    _round(tuner, clock, 100 * MiB)
+    assert [_round(tuner, clock, 100 * MiB) for _ in range(6)][-1] == 8
     for _ in range(8):  # a round with a failed part
         tuner.failed()
     assert tuner.in_flight == 4
@@ -56,7 +70,7 @@ def test_errors_halve_the_parts_in_flight_and_a_steady_rate_grows_them_back_to_t
 def test_a_stalled_part_counts_as_trouble():
     clock = Clock()
     tuner = PartTuner(max_part_bytes=8 * MiB, max_in_flight=4, clock=clock)
-    _round(tuner, clock, 100 * MiB)  # 4 is measured: 0.08 s per part expected
+    assert [_round(tuner, clock, 100 * MiB) for _ in range(3)] == [3, 4, 4]  # 4 is measured: 0.08 s a part
     for _ in range(3):
         tuner.finished(8 * MiB, 0.08)
     tuner.finished(8 * MiB, 1.0)  # more than STALL_FACTOR x expected
@@ -97,6 +111,36 @@ def test_parts_shrink_to_a_quarter_second_of_a_slow_request_but_not_below_the_fl
     small = PartTuner(max_part_bytes=300, max_in_flight=2, clock=clock)  # a cap below the floor wins
     _round(small, clock, 1000, part=300)
     assert small.plan().part_bytes == 300
+
+
+def _wait_for_a_slot(tuner: PartTuner, cancel: threading.Event, entered: list[bool]) -> threading.Thread:
+    def run() -> None:
+        with tuner.slot(cancel) as holding:
+            entered.append(holding)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_slots_let_in_as_many_parts_as_the_level_and_a_cancelled_read_stops_waiting():
+    tuner = PartTuner(max_part_bytes=MiB, max_in_flight=8)  # at START_IN_FLIGHT (2) until measured
+    cancel, entered = threading.Event(), []
+    with tuner.slot(cancel) as a, tuner.slot(cancel) as b:
+        assert a and b
+        thread = _wait_for_a_slot(tuner, cancel, entered)
+        time.sleep(3 * tune.GATE_RECHECK_S)
+        assert entered == []  # a third part of the process waits
+        cancel.set()  # its read failed elsewhere
+        thread.join(5)
+        assert entered == [False]
+    go, entered = threading.Event(), []
+    with tuner.slot(go), tuner.slot(go):
+        thread = _wait_for_a_slot(tuner, go, entered)
+        time.sleep(3 * tune.GATE_RECHECK_S)
+        assert entered == []
+    thread.join(5)  # a slot came free: it went in
+    assert entered == [True]
 
 
 def test_caps_are_checked():
