@@ -67,10 +67,10 @@ class TokenStream:
 
 
 class _Rows:
-    """The batch being filled: numpy views of fresh tensors."""
+    """The rows being filled: numpy views of fresh tensors; position_ids and doc_ids made when they finish."""
 
     def __init__(self, batch_size: int, width: int, with_docs: bool, mixed: bool) -> None:
-        self.capacity = batch_size
+        self.capacity, self.width, self.with_docs = batch_size, width, with_docs
         self.tensors: dict[str, torch.Tensor] = {
             "input_ids": torch.empty((batch_size, width), dtype=torch.int64),
             "loss_mask": torch.empty((batch_size, width), dtype=torch.bool),  # every element written per row
@@ -78,13 +78,9 @@ class _Rows:
         }
         if mixed:
             self.tensors["source"] = torch.zeros(batch_size, dtype=torch.int64)
-        if with_docs:
-            # Fresh memory is only written once: finish() fills every element of these.
-            self.tensors["position_ids"] = torch.empty((batch_size, width), dtype=torch.int64)
-            self.tensors["doc_ids"] = torch.empty((batch_size, width), dtype=torch.int64)
         self.np = {k: v.numpy() for k, v in self.tensors.items()}
         self.filled = 0
-        # Document runs of the rows filled so far, for position_ids and doc_ids made per batch (finish):
+        # Document runs of the rows filled so far, for position_ids and doc_ids made per chunk (finish):
         # each run's first token as a flat index into [B, L+1], its document; row r's real length.
         self.run_at: list[np.ndarray] = []
         self.run_doc: list[np.ndarray] = []
@@ -98,34 +94,43 @@ class _Rows:
             yield {k: v[j:j + batch_size] for k, v in tensors.items()}
 
     def finish(self) -> dict[str, torch.Tensor]:
-        """The rows' position_ids and doc_ids, made in two passes each over the filled [R, L+1] (not per
-        row)."""
-        if "doc_ids" in self.np and self.filled:
-            B, W = self.filled, self.np["doc_ids"].shape[1]
-            run_at = np.concatenate(self.run_at)  # every row has a run at its first token
-            order = np.argsort(run_at, kind="stable")  # rows were filled group by group: put runs in place
-            run_at, run_doc = run_at[order], np.concatenate(self.run_doc)[order]
-            # (B*W,) views, each a running sum of steps placed at the runs' first tokens: doc_ids steps by
-            # the change of document, position_ids by 1 but back to 0 at each run's start.
-            docs, pos = self.np["doc_ids"][:B].reshape(-1), self.np["position_ids"][:B].reshape(-1)
-            docs[:] = 0
-            docs[run_at] = _steps(run_doc, 0)
-            np.cumsum(docs, out=docs)
-            pos[:] = 1
-            pos[run_at] = 1 - _steps(run_at, run_at[0] - 1)  # back to 0: minus the last run's length - 1
-            np.cumsum(pos, out=pos)
-            for r in np.flatnonzero(self.lengths[:B] < W).tolist():  # padding (aligned packing, a short tail)
-                self.np["doc_ids"][r, self.lengths[r]:] = -1
-                self.np["position_ids"][r, self.lengths[r]:] = 0
-        return self.tensors
+        """The filled rows' position_ids and doc_ids, each written once into fresh memory: every token
+        repeats its run's document, and its position is its column minus its run's first column."""
+        if not self.with_docs:
+            return self.tensors
+        B, W = self.filled, self.width
+        run_at = np.concatenate(self.run_at) if self.run_at else np.zeros(0, dtype=np.int64)
+        run_doc = np.concatenate(self.run_doc) if self.run_doc else np.zeros(0, dtype=np.int64)
+        pad = np.flatnonzero(self.lengths[:B] < W)  # rows with padding (aligned packing, a short tail)
+        if len(pad):  # padding is a run of document -1 (its positions are set to 0 below)
+            run_at = np.concatenate([run_at, pad * W + self.lengths[pad]])
+            run_doc = np.concatenate([run_doc, np.full(len(pad), -1, dtype=np.int64)])
+        order = np.argsort(run_at, kind="stable")  # rows were filled group by group: put runs in place
+        run_at, run_doc = run_at[order], run_doc[order]  # every row has a run at its first token
+        lengths = np.empty_like(run_at)  # (runs,) tokens of each run: up to the next run or the chunk's end
+        np.subtract(run_at[1:], run_at[:-1], out=lengths[:-1])
+        lengths[-1:] = B * W - run_at[-1:]
+        docs = np.repeat(run_doc, lengths).reshape(B, W)  # (B, W): fresh memory, written once
+        # Each token's position: its column minus its run's first column (int32 for the repeat: W < 2**31)
+        first_column = np.repeat((run_at % W).astype(np.int32), lengths).reshape(B, W)
+        pos = torch.empty((B, W), dtype=torch.int64)  # written once, by the subtraction
+        pos_np = pos.numpy()
+        np.subtract(_columns(W), first_column, out=pos_np)
+        for r in pad.tolist():
+            pos_np[r, self.lengths[r]:] = 0
+        return {**self.tensors, "position_ids": pos, "doc_ids": torch.from_numpy(docs)}
 
 
-def _steps(values: np.ndarray, before: int) -> np.ndarray:
-    """values[i] - values[i - 1], `before` standing for values[-1] (np.diff's prepend, without its overhead)."""
-    out = np.empty_like(values)
-    out[0] = values[0] - before
-    np.subtract(values[1:], values[:-1], out=out[1:])
-    return out
+_COLUMNS: dict[int, np.ndarray] = {}
+
+
+def _columns(width: int) -> np.ndarray:
+    """(width,) int64 0..width-1, made once per width (read-only)."""
+    cols = _COLUMNS.get(width)
+    if cols is None:
+        cols = _COLUMNS[width] = np.arange(width, dtype=np.int64)
+        cols.flags.writeable = False
+    return cols
 
 
 #: Rows are filled and finished in chunks of up to this many batches, then handed out as row slices: the
