@@ -27,6 +27,11 @@ from dataio.plan.types import PlanState
 from dataio.readers.token_shards import Piece, TokenSources
 from dataio.stream.job import OpenJob, TokenSpec
 
+try:
+    from dataio.stream import _token_runs  # C: doc_ids and position_ids in one pass (setup.py, optional)
+except ImportError:  # not built: numpy's repeat and a subtraction make the same fields
+    _token_runs = None
+
 TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
 
 
@@ -107,18 +112,36 @@ class _Rows:
             run_doc = np.concatenate([run_doc, np.full(len(pad), -1, dtype=np.int64)])
         order = np.argsort(run_at, kind="stable")  # rows were filled group by group: put runs in place
         run_at, run_doc = run_at[order], run_doc[order]  # every row has a run at its first token
-        lengths = np.empty_like(run_at)  # (runs,) tokens of each run: up to the next run or the chunk's end
-        np.subtract(run_at[1:], run_at[:-1], out=lengths[:-1])
-        lengths[-1:] = B * W - run_at[-1:]
-        docs = np.repeat(run_doc, lengths).reshape(B, W)  # (B, W): fresh memory, written once
-        # Each token's position: its column minus its run's first column (int32 for the repeat: W < 2**31)
-        first_column = np.repeat((run_at % W).astype(np.int32), lengths).reshape(B, W)
-        pos = torch.empty((B, W), dtype=torch.int64)  # written once, by the subtraction
-        pos_np = pos.numpy()
-        np.subtract(_columns(W), first_column, out=pos_np)
+        docs, pos = fill_runs(run_at, run_doc, B, W)
         for r in pad.tolist():
-            pos_np[r, self.lengths[r]:] = 0
-        return {**self.tensors, "position_ids": pos, "doc_ids": torch.from_numpy(docs)}
+            pos[r, self.lengths[r]:] = 0
+        return {**self.tensors, "position_ids": torch.from_numpy(pos), "doc_ids": torch.from_numpy(docs)}
+
+
+def fill_runs(run_at: np.ndarray, run_doc: np.ndarray, num_rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(doc_ids, position_ids), each (num_rows, width) int64 in fresh memory, of document runs: run i covers
+    the flat tokens [run_at[i], run_at[i + 1]) (sorted, from 0; every row starts one), each token gets
+    run_doc[i] and its offset in the run. One pass with the C extension, numpy's otherwise."""
+    if _token_runs is not None:
+        docs = torch.empty((num_rows, width), dtype=torch.int64).numpy()
+        pos = torch.empty((num_rows, width), dtype=torch.int64).numpy()
+        _token_runs.fill(run_at, run_doc, docs, pos)
+        return docs, pos
+    return fill_runs_numpy(run_at, run_doc, num_rows, width)
+
+
+def fill_runs_numpy(run_at: np.ndarray, run_doc: np.ndarray, num_rows: int,
+                    width: int) -> tuple[np.ndarray, np.ndarray]:
+    """fill_runs without the extension: the runs' documents repeated; positions as each token's column minus
+    its run's first column (that column repeated as int32: width < 2**31)."""
+    lengths = np.empty_like(run_at)  # (runs,) tokens of each run: up to the next run or the chunk's end
+    np.subtract(run_at[1:], run_at[:-1], out=lengths[:-1])
+    lengths[-1:] = num_rows * width - run_at[-1:]
+    docs = np.repeat(run_doc, lengths).reshape(num_rows, width)  # fresh memory, written once
+    first_column = np.repeat((run_at % width).astype(np.int32), lengths).reshape(num_rows, width)
+    pos = torch.empty((num_rows, width), dtype=torch.int64).numpy()
+    np.subtract(_columns(width), first_column, out=pos)  # (width,) broadcast over the rows
+    return docs, pos
 
 
 _COLUMNS: dict[int, np.ndarray] = {}
