@@ -72,10 +72,10 @@ class TokenStream:
 
 
 class _Rows:
-    """The rows being filled: numpy views of fresh tensors; position_ids and doc_ids made when they finish."""
+    """The rows being filled: numpy views of fresh tensors."""
 
     def __init__(self, batch_size: int, width: int, with_docs: bool, mixed: bool) -> None:
-        self.capacity, self.width, self.with_docs = batch_size, width, with_docs
+        self.capacity, self.width = batch_size, width
         self.tensors: dict[str, torch.Tensor] = {
             "input_ids": torch.empty((batch_size, width), dtype=torch.int64),
             "loss_mask": torch.empty((batch_size, width), dtype=torch.bool),  # every element written per row
@@ -83,6 +83,11 @@ class _Rows:
         }
         if mixed:
             self.tensors["source"] = torch.zeros(batch_size, dtype=torch.int64)
+        if with_docs:
+            # Fresh memory is only written once: finish() fills every element of these. All of a chunk's
+            # tensors are made here, together: made later, the allocator returns and maps again (page faults).
+            self.tensors["position_ids"] = torch.empty((batch_size, width), dtype=torch.int64)
+            self.tensors["doc_ids"] = torch.empty((batch_size, width), dtype=torch.int64)
         self.np = {k: v.numpy() for k, v in self.tensors.items()}
         self.filled = 0
         # Document runs of the rows filled so far, for position_ids and doc_ids made per chunk (finish):
@@ -99,61 +104,44 @@ class _Rows:
             yield {k: v[j:j + batch_size] for k, v in tensors.items()}
 
     def finish(self) -> dict[str, torch.Tensor]:
-        """The filled rows' position_ids and doc_ids, each written once into fresh memory: every token
-        repeats its run's document, and its position is its column minus its run's first column."""
-        if not self.with_docs:
-            return self.tensors
-        B, W = self.filled, self.width
-        run_at = np.concatenate(self.run_at) if self.run_at else np.zeros(0, dtype=np.int64)
-        run_doc = np.concatenate(self.run_doc) if self.run_doc else np.zeros(0, dtype=np.int64)
-        pad = np.flatnonzero(self.lengths[:B] < W)  # rows with padding (aligned packing, a short tail)
-        if len(pad):  # padding is a run of document -1 (its positions are set to 0 below)
-            run_at = np.concatenate([run_at, pad * W + self.lengths[pad]])
-            run_doc = np.concatenate([run_doc, np.full(len(pad), -1, dtype=np.int64)])
-        order = np.argsort(run_at, kind="stable")  # rows were filled group by group: put runs in place
-        run_at, run_doc = run_at[order], run_doc[order]  # every row has a run at its first token
-        docs, pos = fill_runs(run_at, run_doc, B, W)
-        for r in pad.tolist():
-            pos[r, self.lengths[r]:] = 0
-        return {**self.tensors, "position_ids": torch.from_numpy(pos), "doc_ids": torch.from_numpy(docs)}
+        """The filled rows' position_ids and doc_ids, from their document runs (fill_runs)."""
+        if "doc_ids" in self.np and self.filled:
+            B, W = self.filled, self.width
+            run_at = np.concatenate(self.run_at)  # every row has a run at its first token
+            order = np.argsort(run_at, kind="stable")  # rows were filled group by group: put runs in place
+            run_at, run_doc = run_at[order], np.concatenate(self.run_doc)[order]
+            docs, pos = self.np["doc_ids"][:B], self.np["position_ids"][:B]  # (B, W) row prefixes: contiguous
+            fill_runs(run_at, run_doc, docs, pos)
+            for r in np.flatnonzero(self.lengths[:B] < W).tolist():  # padding (aligned packing, a short tail)
+                docs[r, self.lengths[r]:] = -1
+                pos[r, self.lengths[r]:] = 0
+        return self.tensors
 
 
-def fill_runs(run_at: np.ndarray, run_doc: np.ndarray, num_rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(doc_ids, position_ids), each (num_rows, width) int64 in fresh memory, of document runs: run i covers
-    the flat tokens [run_at[i], run_at[i + 1]) (sorted, from 0; every row starts one), each token gets
-    run_doc[i] and its offset in the run. One pass with the C extension, numpy's otherwise."""
+def fill_runs(run_at: np.ndarray, run_doc: np.ndarray, docs: np.ndarray, pos: np.ndarray) -> None:
+    """doc_ids and position_ids ((B, W) int64, C-contiguous) of document runs: run i covers the flat tokens
+    [run_at[i], run_at[i + 1]) (sorted, from 0; every row starts one), each of its tokens gets run_doc[i] and
+    its offset in the run. One pass with the C extension; without it, numpy's fill and running sum per field."""
     if _token_runs is not None:
-        docs = torch.empty((num_rows, width), dtype=torch.int64).numpy()
-        pos = torch.empty((num_rows, width), dtype=torch.int64).numpy()
         _token_runs.fill(run_at, run_doc, docs, pos)
-        return docs, pos
-    return fill_runs_numpy(run_at, run_doc, num_rows, width)
+        return
+    # (B*W,) views, each a running sum of steps placed at the runs' first tokens: doc_ids steps by the
+    # change of document, position_ids by 1 but back to 0 at each run's start. No temporaries of [B, W].
+    docs, pos = docs.reshape(-1), pos.reshape(-1)
+    docs[:] = 0
+    docs[run_at] = _steps(run_doc, 0)
+    np.cumsum(docs, out=docs)
+    pos[:] = 1
+    pos[run_at] = 1 - _steps(run_at, run_at[0] - 1)  # back to 0: minus the last run's length - 1
+    np.cumsum(pos, out=pos)
 
 
-def fill_runs_numpy(run_at: np.ndarray, run_doc: np.ndarray, num_rows: int,
-                    width: int) -> tuple[np.ndarray, np.ndarray]:
-    """fill_runs without the extension: the runs' documents repeated; positions as each token's column minus
-    its run's first column (that column repeated as int32: width < 2**31)."""
-    lengths = np.empty_like(run_at)  # (runs,) tokens of each run: up to the next run or the chunk's end
-    np.subtract(run_at[1:], run_at[:-1], out=lengths[:-1])
-    lengths[-1:] = num_rows * width - run_at[-1:]
-    docs = np.repeat(run_doc, lengths).reshape(num_rows, width)  # fresh memory, written once
-    first_column = np.repeat((run_at % width).astype(np.int32), lengths).reshape(num_rows, width)
-    pos = torch.empty((num_rows, width), dtype=torch.int64).numpy()
-    np.subtract(_columns(width), first_column, out=pos)  # (width,) broadcast over the rows
-    return docs, pos
-
-
-_COLUMNS: dict[int, np.ndarray] = {}
-
-
-def _columns(width: int) -> np.ndarray:
-    """(width,) int64 0..width-1, made once per width (read-only)."""
-    cols = _COLUMNS.get(width)
-    if cols is None:
-        cols = _COLUMNS[width] = np.arange(width, dtype=np.int64)
-        cols.flags.writeable = False
-    return cols
+def _steps(values: np.ndarray, before: int) -> np.ndarray:
+    """values[i] - values[i - 1], `before` standing for values[-1] (np.diff's prepend, without its overhead)."""
+    out = np.empty_like(values)
+    out[0] = values[0] - before
+    np.subtract(values[1:], values[:-1], out=out[1:])
+    return out
 
 
 #: Rows are filled and finished in chunks of up to this many batches, then handed out as row slices: the
