@@ -203,7 +203,6 @@ def _fill_rows(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookups: list
     r0, W = rows.filled, rows.np["input_ids"].shape[1]
     s, n = window.stream_starts[i0:i1], window.num_tokens[i0:i1]
     group = window.group[i0:i1]
-    ids = rows.np["input_ids"]
     for g, lookup in enumerate(lookups):  # one group (source and pass) for a single dataset
         sel = np.arange(len(s)) if len(lookups) == 1 else (group == g).nonzero()[0]  # (c,) its rows, from r0
         if not len(sel):
@@ -211,13 +210,7 @@ def _fill_rows(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookups: list
         k = lookup.lo.searchsorted(s[sel], side="right") - 1  # (c,) each row's first piece
         a = s[sel] - lookup.lo[k]  # (c,) where it starts in that piece
         whole = a + n[sel] <= lookup.length[k]
-        for j, kk, aa, nn, ok in zip(sel.tolist(), k.tolist(), a.tolist(), n[sel].tolist(), whole.tolist()):
-            if ok:
-                ids[r0 + j, :nn] = lookup.pieces[kk].tokens[aa:aa + nn]
-            else:
-                _fill_spanning(spec, reader, rows, lookup, r0 + j, int(s[j]), nn)
-            if nn < W:
-                ids[r0 + j, nn:] = spec.pad_id
+        _copy_ids(spec, reader, rows, lookup, r0, sel, s, n, k, a, whole)
         if whole.any():
             kw, first = k[whole], lookup.start[k[whole]] + a[whole]  # shard-local token ranges of whole rows
             last = first + n[sel[whole]]
@@ -240,6 +233,29 @@ def _fill_rows(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookups: list
     rows.np["mask"][r0:r0 + len(s)] = real
     rows.lengths[r0:r0 + len(s)] = n
     rows.filled += len(s)
+
+
+def _copy_ids(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookup: _PieceLookup, r0: int, sel: np.ndarray,
+              s: np.ndarray, n: np.ndarray, k: np.ndarray, a: np.ndarray, whole: np.ndarray) -> None:
+    """Rows r0 + sel: sequences s[sel] (n[sel] tokens; piece k, from a in it), each copied once from its
+    piece, widened to int64 on the way, padding after it: one C call per piece where the extension is built,
+    a row at a time otherwise. A sequence that spans pieces (whole False: a shard's end) goes row by row."""
+    ids, W, pad_id = rows.np["input_ids"], rows.width, spec.pad_id
+    if _token_runs is not None and whole.all():  # the usual group: every row inside one piece
+        if (k == k[0]).all():
+            _token_runs.copy_rows(lookup.pieces[int(k[0])].tokens, ids, W, r0 + sel, a, n[sel], pad_id)
+            return
+        for kk in np.unique(k).tolist():
+            on = k == kk
+            _token_runs.copy_rows(lookup.pieces[kk].tokens, ids, W, r0 + sel[on], a[on], n[sel][on], pad_id)
+        return
+    for j, kk, aa, nn, ok in zip(sel.tolist(), k.tolist(), a.tolist(), n[sel].tolist(), whole.tolist()):
+        if ok:
+            ids[r0 + j, :nn] = lookup.pieces[kk].tokens[aa:aa + nn]
+        else:
+            _fill_spanning(spec, reader, rows, lookup, r0 + j, int(s[j]), nn)
+        if nn < W:
+            ids[r0 + j, nn:] = pad_id
 
 
 def _fill_spanning(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookup: _PieceLookup, r: int, s: int,

@@ -54,3 +54,37 @@ def test_the_extension_refuses_runs_out_of_order(run_at, match) -> None:
         token_stream._token_runs.fill(at, np.zeros_like(at), out, out.copy())
     with pytest.raises(ValueError, match="int64"):
         token_stream._token_runs.fill(at.astype(np.int32), at.astype(np.int32), out, out.copy())
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+@pytest.mark.parametrize("seed", range(10))
+def test_rows_copied_by_the_extension_are_numpys(dtype, seed) -> None:
+    """copy_rows: each row its tokens widened to int64 (the full range of the dtype), then the pad id."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, np.iinfo(dtype).max, 500, endpoint=True).astype(dtype)
+    num_rows, width = 6, int(rng.integers(1, 30))
+    rows = rng.permutation(num_rows)[:int(rng.integers(1, num_rows + 1))].astype(np.int64)
+    counts = rng.integers(0, width + 1, len(rows)).astype(np.int64)
+    starts = rng.integers(0, len(src) - width, len(rows)).astype(np.int64)
+    got, want = np.full((num_rows, width), 7, np.int64), np.full((num_rows, width), 7, np.int64)
+    token_stream._token_runs.copy_rows(src, got, width, rows, starts, counts, -3)
+    for r, a, n in zip(rows, starts, counts):
+        want[r, :n], want[r, n:] = src[a:a + n], -3
+    assert (got == want).all()
+
+
+@needs_c
+@pytest.mark.parametrize("src,rows,starts,counts,match", [
+    (np.arange(10, dtype=np.uint16), [3], [0], [2], "outside dst or src"),
+    (np.arange(10, dtype=np.uint16), [0], [8], [4], "outside dst or src"),
+    (np.arange(10, dtype=np.uint16), [0], [0], [6], "outside dst or src"),  # more than the width
+    (np.arange(10, dtype=">u2"), [0], [0], [2], "uint16 or uint32"),  # big-endian: not widened as read
+    (np.arange(10, dtype=np.int64), [0], [0], [2], "uint16 or uint32"),
+])
+def test_the_extension_refuses_rows_outside_its_buffers(src, rows, starts, counts, match) -> None:
+    dst = np.zeros((3, 5), dtype=np.int64)
+    rows, starts, counts = (np.asarray(v, dtype=np.int64) for v in (rows, starts, counts))
+    with pytest.raises(ValueError, match=match):
+        token_stream._token_runs.copy_rows(src, dst, 5, rows, starts, counts, 0)
+    assert not dst.any(), "nothing written before the check"
