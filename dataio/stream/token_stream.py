@@ -9,8 +9,10 @@ A batch of B sequences of seq_len L (every tensor the caller's to keep: rows of 
     loss_mask     [B, L+1] bool    a real token of a real (not repeated) sequence
     mask          [B]      bool    False for a tail="pad" repeat
     source        [B]      int64   a mixture's source of each sequence (mixtures only)
-Each row is copied once from the memory map (or a ranged read) into `input_ids`, widened to int64 by
-the same assignment. With fields=("input_ids",) the document fields are left out (no offsets read).
+Each row is copied once from the memory map (or a ranged read) into `input_ids`, widened to int64 on the
+way; position_ids and doc_ids are written once each from the rows' document runs. The optional C extension
+_token_runs (setup.py) does each in one call; without it numpy makes the same batches in more passes.
+With fields=("input_ids",) the document fields are left out (no offsets read).
 """
 
 from __future__ import annotations
