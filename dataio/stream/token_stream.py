@@ -2,7 +2,8 @@
 packed into batches of sequences. Packing is the only token-specific stage; the tickets, the DataLoader
 dataset, the reader threads and worker processes are those of every stream (worker.py).
 
-A batch of B sequences of seq_len L (every tensor the caller's to keep: rows of fresh memory, never reused):
+A batch of B sequences of seq_len L (every tensor the caller's to keep: its rows are never written again while
+anything refers to them; made in process, a chunk's memory is reused once nothing does, slabs.StoragePool):
     input_ids     [B, L+1] int64   tokens; inputs are [:, :-1], next-token labels [:, 1:]
     position_ids  [B, L+1] int64   0 at the row's start and at each document start within it
     doc_ids       [B, L+1] int64   global document number (manifest order); -1 on padding
@@ -17,6 +18,7 @@ With fields=("input_ids",) the document fields are left out (no offsets read).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +30,7 @@ from dataio.plan.token_plan import SequenceGroup, TokenWindow, TokenWorkerPlan
 from dataio.plan.types import PlanState
 from dataio.readers.token_shards import Piece, TokenSources
 from dataio.stream.job import OpenJob, TokenSpec
+from dataio.stream.slabs import recycled_uint8
 
 try:
     from dataio.stream import _token_runs  # C: doc_ids and position_ids in one pass (setup.py, optional)
@@ -74,22 +77,11 @@ class TokenStream:
 
 
 class _Rows:
-    """The rows being filled: numpy views of fresh tensors."""
+    """The rows being filled: numpy views of the chunk's tensors (_chunk_tensors)."""
 
-    def __init__(self, batch_size: int, width: int, with_docs: bool, mixed: bool) -> None:
+    def __init__(self, batch_size: int, width: int, with_docs: bool, mixed: bool, pooled: bool) -> None:
         self.capacity, self.width = batch_size, width
-        self.tensors: dict[str, torch.Tensor] = {
-            "input_ids": torch.empty((batch_size, width), dtype=torch.int64),
-            "loss_mask": torch.empty((batch_size, width), dtype=torch.bool),  # every element written per row
-            "mask": torch.empty(batch_size, dtype=torch.bool),  # every element written (_fill_rows)
-        }
-        if mixed:
-            self.tensors["source"] = torch.zeros(batch_size, dtype=torch.int64)
-        if with_docs:
-            # Fresh memory is only written once: finish() fills every element of these. All of a chunk's
-            # tensors are made here, together: made later, the allocator returns and maps again (page faults).
-            self.tensors["position_ids"] = torch.empty((batch_size, width), dtype=torch.int64)
-            self.tensors["doc_ids"] = torch.empty((batch_size, width), dtype=torch.int64)
+        self.tensors = _chunk_tensors(batch_size, width, with_docs, mixed, pooled)
         self.np = {k: v.numpy() for k, v in self.tensors.items()}
         self.filled = 0
         # Document runs of the rows filled so far, for position_ids and doc_ids made per chunk (finish):
@@ -100,7 +92,7 @@ class _Rows:
 
     def batches(self, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
         """The filled rows as batches of `batch_size` rows: row slices of the chunk's tensors, each
-        batch's rows its own (the next chunk is fresh memory)."""
+        batch's rows its own (the next chunk is other memory)."""
         tensors = self.finish()
         for j in range(0, self.filled, batch_size):
             yield {k: v[j:j + batch_size] for k, v in tensors.items()}
@@ -118,6 +110,29 @@ class _Rows:
                 docs[r, self.lengths[r]:] = -1
                 pos[r, self.lengths[r]:] = 0
         return self.tensors
+
+
+def _chunk_tensors(rows: int, width: int, with_docs: bool, mixed: bool, pooled: bool) -> dict[str, torch.Tensor]:
+    """A chunk's tensors (rows of width), every element written before it leaves (source: zeros). `pooled`
+    (batches made in this process): views of one StoragePool storage, reused only once the caller let go of
+    every batch of the chunk (slabs.py): a fresh chunk's pages are otherwise faulted in again and again."""
+    fields = [("input_ids", (rows, width), torch.int64), ("loss_mask", (rows, width), torch.bool),
+              ("mask", (rows,), torch.bool)]
+    if mixed:
+        fields.append(("source", (rows,), torch.int64))
+    if with_docs:
+        fields += [("position_ids", (rows, width), torch.int64), ("doc_ids", (rows, width), torch.int64)]
+    if not pooled:
+        out = {name: torch.empty(shape, dtype=dtype) for name, shape, dtype in fields}
+    else:
+        sizes = [-(-math.prod(shape) * dtype.itemsize // 8) * 8 for _, shape, dtype in fields]  # 8-byte aligned
+        buf, at, out = recycled_uint8(sum(sizes)), 0, {}
+        for (name, shape, dtype), size in zip(fields, sizes):
+            out[name] = buf[at:at + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+            at += size
+    if mixed:
+        out["source"].zero_()
+    return out
 
 
 def fill_runs(run_at: np.ndarray, run_doc: np.ndarray, docs: np.ndarray, pos: np.ndarray) -> None:
@@ -157,9 +172,9 @@ def packed_batches(opened: OpenJob, plan: TokenWorkerPlan) -> Iterator[dict[str,
     job, reader = opened.job, opened.token_reader
     spec = job.tokens
     assert spec is not None
-    B, width, mixed = job.batch_size, spec.seq_len + 1, not job.mixture.single
+    B, width, mixed, pooled = job.batch_size, spec.seq_len + 1, not job.mixture.single, job.pooled_reads
     chunk = 1
-    rows = _Rows(B * chunk, width, spec.with_docs, mixed)
+    rows = _Rows(B * chunk, width, spec.with_docs, mixed, pooled)
     reads = reader.windows((w.segments for w in plan.windows), budget_bytes=job.prefetch_bytes,
                            max_in_flight=job.max_in_flight)
     try:
@@ -173,7 +188,7 @@ def packed_batches(opened: OpenJob, plan: TokenWorkerPlan) -> Iterator[dict[str,
                 if rows.filled == rows.capacity:
                     yield from rows.batches(B)
                     chunk = min(2 * chunk, CHUNK_BATCHES)
-                    rows = _Rows(B * chunk, width, spec.with_docs, mixed)
+                    rows = _Rows(B * chunk, width, spec.with_docs, mixed, pooled)
         assert rows.filled % B == 0, "a worker's sequences are whole batches"
         yield from rows.batches(B)
     finally:

@@ -167,6 +167,25 @@ def test_fields_made_by_numpy_are_those_of_the_c_extension(token_url, packing, t
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
 
 
+@pytest.mark.parametrize("pooled", [True, False])
+def test_chunks_made_in_process_reuse_only_what_the_caller_let_go(token_url, pooled) -> None:
+    """pooled_buffers (the default): a chunk of batches made in this process sits on a StoragePool storage,
+    reused once nothing refers to it; a batch the caller holds is never written again."""
+    from dataio.stream import slabs
+
+    (loader,) = loaders(token_url, 1, 0, pooled_buffers=pooled)
+    held, want, on_pool = None, None, []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            if held is None:
+                held, want = batch, {k: v.clone() for k, v in batch.items()}
+            storage = batch["doc_ids"].untyped_storage().data_ptr()
+            on_pool.append(storage in {s.data_ptr() for s in slabs._POOL._storages})
+    assert all(torch.equal(held[k], want[k]) for k in want)
+    assert all(on_pool) if pooled else not any(on_pool)
+
+
 def test_builder_threads_deliver_what_the_interleaved_streams_do(token_url) -> None:
     for packing in ("concat", "aligned"):
         auto, threads = (loaders(token_url, 2, 3, packing=packing, worker_mode=mode, decode=None)
