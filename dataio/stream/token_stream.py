@@ -33,8 +33,8 @@ from dataio.stream.job import OpenJob, TokenSpec
 from dataio.stream.slabs import recycled_uint8
 
 try:
-    from dataio.stream import _token_runs  # C: doc_ids and position_ids in one pass (setup.py, optional)
-except ImportError:  # not built: numpy's repeat and a subtraction make the same fields
+    from dataio.stream import _token_runs  # C: rows copied, doc_ids and position_ids, one pass each (setup.py)
+except ImportError:  # not built: numpy makes the same batches (a copy per row, a fill and a running sum per field)
     _token_runs = None
 
 TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
@@ -258,7 +258,7 @@ def _copy_ids(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookup: _Piece
     piece, widened to int64 on the way, padding after it: one C call per piece where the extension is built,
     a row at a time otherwise. A sequence that spans pieces (whole False: a shard's end) goes row by row."""
     ids, W, pad_id = rows.np["input_ids"], rows.width, spec.pad_id
-    if _token_runs is not None and whole.all():  # the usual group: every row inside one piece
+    if _token_runs is not None and whole.all():  # the usual group: every row inside a piece
         if (k == k[0]).all():
             _token_runs.copy_rows(lookup.pieces[int(k[0])].tokens, ids, W, r0 + sel, a, n[sel], pad_id)
             return
