@@ -14,10 +14,11 @@ setup: $(STAMP) region
 
 # The JPEG region decoder (dataio/decode/_region.c, a C extension over libjpeg-turbo) is optional:
 # its headers are installed with apt-get where missing and possible, and a failed build only means
-# the decoders use simplejpeg (they say so once per process).
+# the decoders use simplejpeg (they say so once per process). The same build makes the token batches'
+# one-pass doc_ids/position_ids (dataio/stream/_token_runs.c, no library; without it, numpy).
 region: $(REGION_STAMP)
 
-$(REGION_STAMP): $(STAMP) setup.py dataio/decode/_region.c dataio/decode/_fasthuff.h
+$(REGION_STAMP): $(STAMP) setup.py dataio/decode/_region.c dataio/decode/_fasthuff.h dataio/stream/_token_runs.c
 	test -f /usr/include/jpeglib.h || $(APT) || sudo -n sh -c '$(APT)' \
 		|| echo "libjpeg-turbo headers missing (apt-get install libjpeg62-turbo-dev): JPEG region decode not built"
 	$(PY) -c "import setuptools" 2>/dev/null || $(PY) -m pip install -q setuptools
@@ -75,4 +76,4 @@ s3-server: $(STAMP)
 	$(PY) -m tools.s3_server
 
 clean:
-	rm -rf $(VENV) .pytest_cache build site *.egg-info dataio/decode/_region.*.so
+	rm -rf $(VENV) .pytest_cache build site *.egg-info dataio/decode/_region.*.so dataio/stream/_token_runs.*.so

@@ -47,7 +47,8 @@ class ExecutionPlan:
     decode: str  # one of DECODE_PLACES
     first_batch: str  # one of FIRST_BATCH
     early_start: bool  # worker processes start (each reading its first window) when the loader is built
-    pooled_reads: bool  # by_sample: each batch's reads into reused buffers (slabs.StoragePool)
+    pooled_reads: bool  # by_sample: each batch's reads into reused buffers (slabs.StoragePool); tokens: the
+    # chunks of batches made in this process (never in worker processes: their batches leave through shared memory)
     pooled_images: bool  # worker processes decode into pooled storages this process releases
     keep_slabs: bool  # reuse_buffers with worker processes: their slabs stay mapped here while held
     reuse_buffers: bool  # batches are views of reused slabs, valid until the next batch is asked for
@@ -92,7 +93,8 @@ def plan_execution(config: LoaderConfig, data: OpenedData, *, num_workers: int, 
     return ExecutionPlan(
         readers=readers, num_readers=0 if readers == "caller" else num_workers, stream=stream, decode=decode,
         first_batch=first, early_start=config.early_start and readers == "processes",
-        pooled_reads=config.pooled_buffers and stream == "by_sample", pooled_images=pooled_images,
+        pooled_reads=config.pooled_buffers and (stream == "by_sample" or stream == "tokens" and readers != "processes"),
+        pooled_images=pooled_images,
         keep_slabs=config.reuse_buffers and readers == "processes", reuse_buffers=config.reuse_buffers)
 
 

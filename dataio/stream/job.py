@@ -105,7 +105,7 @@ class WorkerJob:
     # Decoded images on the worker's pooled shared storages, which the main process releases
     # (image_slots.py): only where it sees the batch's own image tensor (no collate hook, no pinning).
     pooled_images: bool = False
-    pooled_reads: bool = True  # batch-by-batch reads into StoragePool buffers (LoaderConfig.pooled_buffers)
+    pooled_reads: bool = True  # batch-by-batch reads (tokens: chunks made in process) into StoragePool buffers
     stream: str = "decoded"  # one of STREAM_KINDS, decided by the execution plan
     tokens: TokenSpec | None = None  # stream "tokens": packing's own settings
     captions: Any = None  # image-text pairs: the caption stage (stream/captions.py CaptionStage), or None

@@ -2,19 +2,23 @@
 packed into batches of sequences. Packing is the only token-specific stage; the tickets, the DataLoader
 dataset, the reader threads and worker processes are those of every stream (worker.py).
 
-A batch of B sequences of seq_len L (every tensor the caller's to keep: rows of fresh memory, never reused):
+A batch of B sequences of seq_len L (every tensor the caller's to keep: its rows are never written again while
+anything refers to them; made in process, a chunk's memory is reused once nothing does, slabs.StoragePool):
     input_ids     [B, L+1] int64   tokens; inputs are [:, :-1], next-token labels [:, 1:]
     position_ids  [B, L+1] int64   0 at the row's start and at each document start within it
     doc_ids       [B, L+1] int64   global document number (manifest order); -1 on padding
     loss_mask     [B, L+1] bool    a real token of a real (not repeated) sequence
     mask          [B]      bool    False for a tail="pad" repeat
     source        [B]      int64   a mixture's source of each sequence (mixtures only)
-Each row is copied once from the memory map (or a ranged read) into `input_ids`, widened to int64 by
-the same assignment. With fields=("input_ids",) the document fields are left out (no offsets read).
+Each row is copied once from the memory map (or a ranged read) into `input_ids`, widened to int64 on the
+way; position_ids and doc_ids are written once each from the rows' document runs. The optional C extension
+_token_runs (setup.py) does each in one call; without it numpy makes the same batches in more passes.
+With fields=("input_ids",) the document fields are left out (no offsets read).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +30,12 @@ from dataio.plan.token_plan import SequenceGroup, TokenWindow, TokenWorkerPlan
 from dataio.plan.types import PlanState
 from dataio.readers.token_shards import Piece, TokenSources
 from dataio.stream.job import OpenJob, TokenSpec
+from dataio.stream.slabs import recycled_uint8
+
+try:
+    from dataio.stream import _token_runs  # C: rows copied, doc_ids and position_ids, one pass each (setup.py)
+except ImportError:  # not built: numpy makes the same batches (a copy per row, a fill and a running sum per field)
+    _token_runs = None
 
 TOKEN_FIELDS = ("input_ids", "position_ids", "doc_ids", "loss_mask", "mask")
 
@@ -67,24 +77,14 @@ class TokenStream:
 
 
 class _Rows:
-    """The batch being filled: numpy views of fresh tensors."""
+    """The rows being filled: numpy views of the chunk's tensors (_chunk_tensors)."""
 
-    def __init__(self, batch_size: int, width: int, with_docs: bool, mixed: bool) -> None:
-        self.capacity = batch_size
-        self.tensors: dict[str, torch.Tensor] = {
-            "input_ids": torch.empty((batch_size, width), dtype=torch.int64),
-            "loss_mask": torch.empty((batch_size, width), dtype=torch.bool),  # every element written per row
-            "mask": torch.empty(batch_size, dtype=torch.bool),  # every element written (_fill_rows)
-        }
-        if mixed:
-            self.tensors["source"] = torch.zeros(batch_size, dtype=torch.int64)
-        if with_docs:
-            # Fresh memory is only written once: finish() fills every element of these.
-            self.tensors["position_ids"] = torch.empty((batch_size, width), dtype=torch.int64)
-            self.tensors["doc_ids"] = torch.empty((batch_size, width), dtype=torch.int64)
+    def __init__(self, batch_size: int, width: int, with_docs: bool, mixed: bool, pooled: bool) -> None:
+        self.capacity, self.width = batch_size, width
+        self.tensors = _chunk_tensors(batch_size, width, with_docs, mixed, pooled)
         self.np = {k: v.numpy() for k, v in self.tensors.items()}
         self.filled = 0
-        # Document runs of the rows filled so far, for position_ids and doc_ids made per batch (finish):
+        # Document runs of the rows filled so far, for position_ids and doc_ids made per chunk (finish):
         # each run's first token as a flat index into [B, L+1], its document; row r's real length.
         self.run_at: list[np.ndarray] = []
         self.run_doc: list[np.ndarray] = []
@@ -92,32 +92,65 @@ class _Rows:
 
     def batches(self, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
         """The filled rows as batches of `batch_size` rows: row slices of the chunk's tensors, each
-        batch's rows its own (the next chunk is fresh memory)."""
+        batch's rows its own (the next chunk is other memory)."""
         tensors = self.finish()
         for j in range(0, self.filled, batch_size):
             yield {k: v[j:j + batch_size] for k, v in tensors.items()}
 
     def finish(self) -> dict[str, torch.Tensor]:
-        """The rows' position_ids and doc_ids, made in two passes each over the filled [R, L+1] (not per
-        row)."""
+        """The filled rows' position_ids and doc_ids, from their document runs (fill_runs)."""
         if "doc_ids" in self.np and self.filled:
-            B, W = self.filled, self.np["doc_ids"].shape[1]
+            B, W = self.filled, self.width
             run_at = np.concatenate(self.run_at)  # every row has a run at its first token
             order = np.argsort(run_at, kind="stable")  # rows were filled group by group: put runs in place
             run_at, run_doc = run_at[order], np.concatenate(self.run_doc)[order]
-            # (B*W,) views, each a running sum of steps placed at the runs' first tokens: doc_ids steps by
-            # the change of document, position_ids by 1 but back to 0 at each run's start.
-            docs, pos = self.np["doc_ids"][:B].reshape(-1), self.np["position_ids"][:B].reshape(-1)
-            docs[:] = 0
-            docs[run_at] = _steps(run_doc, 0)
-            np.cumsum(docs, out=docs)
-            pos[:] = 1
-            pos[run_at] = 1 - _steps(run_at, run_at[0] - 1)  # back to 0: minus the last run's length - 1
-            np.cumsum(pos, out=pos)
+            docs, pos = self.np["doc_ids"][:B], self.np["position_ids"][:B]  # (B, W) row prefixes: contiguous
+            fill_runs(run_at, run_doc, docs, pos)
             for r in np.flatnonzero(self.lengths[:B] < W).tolist():  # padding (aligned packing, a short tail)
-                self.np["doc_ids"][r, self.lengths[r]:] = -1
-                self.np["position_ids"][r, self.lengths[r]:] = 0
+                docs[r, self.lengths[r]:] = -1
+                pos[r, self.lengths[r]:] = 0
         return self.tensors
+
+
+def _chunk_tensors(rows: int, width: int, with_docs: bool, mixed: bool, pooled: bool) -> dict[str, torch.Tensor]:
+    """A chunk's tensors (rows of width), every element written before it leaves (source: zeros). `pooled`
+    (batches made in this process): views of one StoragePool storage, reused only once the caller let go of
+    every batch of the chunk (slabs.py): a fresh chunk's pages are otherwise faulted in again and again."""
+    fields = [("input_ids", (rows, width), torch.int64), ("loss_mask", (rows, width), torch.bool),
+              ("mask", (rows,), torch.bool)]
+    if mixed:
+        fields.append(("source", (rows,), torch.int64))
+    if with_docs:
+        fields += [("position_ids", (rows, width), torch.int64), ("doc_ids", (rows, width), torch.int64)]
+    if not pooled:
+        out = {name: torch.empty(shape, dtype=dtype) for name, shape, dtype in fields}
+    else:
+        sizes = [-(-math.prod(shape) * dtype.itemsize // 8) * 8 for _, shape, dtype in fields]  # 8-byte aligned
+        buf, at, out = recycled_uint8(sum(sizes)), 0, {}
+        for (name, shape, dtype), size in zip(fields, sizes):
+            out[name] = buf[at:at + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+            at += size
+    if mixed:
+        out["source"].zero_()
+    return out
+
+
+def fill_runs(run_at: np.ndarray, run_doc: np.ndarray, docs: np.ndarray, pos: np.ndarray) -> None:
+    """doc_ids and position_ids ((B, W) int64, C-contiguous) of document runs: run i covers the flat tokens
+    [run_at[i], run_at[i + 1]) (sorted, from 0; every row starts one), each of its tokens gets run_doc[i] and
+    its offset in the run. One pass with the C extension; without it, numpy's fill and running sum per field."""
+    if _token_runs is not None:
+        _token_runs.fill(run_at, run_doc, docs, pos)
+        return
+    # (B*W,) views, each a running sum of steps placed at the runs' first tokens: doc_ids steps by the
+    # change of document, position_ids by 1 but back to 0 at each run's start. No temporaries of [B, W].
+    docs, pos = docs.reshape(-1), pos.reshape(-1)
+    docs[:] = 0
+    docs[run_at] = _steps(run_doc, 0)
+    np.cumsum(docs, out=docs)
+    pos[:] = 1
+    pos[run_at] = 1 - _steps(run_at, run_at[0] - 1)  # back to 0: minus the last run's length - 1
+    np.cumsum(pos, out=pos)
 
 
 def _steps(values: np.ndarray, before: int) -> np.ndarray:
@@ -139,9 +172,9 @@ def packed_batches(opened: OpenJob, plan: TokenWorkerPlan) -> Iterator[dict[str,
     job, reader = opened.job, opened.token_reader
     spec = job.tokens
     assert spec is not None
-    B, width, mixed = job.batch_size, spec.seq_len + 1, not job.mixture.single
+    B, width, mixed, pooled = job.batch_size, spec.seq_len + 1, not job.mixture.single, job.pooled_reads
     chunk = 1
-    rows = _Rows(B * chunk, width, spec.with_docs, mixed)
+    rows = _Rows(B * chunk, width, spec.with_docs, mixed, pooled)
     reads = reader.windows((w.segments for w in plan.windows), budget_bytes=job.prefetch_bytes,
                            max_in_flight=job.max_in_flight)
     try:
@@ -155,7 +188,7 @@ def packed_batches(opened: OpenJob, plan: TokenWorkerPlan) -> Iterator[dict[str,
                 if rows.filled == rows.capacity:
                     yield from rows.batches(B)
                     chunk = min(2 * chunk, CHUNK_BATCHES)
-                    rows = _Rows(B * chunk, width, spec.with_docs, mixed)
+                    rows = _Rows(B * chunk, width, spec.with_docs, mixed, pooled)
         assert rows.filled % B == 0, "a worker's sequences are whole batches"
         yield from rows.batches(B)
     finally:
@@ -187,7 +220,6 @@ def _fill_rows(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookups: list
     r0, W = rows.filled, rows.np["input_ids"].shape[1]
     s, n = window.stream_starts[i0:i1], window.num_tokens[i0:i1]
     group = window.group[i0:i1]
-    ids = rows.np["input_ids"]
     for g, lookup in enumerate(lookups):  # one group (source and pass) for a single dataset
         sel = np.arange(len(s)) if len(lookups) == 1 else (group == g).nonzero()[0]  # (c,) its rows, from r0
         if not len(sel):
@@ -195,13 +227,7 @@ def _fill_rows(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookups: list
         k = lookup.lo.searchsorted(s[sel], side="right") - 1  # (c,) each row's first piece
         a = s[sel] - lookup.lo[k]  # (c,) where it starts in that piece
         whole = a + n[sel] <= lookup.length[k]
-        for j, kk, aa, nn, ok in zip(sel.tolist(), k.tolist(), a.tolist(), n[sel].tolist(), whole.tolist()):
-            if ok:
-                ids[r0 + j, :nn] = lookup.pieces[kk].tokens[aa:aa + nn]
-            else:
-                _fill_spanning(spec, reader, rows, lookup, r0 + j, int(s[j]), nn)
-            if nn < W:
-                ids[r0 + j, nn:] = spec.pad_id
+        _copy_ids(spec, reader, rows, lookup, r0, sel, s, n, k, a, whole)
         if whole.any():
             kw, first = k[whole], lookup.start[k[whole]] + a[whole]  # shard-local token ranges of whole rows
             last = first + n[sel[whole]]
@@ -224,6 +250,29 @@ def _fill_rows(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookups: list
     rows.np["mask"][r0:r0 + len(s)] = real
     rows.lengths[r0:r0 + len(s)] = n
     rows.filled += len(s)
+
+
+def _copy_ids(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookup: _PieceLookup, r0: int, sel: np.ndarray,
+              s: np.ndarray, n: np.ndarray, k: np.ndarray, a: np.ndarray, whole: np.ndarray) -> None:
+    """Rows r0 + sel: sequences s[sel] (n[sel] tokens; piece k, from a in it), each copied once from its
+    piece, widened to int64 on the way, padding after it: one C call per piece where the extension is built,
+    a row at a time otherwise. A sequence that spans pieces (whole False: a shard's end) goes row by row."""
+    ids, W, pad_id = rows.np["input_ids"], rows.width, spec.pad_id
+    if _token_runs is not None and whole.all():  # the usual group: every row inside a piece
+        if (k == k[0]).all():
+            _token_runs.copy_rows(lookup.pieces[int(k[0])].tokens, ids, W, r0 + sel, a, n[sel], pad_id)
+            return
+        for kk in np.unique(k).tolist():
+            on = k == kk
+            _token_runs.copy_rows(lookup.pieces[kk].tokens, ids, W, r0 + sel[on], a[on], n[sel][on], pad_id)
+        return
+    for j, kk, aa, nn, ok in zip(sel.tolist(), k.tolist(), a.tolist(), n[sel].tolist(), whole.tolist()):
+        if ok:
+            ids[r0 + j, :nn] = lookup.pieces[kk].tokens[aa:aa + nn]
+        else:
+            _fill_spanning(spec, reader, rows, lookup, r0 + j, int(s[j]), nn)
+        if nn < W:
+            ids[r0 + j, nn:] = pad_id
 
 
 def _fill_spanning(spec: TokenSpec, reader: TokenSources, rows: _Rows, lookup: _PieceLookup, r: int, s: int,

@@ -73,7 +73,9 @@ def test_hooks_caches_and_parquet_choose_sample_dicts(dataset, tmp_path) -> None
 def test_a_token_dataset_runs_the_token_stream_on_the_same_readers(tokens, mode, readers) -> None:
     plan = plan_of(tokens, seq_len=4, num_workers=2, worker_mode=mode)
     assert (plan.stream, plan.readers, plan.decode) == ("tokens", readers, "none")
-    assert not plan.pooled_reads and not plan.pooled_images
+    # chunks of batches made in this process reuse what the caller let go; worker processes' never
+    assert plan.pooled_reads == (readers != "processes") and not plan.pooled_images
+    assert not plan_of(tokens, seq_len=4, num_workers=0, pooled_buffers=False).pooled_reads
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")

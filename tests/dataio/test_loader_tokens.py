@@ -144,6 +144,48 @@ def test_rows_packed_in_chunks_are_the_batches_packed_one_by_one_and_each_the_ca
     assert all(torch.equal(a[k], b[k]) for a, b in zip(one[1:], kept[1:]) for k in a)
 
 
+@pytest.mark.parametrize("packing,tail", [("concat", "drop"), ("aligned", "pad")])
+def test_fields_made_by_numpy_are_those_of_the_c_extension(token_url, packing, tail, monkeypatch) -> None:
+    """doc_ids and position_ids come from dataio.stream._token_runs where it is built, numpy otherwise: the same
+    batches, over epochs (check_batch holds for both)."""
+    from dataio.stream import token_stream
+
+    def run() -> list[dict]:
+        (loader,) = loaders(token_url, 1, 0, packing=packing, tail=tail)
+        out = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            out += list(loader)
+        return out
+
+    built = run()
+    monkeypatch.setattr(token_stream, "_token_runs", None)
+    fallback = run()
+    assert len(built) == len(fallback) > 8
+    for a, b in zip(built, fallback):
+        check_batch(b)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_chunks_made_in_process_reuse_only_what_the_caller_let_go(token_url, pooled) -> None:
+    """pooled_buffers (the default): a chunk of batches made in this process sits on a StoragePool storage,
+    reused once nothing refers to it; a batch the caller holds is never written again."""
+    from dataio.stream import slabs
+
+    (loader,) = loaders(token_url, 1, 0, pooled_buffers=pooled)
+    held, want, on_pool = None, None, []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            if held is None:
+                held, want = batch, {k: v.clone() for k, v in batch.items()}
+            storage = batch["doc_ids"].untyped_storage().data_ptr()
+            on_pool.append(storage in {s.data_ptr() for s in slabs._POOL._storages})
+    assert all(torch.equal(held[k], want[k]) for k in want)
+    assert all(on_pool) if pooled else not any(on_pool)
+
+
 def test_builder_threads_deliver_what_the_interleaved_streams_do(token_url) -> None:
     for packing in ("concat", "aligned"):
         auto, threads = (loaders(token_url, 2, 3, packing=packing, worker_mode=mode, decode=None)
