@@ -62,10 +62,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the markers added here count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark `slow` every test that uses a server fixture."""
+    """Mark `slow` every test that uses a server fixture, and run the slow ones first: on several
+    processes (`-n`) the long tests then start early and the short ones fill the end."""
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each
 
 
 @pytest.hookimpl(tryfirst=True)
