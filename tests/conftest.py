@@ -62,12 +62,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the markers added here count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark `slow` every test that uses a server fixture, and run the slow ones first: on several
-    processes (`-n`) the long tests then start early and the short ones fill the end."""
+    """Mark `slow` every test that uses a server fixture. On several processes (`-n`), deal the slow
+    ones first: xdist's worksteal gives each process a contiguous share of this order, so each share
+    starts with its part of the slow tests (dealt round-robin) and ends with short ones; the long
+    tests start early and the short ones fill the end."""
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers > 1:
+        slow = [i for i in items if i.get_closest_marker("slow") is not None]
+        fast = [i for i in items if i.get_closest_marker("slow") is None]
+        items[:] = [i for k in range(workers) for i in (*slow[k::workers], *fast[k::workers])]
 
 
 @pytest.hookimpl(tryfirst=True)

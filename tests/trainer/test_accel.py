@@ -72,6 +72,7 @@ def _trained(cfg: TrainConfig):  # noqa: ANN202 - the Run
     return run
 
 
+@pytest.mark.slow  # torch.compile: seconds
 @pytest.mark.timeout(240)
 def test_a_run_in_bf16_channels_last_compiled_trains_and_reports_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(accel_mod, "COMPILE_BACKEND", "eager")  # dynamo's trace, without inductor's codegen

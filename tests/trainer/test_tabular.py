@@ -41,7 +41,8 @@ def write_table_dataset(store: Store, shard_sizes: list[int], *, seed: int) -> N
     ))
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.slow  # trains for seconds
+@pytest.mark.timeout(240)
 def test_mlp_learns_table_rows_from_parquet(tmp_path):
     write_table_dataset(Store(str(tmp_path / "train")), [400, 300, 500], seed=0)
     write_table_dataset(Store(str(tmp_path / "val")), [150, 100], seed=1)

@@ -29,7 +29,8 @@ def _run(cfg: TrainConfig, train_loader, val_loader=None):
     return run
 
 
-@pytest.mark.timeout(300)  # ~40 CPU-s: longer where other test processes share the cores
+@pytest.mark.slow  # ~40 CPU-s in process
+@pytest.mark.timeout(300)  # longer where other test processes share the cores
 def test_resnet_reaches_90_percent_on_digits(tmp_path):
     images, labels = _digits(32)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
