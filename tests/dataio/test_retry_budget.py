@@ -153,7 +153,7 @@ def _through(server, proxy: DelayProxy, policy: RetryPolicy | None = None) -> St
 def test_each_try_is_one_request_neither_botocore_nor_s3fs_retries_below(s3_server) -> None:
     url = f"s3://{s3_server.new_bucket()}/p"
     Store(url, s3_server.options()).write_bytes("blob", b"b" * 5000)
-    policy = RetryPolicy(deadline_s=1.5, base_delay_s=0.05, max_delay_s=0.2)
+    policy = RetryPolicy(deadline_s=3.0, base_delay_s=0.05, max_delay_s=0.2)  # > 2 tries even on a loaded machine
     with DelayProxy(s3_server.endpoint_url, 0.0, error_rate=1.0, methods=("GET", "PUT", "HEAD")) as proxy:
         store = Store(url, replace(_through(s3_server, proxy, policy), hedge=None))  # no second requests
         for call, method in [(lambda: store.read("blob", 0, 100), "GET"),  # botocore's client (s3_ranges)
@@ -165,7 +165,7 @@ def test_each_try_is_one_request_neither_botocore_nor_s3fs_retries_below(s3_serv
                 call()
             attempts = int(re.search(r"gave up after (\d+) attempts", str(info.value)).group(1))  # type: ignore[union-attr]
             assert attempts > 2 and proxy.stats.num_requests - before == attempts, method
-            assert time.monotonic() - start < 1.5 + 5
+            assert time.monotonic() - start < 3.0 + 5
 
 
 @pytest.mark.slow
