@@ -49,7 +49,8 @@ def temporary_beside(path: str) -> Iterator[str]:
 def remove_open() -> list[str]:
     """Remove every temporary file this process has open (what os._exit would leave); the paths removed."""
     with _LOCK:
-        paths, _ = sorted(_OPEN), _OPEN.clear()
+        paths = sorted(_OPEN)
+        _OPEN.clear()
     removed = []
     for tmp in paths:
         with contextlib.suppress(FileNotFoundError):

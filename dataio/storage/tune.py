@@ -155,6 +155,7 @@ class PartTuner:
         rate = self._rate(level)
         return None if rate is None else rate * level
 
+
 _TUNERS: dict[tuple[int, str | None, int, int], PartTuner] = {}
 _LOCK = threading.Lock()
 
