@@ -419,6 +419,12 @@ def is_parted_root(doc: dict[str, Any]) -> bool:
     return version == LEGACY_PARTED_VERSION or (version == MANIFEST_VERSION and "parts" in doc)
 
 
+def label_field(manifest: Manifest) -> str:
+    """The field batch["label"] comes from: `cls`, else an integer column named `label` (Hugging Face)."""
+    types = {f.name: f.type for f in manifest.fields}
+    return "label" if "cls" not in types and types.get("label") == "int" else "cls"
+
+
 def label_histogram(labels: Sequence[int]) -> dict[int, int]:
     """Counts per label, sorted by label."""
     counts: dict[int, int] = {}

@@ -20,7 +20,7 @@ from typing import Any
 
 from dataio.decode.images import order_image_fields
 from dataio.errors import ManifestError
-from dataio.format.manifest import Manifest
+from dataio.format.manifest import Manifest, label_field
 from dataio.loader.config import LoaderConfig, Source
 from dataio.loader.labels import LabelSpace, SourceLabels, build_label_space
 from dataio.loader.startup import fields_to_read, image_fields_of, open_dataset
@@ -29,7 +29,6 @@ from dataio.plan.mix import MixSource, Mixture
 from dataio.plan.schedule import scheduled
 from dataio.readers.base import sample_url_of
 from dataio.storage.store import Store
-from dataio.stream.fields import label_field
 
 
 def as_sources(url: str | Source | Sequence[str | Source], weights: Sequence[float] | None) -> list[Source]:

@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from dataio.decode.images import IMAGE_EXTS, order_image_fields
 from dataio.errors import ManifestError, ShardifyError
-from dataio.format.manifest import Manifest, read_manifest
+from dataio.format.manifest import Manifest, label_field, read_manifest
 from dataio.readers.base import check_fields
 from dataio.storage.store import Store
-from dataio.stream.fields import label_field
 
 if TYPE_CHECKING:
     from dataio.loader.config import LoaderConfig

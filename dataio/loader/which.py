@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from dataio.errors import ManifestError, StateError
-from dataio.format.manifest import Manifest, read_manifest
+from dataio.format.manifest import Manifest, label_field, read_manifest
 from dataio.format.provenance import read_sources
 from dataio.loader.history import HISTORY_KEY, loads_history, resolved_grad_accum
 from dataio.loader.sidecar import SIDECAR_SUFFIX, checked_sidecar, read_sidecar, resolve_sources, sidecar_doc
@@ -32,7 +32,6 @@ from dataio.plan.types import Segment
 from dataio.plan.which import HistoryPass, batch_ids, locate_ids, locate_step
 from dataio.readers.by_format import make_reader
 from dataio.storage.store import StorageOptions, Store
-from dataio.stream.fields import label_field
 
 __all__ = ["SIDECAR_SUFFIX", "find_sidecar", "ids_of_steps", "run_which", "samples_of_step", "sidecar_doc"]
 

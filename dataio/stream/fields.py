@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from dataio.decode.images import IMAGE_EXTS
-from dataio.format.manifest import Manifest
+from dataio.format.manifest import Manifest, label_field
 
 TEXT_EXTS = ("txt", "text", "caption", "transcript", "md", "html", "csv", "tsv")
 JSON_EXTS = ("json", "jsn")
@@ -27,12 +27,6 @@ BYTES_LIKE = (bytes, bytearray, memoryview)
 
 class FieldError(ValueError):
     """One sample's field cannot be read as its kind (bad UTF-8, JSON, number): names the field."""
-
-
-def label_field(manifest: Manifest) -> str:
-    """The field batch["label"] comes from: `cls`, else an integer column named `label` (Hugging Face)."""
-    types = {f.name: f.type for f in manifest.fields}
-    return "label" if "cls" not in types and types.get("label") == "int" else "cls"
 
 
 def batch_fields(manifest: Manifest, fields: tuple[str, ...] | None, image_fields: tuple[str, ...],

@@ -72,6 +72,18 @@ def run_trainer(args: list[str], *, nproc: int | None = 2, env: dict[str, str] |
     return finish(start(args, nproc=nproc, env=env, max_restarts=max_restarts), timeout_s=timeout_s)
 
 
+def run_here(args: list[str], capsys: Any) -> Result:
+    """The trainer in this interpreter: one process, no torchrun (the subject is not the ranks). Torch and
+    the trainer are imported here already; a new interpreter costs ~5 CPU-seconds of imports (torch, and
+    torch._dynamo at the first optimizer step) on this machine, more than a test's training."""
+    from trainer.__main__ import main
+
+    capsys.readouterr()
+    code = main([*args, "--no-live"])
+    out = capsys.readouterr()
+    return Result(code, out.out, out.err)
+
+
 def ok(result: Result) -> Result:
     assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
     return result

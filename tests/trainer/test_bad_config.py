@@ -57,15 +57,19 @@ def test_a_failure_on_one_rank_only_stops_every_rank(tmp_path):
            "refuses to build on rank 1 (on rank 1)")
 
 
-def test_missing_manifest_names_the_url(tmp_path):
+# The two below fail in set-up, as the unknown model does: in this interpreter (one process), since the
+# runs above show a set-up failure stopping every rank.
+def test_missing_manifest_names_the_url(tmp_path, capsys):
     empty = tmp_path / "nothing-here"
     empty.mkdir()
-    _fails(["--data", str(empty), "--num-classes", "3", "--out", str(tmp_path / "o")], str(empty))
+    _fails_here(["--data", str(empty), "--num-classes", "3", "--out", str(tmp_path / "o"), "--no-live"], str(empty),
+                capsys)
 
 
-def test_batch_larger_than_a_ranks_share(tmp_path, dataset):
-    _fails(["--data", dataset, "--num-classes", "10", "--batch-size", "40", "--num-workers", "0",
-            "--out", str(tmp_path)], "--batch-size")
+def test_batch_larger_than_a_ranks_share(tmp_path, dataset, capsys):
+    line = _fails_here(["--data", dataset, "--num-classes", "10", "--batch-size", "60", "--num-workers", "0",
+                        "--out", str(tmp_path), "--no-live"], "--batch-size", capsys)
+    assert "a rank's share is 0 batches" in line
 
 
 def test_bad_flag_and_bad_value(capsys):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.harness import ok, run_trainer, summary
+from tests.trainer.harness import ok, run_here, run_trainer, summary
 from tests.trainer.test_which_run import _named, _recorded
 from tools.demo_pairs import prepare, train_args
 
@@ -37,9 +37,9 @@ def test_clip_trains_on_two_ranks_resumes_on_three_and_which_names_its_pairs(tmp
     assert len(keys) == len(set(keys))  # each pair at most once in the epoch, across the resume
 
 
-def test_clip_without_a_tokenizer_is_refused_in_one_sentence(tmp_path: Path) -> None:
+def test_clip_without_a_tokenizer_is_refused_in_one_sentence(tmp_path: Path, capsys) -> None:
     prepare(tmp_path, 12)
     args = train_args(tmp_path, epochs=1, batch_size=4)
     at = args.index("--tokenizer")
-    result = run_trainer([*args[:at], *args[at + 2:], "--no-live"], nproc=None, timeout_s=120)
+    result = run_here([*args[:at], *args[at + 2:]], capsys)
     assert result.returncode != 0 and "give tokenizer=" in result.stdout + result.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.harness import SHARDS, committed_keys, finish, ok, resumable_args, run_trainer, start
+from tests.trainer.harness import SHARDS, committed_keys, finish, ok, resumable_args, run_here, start
 from tools.faults import rank_pid
 
 pytestmark = [pytest.mark.slow]
@@ -71,12 +71,12 @@ def test_sigkill_of_a_rank_restarts_the_group_and_resumes_exactly_once(tmp_path,
 
 
 @pytest.mark.timeout(180)
-def test_resume_on_another_world_size_continues_the_epoch(tmp_path, five_steps_at_two_ranks):
+def test_resume_on_another_world_size_continues_the_epoch(tmp_path, five_steps_at_two_ranks, capsys):
     dataset = five_steps_at_two_ranks.data
     out = five_steps_at_two_ranks.copy_to(tmp_path / "out")  # 5 steps at 2 ranks (--max-steps 5 --epochs 1)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [  # with its loader-state sidecar
         "ckpt-000000005.loader-state.json", "ckpt-000000005.pt"]
-    ok(run_trainer(_args(dataset, out, "--epochs", "1", "--resume", "auto"), nproc=None, timeout_s=120))
+    ok(run_here(_args(dataset, out, "--epochs", "1", "--resume", "auto"), capsys))  # one process, in this one
     assert any("step 5, epoch 0 (saved by 2 ranks, now 1)" in n for n in _notes(out))
     steps = _assert_exactly_once(out, max_global_batch=8)
     assert all(len(steps[s]) == 8 for s in range(1, 6)) and all(len(steps[s]) == 4 for s in steps if s > 5)

@@ -12,7 +12,7 @@ import torch
 
 from dataio.storage.store import Store
 from tests.dataio.tokengen import write_token_dataset
-from tests.trainer.harness import ok, run_trainer, summary
+from tests.trainer.harness import ok, run_here, run_trainer, summary
 from trainer.gpt import GPT, document_mask, peak_flops, to_device
 
 TINY = dict(vocab_size=50, seq_len=12, n_layer=2, n_embd=16, n_head=2)
@@ -86,11 +86,11 @@ def test_two_ranks_train_on_token_shards_and_validate_every_token_once(tmp_path)
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-def test_a_tokenizer_of_another_hash_is_refused_before_training(tmp_path) -> None:
+def test_a_tokenizer_of_another_hash_is_refused_before_training(tmp_path, capsys) -> None:
     write_token_dataset(Store(str(tmp_path / "train")), DOCS)
     (tmp_path / "tok.json").write_text("{}")
-    result = run_trainer(["--model", "gpt", "--data", str(tmp_path / "train"), "--tokenizer",
-                          str(tmp_path / "tok.json"), "--out", str(tmp_path / "out")], nproc=None)
+    result = run_here(["--model", "gpt", "--data", str(tmp_path / "train"), "--tokenizer",
+                       str(tmp_path / "tok.json"), "--out", str(tmp_path / "out")], capsys)
     assert result.returncode != 0
     output = result.stderr + result.stdout
     assert "tokenized by 'ids'" in output and "pass the dataset's tokenizer" in output
@@ -98,18 +98,18 @@ def test_a_tokenizer_of_another_hash_is_refused_before_training(tmp_path) -> Non
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_a_token_mixture_follows_its_weight_schedule(tmp_path) -> None:
+def test_a_token_mixture_follows_its_weight_schedule(tmp_path, capsys) -> None:
     write_token_dataset(Store(str(tmp_path / "a")), DOCS * 4)
     write_token_dataset(Store(str(tmp_path / "b")), DOCS * 4)  # the same vocabulary: one tokenizer
     out = tmp_path / "out"
-    ok(run_trainer([
+    ok(run_here([
         "--model", "gpt", "--data", str(tmp_path / "a"), "--data", str(tmp_path / "b"),
         "--mix-schedule", "1,0@24; 0,1", "--seq-len", "8", "--n-layer", "1", "--n-embd", "16", "--n-head", "2",
-        "--batch-size", "2", "--num-workers", "1", "--log-every", "3", "--max-steps", "12", "--out", str(out),
-        "--resume", "none", "--dist-timeout-s", "60"]))
+        "--batch-size", "4", "--num-workers", "1", "--log-every", "3", "--max-steps", "12", "--out", str(out),
+        "--resume", "none"], capsys))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     shares = [[s["observed"] for s in r["sources"]] for r in rows if r["kind"] == "train"]
-    # 2 ranks x 2 sequences a step: the first 24 sequences (6 steps) all from a, then all from b
+    # one process, 4 sequences a step: the first 24 sequences (6 steps) all from a, then all from b
     assert shares[0] == [1.0, 0.0] and shares[-1] == [0.0, 1.0]
 
 

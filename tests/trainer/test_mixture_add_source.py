@@ -12,7 +12,7 @@ from dataio.loader.make import make_loader
 from dataio.plan.schedule import Schedule
 from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
-from tests.trainer.harness import ok, run_trainer
+from tests.trainer.harness import ok, run_here
 
 
 @pytest.fixture
@@ -51,21 +51,21 @@ def test_the_loader_counts_sources_appended_since_a_saved_state(three) -> None:
 
 
 @pytest.mark.slow
-def test_the_trainer_resumes_a_run_whose_schedule_gained_a_source(three, tmp_path: Path) -> None:
+def test_the_trainer_resumes_a_run_whose_schedule_gained_a_source(three, tmp_path: Path, capsys) -> None:
     a, b, c = three
     out = tmp_path / "out"
     common = ["--num-classes", "10", "--model", "tests.trainer.fakes:sleepy", "--batch-size", "4", "--image-size",
               "8", "--num-workers", "0", "--log-every", "2", "--out", str(out), "--dist-timeout-s", "60",
               "--epochs", "1"]
-    ok(run_trainer(["--data", a, "--data", b, "--mix-schedule", "0.8,0.2@48; 0.2,0.8", *common, "--max-steps", "3"],
-                   nproc=None, timeout_s=120))
+    ok(run_here(["--data", a, "--data", b, "--mix-schedule", "0.8,0.2@48; 0.2,0.8", *common, "--max-steps", "3"],
+                capsys))
     grown = ["--data", a, "--data", b, "--data", c, "--mix-schedule", "0.8,0.2,0@48; 0.2,0.4,0.4",
              "--epoch-samples", "120"]
-    res = ok(run_trainer([*grown, *common, "--resume", "auto"], nproc=None, timeout_s=120))
+    res = ok(run_here([*grown, *common, "--resume", "auto"], capsys))
     assert "the mixture gained 1 source(s) since" in res.stderr + res.stdout
     sources = json.loads((out / "summary.json").read_text())["sources"]
     assert len(sources) == 3 and sources[2]["samples"] > 0  # c joined after sample 48
     # a source put before the saved ones is another dataset: refused, naming it
-    bad = run_trainer(["--data", c, "--data", a, "--data", b, "--mix-schedule", "0,0.8,0.2@48; 0.4,0.2,0.4",
-                       "--epoch-samples", "120", *common, "--resume", "auto"], nproc=None, timeout_s=120)
+    bad = run_here(["--data", c, "--data", a, "--data", b, "--mix-schedule", "0,0.8,0.2@48; 0.4,0.2,0.4",
+                    "--epoch-samples", "120", *common, "--resume", "auto"], capsys)
     assert bad.returncode != 0 and "dataset" in bad.stderr
