@@ -68,9 +68,12 @@ COMPRESSORS = {"tar.gz": gzip.compress, "tgz": gzip.compress, "tar.bz2": bz2.com
 
 
 @pytest.mark.parametrize("ext", sorted(COMPRESSORS))
-def test_compressed_tars_are_read_like_plain_ones(tmp_path: Path, ext: str) -> None:
+def test_compressed_tars_are_read_like_plain_ones(tmp_path: Path, ext: str, monkeypatch) -> None:
     # Compressed WebDataset shards (as webdataset itself reads them) were refused with "decompress
     # them first": they are decompressed to a temporary folder and read as the plain tars would be.
+    # This test's own temporary folder: the other parameters run beside it on other processes.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     shards = [[(f"s{j}k{i}.{e}", d) for i in range(3) for e, d in (("jpg", _jpeg(3 * j + i)), ("cls", b"%d" % j))]
               for j in range(2)]
     (tmp_path / "src").mkdir()
