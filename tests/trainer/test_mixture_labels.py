@@ -43,6 +43,7 @@ def flags(*data: str, out: Path, extra: tuple[str, ...] = ()) -> list[str]:
             "--dist-timeout-s", "60", *extra]
 
 
+@pytest.mark.slow  # trains in this process: seconds
 def test_labels_beyond_one_sources_classes_within_its_own_train_and_a_label_outside_is_refused(tmp_path, capsys):
     a = named_tar(tmp_path, "a", [12, 12], ("a", "b", "c"))
     b = named_tar(tmp_path, "b", [16], ("a", "b", "c", "d", "e"))  # names a's 3 classes and 2 more
@@ -57,6 +58,7 @@ def test_labels_beyond_one_sources_classes_within_its_own_train_and_a_label_outs
     assert "has label 7, but its manifest names 5 labels" in result.stderr
 
 
+@pytest.mark.slow  # trains in this process: seconds
 def test_label_names_that_differ_are_refused_naming_both_sets(tmp_path, capsys):
     a = named_tar(tmp_path, "a", [8], ("bird", "cat", "dog"))
     b = named_tar(tmp_path, "b", [8], ("ant", "bee", "cow"))
@@ -66,6 +68,7 @@ def test_label_names_that_differ_are_refused_naming_both_sets(tmp_path, capsys):
     assert "--label-space union" in result.stderr and "--label-map" in result.stderr
 
 
+@pytest.mark.slow  # trains in this process: seconds
 def test_union_label_space_trains_and_remaps_each_sources_labels(tmp_path, capsys):
     a = named_tar(tmp_path, "a", [12, 12], ("bird", "cat", "dog"))
     b = named_tar(tmp_path, "b", [24], ("eel", "cat", "ant"))
@@ -89,6 +92,7 @@ def test_union_label_space_trains_and_remaps_each_sources_labels(tmp_path, capsy
         data.open_loader(bad, bad.data, rank=0, world_size=1, train=True)
 
 
+@pytest.mark.slow  # trains in this process: seconds
 def test_a_folder_of_jpg_png_webp_mixes_with_a_hugging_face_export(tmp_path, capsys):
     """The folder's samples hold jpg, png or webp and its manifest no caption; the export (`shardify
     index` of what `datasets` writes) one `image` column of {bytes, path} and a caption."""

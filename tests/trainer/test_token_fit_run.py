@@ -10,6 +10,7 @@ from tests.dataio.tokengen import write_token_dataset
 from tests.trainer.harness import run_here
 
 
+@pytest.mark.slow  # the trainer in this process
 @pytest.mark.timeout(120)
 def test_a_seq_len_past_the_dataset_is_named(tmp_path, capsys) -> None:
     write_token_dataset(Store(str(tmp_path / "train")), [[30, 4, 61], [17, 90, 2]])
