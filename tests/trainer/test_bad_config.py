@@ -6,7 +6,7 @@ import pytest
 
 from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
-from tests.trainer.harness import ok, run_trainer
+from tests.trainer.harness import ok, run_here, run_trainer
 from trainer.__main__ import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -35,9 +35,9 @@ def _fails(args: list[str], message: str, *, nproc: int = 2) -> str:
 
 def _fails_here(args: list[str], message: str, capsys) -> str:
     """One process, in this interpreter (no torchrun): main() returns 2 and prints one error line."""
-    capsys.readouterr()
-    assert main(args) == 2
-    return _one_error(capsys.readouterr().err, message)
+    result = run_here(args, capsys)
+    assert result.returncode == 2
+    return _one_error(result.stderr, message)
 
 
 def _one_error(stderr: str, message: str) -> str:
@@ -62,13 +62,12 @@ def test_a_failure_on_one_rank_only_stops_every_rank(tmp_path):
 def test_missing_manifest_names_the_url(tmp_path, capsys):
     empty = tmp_path / "nothing-here"
     empty.mkdir()
-    _fails_here(["--data", str(empty), "--num-classes", "3", "--out", str(tmp_path / "o"), "--no-live"], str(empty),
-                capsys)
+    _fails_here(["--data", str(empty), "--num-classes", "3", "--out", str(tmp_path / "o")], str(empty), capsys)
 
 
 def test_batch_larger_than_a_ranks_share(tmp_path, dataset, capsys):
     line = _fails_here(["--data", dataset, "--num-classes", "10", "--batch-size", "60", "--num-workers", "0",
-                        "--out", str(tmp_path), "--no-live"], "--batch-size", capsys)
+                        "--out", str(tmp_path)], "--batch-size", capsys)
     assert "a rank's share is 0 batches" in line
 
 
