@@ -58,6 +58,16 @@ def _committed_once(out: Path) -> tuple[bool, int]:
     return contiguous and counts[-1] - counts[0] <= 1, len(steps)
 
 
+def _resumed_from_a_checkpoint(out: Path) -> bool:
+    """Whether the restarted group resumed from a checkpoint the 2 ranks saved (its note in metrics.jsonl),
+    rather than training from step 0 again."""
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return False
+    notes = [json.loads(line).get("text", "") for line in path.read_text().splitlines() if line.strip()]
+    return any(n.startswith("resumed from ") and "(saved by 2 ranks, now 2)" in n for n in notes)
+
+
 def rank_pid(root_pid: int, rank: int) -> int | None:
     """The pid of the trainer process of `rank` among the descendants of `root_pid` (torchrun), or None."""
     import psutil
@@ -81,13 +91,13 @@ def trainer_rank_scenarios(workdir: Path, size: Size, seed: int) -> list[Row]:
     if not (data / "manifest.json").exists():
         shardify(["write", str(images), str(data), "--max-samples-per-shard", "8", "--quiet"])
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    rows = []
+    rows, epochs = [], max(3, 240 // size.images)
     for name, sig in (("kill -9", signal.SIGKILL), ("SIGSTOP", signal.SIGSTOP)):
         out = workdir / f"rank-{sig.name}"
         cmd = [torchrun, "--standalone", "--nproc_per_node=2", "--max-restarts=1", "--monitor-interval=0.2",
                "-m", "trainer", "--data", str(data), "--num-classes", "3", "--model", "mlp", "--batch-size", "2",
                "--image-size", "8", "--num-workers", "0", "--record-keys", "--checkpoint-every", "2",
-               "--dist-timeout-s", "15", "--epochs", str(max(3, 240 // size.images)), "--out", str(out),
+               "--dist-timeout-s", "15", "--epochs", str(epochs), "--out", str(out),
                "--no-live", "--device", "cpu"]
         err_path = workdir / f"rank-{sig.name}.err"
         with open(err_path, "w") as err:
@@ -116,11 +126,15 @@ def trainer_rank_scenarios(workdir: Path, size: Size, seed: int) -> list[Row]:
             kill_tree(proc.pid)  # ranks run in sessions of their own
             proc.wait(timeout=30)
         once, num_steps = _committed_once(out)
+        resumed = _resumed_from_a_checkpoint(out)
+        expected_steps = epochs * (size.images // (2 * 2))  # 2 ranks x batch 2, the tail dropped
         detect = (f"rank 1 named after {detected_s:.1f} s (--dist-timeout-s 15)" if detected_s is not None
                   else "rank not named" if sig == signal.SIGSTOP else "torchrun saw the exit")
-        ok = code == 0 and once and (sig != signal.SIGSTOP or detected_s is not None)
+        ok = (code == 0 and once and num_steps == expected_steps and resumed
+              and (sig != signal.SIGSTOP or detected_s is not None))
         rows.append(Row(group="trainer", scenario=f"{name} of rank 1 mid-epoch, --max-restarts 1",
-                        figure=f"{detect}; job done {done_s:.0f} s after the signal, exit {code}; "
-                               f"{num_steps} committed steps, exactly once: {'yes' if once else 'NO'}",
+                        figure=f"{detect}; job done {done_s:.0f} s after the signal, exit {code}; restarted group "
+                               f"resumed from a checkpoint: {'yes' if resumed else 'NO'}; {num_steps} of "
+                               f"{expected_steps} steps committed, exactly once: {'yes' if once else 'NO'}",
                         passed=ok, note="" if ok else err_path.read_text()[-300:].replace("\n", " ")))
     return rows
