@@ -16,7 +16,7 @@ import torch
 
 from dataio.storage.store import Store
 from tests.dataio.shardgen import write_tar_dataset
-from tests.trainer.harness import REPO, env_for, ok, run_trainer
+from tests.trainer.harness import REPO, env_for, ok, run_here, run_trainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -53,7 +53,7 @@ def _checkpoints(s3_server, bucket: str) -> dict[str, bytes]:
     return {o["Key"]: client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in listed}
 
 
-def test_a_secret_in_urls_or_the_storage_config_is_found_nowhere(s3_server, tmp_path):
+def test_a_secret_in_urls_or_the_storage_config_is_found_nowhere(s3_server, tmp_path, capsys):
     bucket = s3_server.new_bucket()
     write_tar_dataset(Store(f"s3://{bucket}/ds", s3_server.options()), [12, 12], real_images=True)
     creds = f"{s3_server.key}:{s3_server.secret}@"
@@ -78,8 +78,8 @@ def test_a_secret_in_urls_or_the_storage_config_is_found_nowhere(s3_server, tmp_
     conf = tmp_path / "storage.toml"
     conf.write_text(f'[s3]\nendpoint_url = "{s3_server.endpoint_url}"\nkey = "{s3_server.key}"\n'
                     f'secret = "{s3_server.secret}"\nregion = "us-east-1"\n')
-    second = ok(run_trainer([*common, "--data", f"s3://{bucket}/ds", "--checkpoint-dir", f"s3://{bucket}/ckpt",
-                             "--storage-config", str(conf), "--epochs", "2"], nproc=2, timeout_s=150))
+    second = ok(run_here([*common, "--data", f"s3://{bucket}/ds", "--checkpoint-dir", f"s3://{bucket}/ckpt",
+                          "--storage-config", str(conf), "--epochs", "2"], capsys))  # 2 ranks -> 1, in this process
     assert f"resumed from s3://{bucket}/ckpt/ckpt-" in second.stdout, second.stdout[-3000:]
     _assert_nowhere(secrets, out, _checkpoints(s3_server, bucket), first.stdout, first.stderr, second.stdout,
                     second.stderr)
