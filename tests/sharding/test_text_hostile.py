@@ -130,17 +130,18 @@ def test_cut_points_fall_back_to_a_hard_cut_without_a_space() -> None:
     assert cut_points(" " * 25, 10) == [10, 20]
 
 
-@pytest.mark.slow  # a child process tokenizing 20 MB
+@pytest.mark.slow  # a child process tokenizing 8 MB
 @pytest.mark.timeout(300)
-def test_a_20_mb_document_is_tokenized_in_bounded_memory(tokenizer: Path, tmp_path: Path) -> None:
-    """Peak RSS of a child tokenizing one 20 MB document, over what it held before encoding: a measurement.
-    Whole, the tokenizer takes ~130 bytes per character (2.6 GB here); in pieces, about the ids and the text."""
+def test_an_8_mb_document_is_tokenized_in_bounded_memory(tokenizer: Path, tmp_path: Path) -> None:
+    """Peak RSS of a child tokenizing one 8 MB document, over what it held before encoding: a measurement.
+    Whole, the tokenizer takes ~130-200 bytes per character (1-1.6 GB here); in pieces, about the ids and the
+    text (8 MB is 8 calls of PIECES_PER_CALL pieces: as bounded as 20 MB, at 2/5 of the CPU)."""
     script = (
         "import resource, sys\n"
         "from tests.sharding.test_text_hostile import _long_text\n"
         "from sharding.write.tokenizer import load_tokenizer\n"
         f"tok = load_tokenizer({str(tokenizer)!r})\n"
-        "text = _long_text(20_000_000)\n"
+        "text = _long_text(8_000_000)\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "(ids,) = tok.encode_batch([text])\n"
         "print(len(ids), before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
@@ -148,5 +149,5 @@ def test_a_20_mb_document_is_tokenized_in_bounded_memory(tokenizer: Path, tmp_pa
                          capture_output=True, text=True, timeout=280)
     assert got.returncode == 0, got.stderr
     num_tokens, before_kib, peak_kib = map(int, got.stdout.split())
-    assert num_tokens > 1_000_000
+    assert num_tokens > 400_000
     assert (peak_kib - before_kib) / 1024 < 400, f"peak RSS grew by {(peak_kib - before_kib) / 1024:.0f} MiB"
