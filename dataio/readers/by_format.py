@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from dataio.format.manifest import Manifest
 from dataio.readers.base import SegmentReader
-from dataio.readers.parquet import ParquetReader
 from dataio.readers.tar import TarReader
 from dataio.storage.store import Store
 
@@ -31,5 +30,7 @@ def make_reader(
     if manifest.format == "tar":
         return TarReader(store, manifest, fields=fields, verify_index=verify_index, cache=cache,
                          verify_checksums=verify_checksums)
+    from dataio.readers.parquet import ParquetReader  # here: pyarrow.parquet costs a tar-only process 0.1-0.4 s
+
     return ParquetReader(store, manifest, fields=fields, cache=cache, slice_bytes=slice_bytes,
                          verify_checksums=verify_checksums)
