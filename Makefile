@@ -51,10 +51,12 @@ lint: $(STAMP)
 
 # The suite runs on cores + 1 processes (pytest-xdist; tests/conftest.py), the docs site builds as one of
 # its tests (tests/tools/test_docs_site.py). compileall first: where PYTHONDONTWRITEBYTECODE is set, every
-# torchrun rank and CLI process would compile the project's modules again.
+# torchrun rank and CLI process would compile the project's modules again. pytest runs without it: each
+# test process rewrites the asserts of every test module it collects (~10 CPU-s) unless pytest may cache
+# the rewritten modules in __pycache__, as it then does for the next run.
 test: $(STAMP) region lint
 	$(PY) -m compileall -q dataio sharding trainer tools benchmarks tests
-	$(PY) -m pytest -q -n auto --dist worksteal --durations=25 $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n auto --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 # The documentation site, built and served on http://127.0.0.1:8000 (rebuilt on every edit).
 docs: $(STAMP)
@@ -63,7 +65,7 @@ docs: $(STAMP)
 # The tier to run while working (under 2 minutes): no test marked slow, so no SeaweedFS, torchrun,
 # Ray or other program started (tests/conftest.py marks and checks that).
 test-fast: $(STAMP) region
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP) region
 	$(PY) -m benchmarks.run_all

@@ -115,21 +115,18 @@ def test_a_token_mixture_follows_its_weight_schedule(tmp_path, capsys) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_the_scaling_study_of_a_gpt_reports_tokens_and_cost_per_million_tokens(tmp_path) -> None:
-    import subprocess
-    import sys
-
-    from tests.trainer.harness import REPO, env_for
+def test_the_scaling_study_of_a_gpt_reports_tokens_and_cost_per_million_tokens(tmp_path, capsys, monkeypatch) -> None:
+    from tests.trainer.test_scaling import run_study
 
     write_token_dataset(Store(str(tmp_path / "train")), DOCS * 8)
     out = tmp_path / "scaling"
-    cmd = [sys.executable, "-m", "trainer.scaling", "--nproc", "1", "--steps", "4", "--out", str(out),
+    argv = ["--nproc", "1", "--steps", "4", "--out", str(out),
            "--link-gbps", "10", "--link-latency-us", "50", "--price-per-hour", "2", "--input-batches", "5", "--",
            "--model", "gpt", "--data", str(tmp_path / "train"), "--seq-len", "8", "--n-layer", "1", "--n-embd", "16",
            "--n-head", "2", "--batch-size", "2", "--dist-timeout-s", "60"]
-    done = subprocess.run(cmd, cwd=REPO, env=env_for(), capture_output=True, text=True, timeout=180, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "tokens/s" in done.stdout and "$/1M tok" in done.stdout and "model check, tokens/s" in done.stdout
+    code, said = run_study(argv, {}, capsys, monkeypatch)  # the study in this interpreter, its torchrun job not
+    assert code == 0, said[-6000:]
+    assert "tokens/s" in said and "$/1M tok" in said and "model check, tokens/s" in said
     variant = json.loads((out / "scaling.json").read_text())["variants"][0]
     assert variant["tokens_per_sample"] == 8
     row = variant["measured"][0]

@@ -31,18 +31,29 @@ def test_parse_keeps_trainer_flags_apart_and_checks_them():
         scaling.parse(["--nproc", "0,1", "--", "--data", "x"])
 
 
-def test_scaling_report_matches_the_injected_delays(tmp_path):
+def run_study(argv: list[str], env: dict[str, str], capsys, monkeypatch) -> tuple[int, str]:
+    """`python -m trainer.scaling ARGV` in this interpreter (its torchrun jobs are processes of their own,
+    with `env`): the study's own process would import torch and the trainer again for nothing."""
+    for name, value in env_for(env).items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    code = scaling.main(argv)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_scaling_report_matches_the_injected_delays(tmp_path, capsys, monkeypatch):
     out = tmp_path / "scaling"
-    cmd = [sys.executable, "-m", "trainer.scaling", "--nproc", "1,2", "--steps", "8", "--out", str(out),
+    argv = ["--nproc", "1,2", "--steps", "8", "--out", str(out),
            "--sweep", f"comm-hook=none,{DELAYED}", "--link-gbps", "10", "--link-latency-us", "200",
            "--storage-gbps", "0.0005", "--price-per-hour", "2", "--deadline-hours", "1", "--epochs", "2",
            "--input-batches", "8", "--",
            "--data", f"synthetic:?samples=4000&classes=4&delay_s={WAIT_S}", "--model", "tests.trainer.fakes:sleepy",
            "--batch-size", str(BATCH), "--image-size", "4", "--dist-timeout-s", "60"]
-    env = env_for({"FAKE_COMPUTE_S": str(COMPUTE_S), "FAKE_COMM_DELAY_S": str(COMM_S)})
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=220, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "scaling: measured" in done.stdout and "walls:" in done.stdout
+    code, said = run_study(argv, {"FAKE_COMPUTE_S": str(COMPUTE_S), "FAKE_COMM_DELAY_S": str(COMM_S)}, capsys,
+                           monkeypatch)
+    assert code == 0, said[-6000:]
+    assert "scaling: measured" in said and "walls:" in said
     result = json.loads((out / "scaling.json").read_text())
     assert (out / "scaling.png").read_bytes()[:4] == b"\x89PNG"
     plain, delayed = result["variants"]
