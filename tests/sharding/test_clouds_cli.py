@@ -55,7 +55,10 @@ def test_trains_with_torchrun_and_resumes_from_a_checkpoint_stored_there(cloud: 
     common = ["--data", url, "--checkpoint-dir", ckpt, "--storage-config", conf, "--num-classes", "3",
               "--model", "mlp", "--batch-size", "4", "--image-size", "8", "--num-workers", "0",
               "--out", str(tmp_path / "run"), "--no-live", "--dist-timeout-s", "60", "--checkpoint-every", "2"]
-    ok(run_trainer(common, nproc=2, timeout_s=150))
+    if cloud.kind == "gcs":  # under torchrun once: a rank's storage is the same code for every cloud
+        ok(run_trainer(common, nproc=2, timeout_s=150))
+    else:
+        ok(run_here(common, capsys))
     assert any(name.startswith("ckpt-") for name in cloud.store(ckpt).list())
-    second = ok(run_here([*common, "--epochs", "2"], capsys))  # one process, in this one: 2 ranks -> 1
+    second = ok(run_here([*common, "--epochs", "2"], capsys))  # one process, in this one (gcs: 2 ranks -> 1)
     assert f"resumed from {ckpt}/ckpt-" in second.stdout, second.stdout[-3000:]

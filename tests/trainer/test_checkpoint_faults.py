@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from dataio.storage.store import Store
-from tests.trainer.harness import REPO, TORCHRUN, env_for, finish, run_trainer, summary
+from tests.trainer.harness import REPO, env_for, finish, run_trainer, summary
 from tools.delay_proxy import DelayProxy
 from trainer import checkpoint as ckpt_io
 from trainer.__main__ import main
@@ -123,18 +123,16 @@ def test_a_full_disk_is_reported_training_goes_on_and_none_stored_exits_3(tmp_pa
         pytest.skip(why)
     py = shlex.quote(sys.executable)
     trainer = f"{py} -m trainer --data {shlex.quote(SYNTH)} {shlex.join(SLEEPY)}"
-    torchrun = (f"{shlex.quote(TORCHRUN)} --standalone --nproc_per_node=2 --max-restarts=0 --monitor-interval=0.2 "
-                f"-m trainer --data {shlex.quote(SYNTH)} {shlex.join(SLEEPY)} --dist-timeout-s 60")
     a, b, c, d, kept = (tmp_path / n for n in ("a", "b", "c", "d", "kept"))  # c writes its --out on the disk
-    # In the namespace: two checkpoints fit; then the disk is filled, and a 2-rank run resumes and
-    # trains on through two failed saves; then a fresh run on the full disk stores nothing at all;
+    # In the namespace: two checkpoints fit; then the disk is filled, and a run resumes and trains on
+    # through two failed saves (at 2 ranks: test_s3_refusing_every_checkpoint below); then a fresh run on the full disk stores nothing at all;
     # then, the disk read-only (what root meets instead of a permission error), a run resumes and
     # trains on through a refused save.
     script = f"""
 mount -t tmpfs -o size=2m tmpfs {disk} || exit 90
 {trainer} --checkpoint-dir {disk}/c --out {a} --max-steps 4 --checkpoint-every 2 >{a}.out 2>{a}.err; echo $? >{a}.rc
 dd if=/dev/zero of={disk}/filler bs=4k 2>/dev/null
-{torchrun} --checkpoint-dir {disk}/c --out {b} --max-steps 8 --checkpoint-every 2 >{b}.out 2>{b}.err; echo $? >{b}.rc
+{trainer} --checkpoint-dir {disk}/c --out {b} --max-steps 8 --checkpoint-every 2 >{b}.out 2>{b}.err; echo $? >{b}.rc
 {trainer} --checkpoint-dir {disk}/fresh --out {disk}/c-out --max-steps 2 >{c}.out 2>{c}.err; echo $? >{c}.rc
 mkdir {kept} && cp {disk}/c/ckpt-* {kept}/
 mount -o remount,ro {disk} || exit 91
