@@ -44,8 +44,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     (own, children), began = _cpu(), time.monotonic()
     yield
     own2, children2 = _cpu()
-    _OUT[0].write(json.dumps({"id": item.nodeid, "self": round(own2 - own, 3), "children": round(children2 - children, 3),
-                              "wall": round(time.monotonic() - began, 3)}) + "\n")
+    row = {"id": item.nodeid, "self": round(own2 - own, 3), "children": round(children2 - children, 3),
+           "wall": round(time.monotonic() - began, 3)}
+    _OUT[0].write(json.dumps(row) + "\n")
     _OUT[0].flush()
 
 
@@ -54,9 +55,9 @@ def report(where: Path, top: int) -> str:
     if not rows:
         raise SystemExit(f"no cpu-*.jsonl in {where}: run pytest with CPU_CENSUS_DIR={where} -p tests.cpu_census")
     cpu = lambda r: r["self"] + r["children"]  # noqa: E731
-    lines = [f"{len(rows)} tests, {sum(map(cpu, rows)):.0f} CPU-s ({sum(r['self'] for r in rows):.0f} in the test "
-             f"processes, {sum(r['children'] for r in rows):.0f} in what they started), {sum(r['wall'] for r in rows):.0f} "
-             "s of test wall time", "", f"{'CPU-s':>7} {'own':>6} {'wall':>6}  test"]
+    own, children, wall = (sum(r[k] for r in rows) for k in ("self", "children", "wall"))
+    lines = [f"{len(rows)} tests, {own + children:.0f} CPU-s ({own:.0f} in the test processes, {children:.0f} in "
+             f"what they started), {wall:.0f} s of test wall time", "", f"{'CPU-s':>7} {'own':>6} {'wall':>6}  test"]
     for r in sorted(rows, key=cpu, reverse=True)[:top]:
         lines.append(f"{cpu(r):7.1f} {r['self']:6.1f} {r['wall']:6.1f}  {r['id']}")
     per_file: Counter[str] = Counter()

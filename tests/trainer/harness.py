@@ -84,6 +84,19 @@ def run_here(args: list[str], capsys: Any) -> Result:
     return Result(code, out.out, out.err)
 
 
+def run_study(argv: list[str], env: dict[str, str], capsys: Any, monkeypatch: Any) -> tuple[int, str]:
+    """`python -m trainer.scaling ARGV` in this interpreter (its torchrun jobs are processes of their own,
+    with `env`): the study's own process would import torch and the trainer again for nothing."""
+    from trainer.scaling.study import main
+
+    for name, value in env_for(env).items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
 def ok(result: Result) -> Result:
     assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
     return result

@@ -125,7 +125,8 @@ def test_a_full_disk_is_reported_training_goes_on_and_none_stored_exits_3(tmp_pa
     trainer = f"{py} -m trainer --data {shlex.quote(SYNTH)} {shlex.join(SLEEPY)}"
     a, b, c, d, kept = (tmp_path / n for n in ("a", "b", "c", "d", "kept"))  # c writes its --out on the disk
     # In the namespace: two checkpoints fit; then the disk is filled, and a run resumes and trains on
-    # through two failed saves (at 2 ranks: test_s3_refusing_every_checkpoint below); then a fresh run on the full disk stores nothing at all;
+    # through two failed saves (at 2 ranks: test_s3_refusing_every_checkpoint below); then a fresh run on
+    # the full disk stores nothing at all;
     # then, the disk read-only (what root meets instead of a permission error), a run resumes and
     # trains on through a refused save.
     script = f"""

@@ -15,11 +15,6 @@ from tests.trainer.harness import SHARDS, committed_keys, ok, resumable_args, ru
 pytestmark = [pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def dataset(resumable_dataset: str) -> str:
-    return resumable_dataset  # SHARDS real images (tests/trainer/conftest.py)
-
-
 def _args(data: str, out: Path, *extra: str) -> list[str]:
     return resumable_args(data, out, *extra)
 

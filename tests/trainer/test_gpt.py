@@ -116,7 +116,7 @@ def test_a_token_mixture_follows_its_weight_schedule(tmp_path, capsys) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_the_scaling_study_of_a_gpt_reports_tokens_and_cost_per_million_tokens(tmp_path, capsys, monkeypatch) -> None:
-    from tests.trainer.test_scaling import run_study
+    from tests.trainer.harness import run_study
 
     write_token_dataset(Store(str(tmp_path / "train")), DOCS * 8)
     out = tmp_path / "scaling"

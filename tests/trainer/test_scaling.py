@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.harness import REPO, env_for
+from tests.trainer.harness import REPO, env_for, run_study
 from trainer.scaling import predict
 from trainer.scaling import study as scaling
 
@@ -29,17 +29,6 @@ def test_parse_keeps_trainer_flags_apart_and_checks_them():
         scaling.parse(["--", "--data", "x", "--batch-size", "0"])
     with pytest.raises(ValueError):
         scaling.parse(["--nproc", "0,1", "--", "--data", "x"])
-
-
-def run_study(argv: list[str], env: dict[str, str], capsys, monkeypatch) -> tuple[int, str]:
-    """`python -m trainer.scaling ARGV` in this interpreter (its torchrun jobs are processes of their own,
-    with `env`): the study's own process would import torch and the trainer again for nothing."""
-    for name, value in env_for(env).items():
-        monkeypatch.setenv(name, value)
-    capsys.readouterr()
-    code = scaling.main(argv)
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 def test_scaling_report_matches_the_injected_delays(tmp_path, capsys, monkeypatch):

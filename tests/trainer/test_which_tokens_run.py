@@ -1,6 +1,6 @@
 """`shardify which` on a real torchrun --model gpt run that resumed 2 ranks (grad_accum 1) -> 1 rank
-(grad_accum 2, in the test's interpreter) and ran a second epoch: every step's sequences, named by document and token range, hold
-the documents --record-keys saw in the delivered batches (their doc_ids)."""
+(grad_accum 2, in the test's interpreter) and ran a second epoch: every step's sequences, named by document
+and token range, hold the documents --record-keys saw in the delivered batches (their doc_ids)."""
 
 from __future__ import annotations
 
