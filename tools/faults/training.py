@@ -1,5 +1,5 @@
-"""The trainer under faults: a truncated newest checkpoint under `--resume auto`, and kill -9 or
-SIGSTOP of a rank under `torchrun --max-restarts` (committed steps exactly once)."""
+"""The trainer under faults: a truncated newest checkpoint under `--resume auto`, and kill -9 then
+SIGSTOP of a rank in one job under `torchrun --max-restarts` (committed steps exactly once)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tools.faults.common import Row, Size, env, make_image_folder, shardify
@@ -58,14 +59,14 @@ def _committed_once(out: Path) -> tuple[bool, int]:
     return contiguous and counts[-1] - counts[0] <= 1, len(steps)
 
 
-def _resumed_from_a_checkpoint(out: Path) -> bool:
-    """Whether the restarted group resumed from a checkpoint the 2 ranks saved (its note in metrics.jsonl),
-    rather than training from step 0 again."""
+def _resumes(out: Path) -> int:
+    """How many times a restarted group resumed from a checkpoint the 2 ranks saved (its note in
+    metrics.jsonl), rather than training from step 0 again."""
     path = out / "metrics.jsonl"
     if not path.exists():
-        return False
+        return 0
     notes = [json.loads(line).get("text", "") for line in path.read_text().splitlines() if line.strip()]
-    return any(n.startswith("resumed from ") and "(saved by 2 ranks, now 2)" in n for n in notes)
+    return sum(n.startswith("resumed from ") and "(saved by 2 ranks, now 2)" in n for n in notes)
 
 
 def rank_pid(root_pid: int, rank: int) -> int | None:
@@ -81,9 +82,24 @@ def rank_pid(root_pid: int, rank: int) -> int | None:
     return None
 
 
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _wait(proc: subprocess.Popen, until: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `until` while the job runs; whether it came true."""
+    began = time.monotonic()
+    while proc.poll() is None and time.monotonic() - began < timeout_s:
+        if until():
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def trainer_rank_scenarios(workdir: Path, size: Size, seed: int) -> list[Row]:
-    """kill -9 and SIGSTOP of rank 1 mid-epoch under torchrun --max-restarts=1: committed steps exactly once,
-    and how long until the fault is detected (SIGSTOP: the rank named) and the job is done."""
+    """kill -9 of rank 1 mid-epoch, then SIGSTOP of rank 1 of the restarted group, in one job under torchrun
+    --max-restarts=2: each restarted group resumes from the ranks' checkpoint, the committed steps come
+    exactly once, and how long until each fault is detected (SIGSTOP: the rank named) and the job is done."""
     images = workdir / "images"
     if not images.exists():
         make_image_folder(images, size.images, seed=seed)
@@ -91,50 +107,70 @@ def trainer_rank_scenarios(workdir: Path, size: Size, seed: int) -> list[Row]:
     if not (data / "manifest.json").exists():
         shardify(["write", str(images), str(data), "--max-samples-per-shard", "8", "--quiet"])
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    rows, epochs = [], max(3, 240 // size.images)
-    for name, sig in (("kill -9", signal.SIGKILL), ("SIGSTOP", signal.SIGSTOP)):
-        out = workdir / f"rank-{sig.name}"
-        cmd = [torchrun, "--standalone", "--nproc_per_node=2", "--max-restarts=1", "--monitor-interval=0.2",
-               "-m", "trainer", "--data", str(data), "--num-classes", "3", "--model", "mlp", "--batch-size", "2",
-               "--image-size", "8", "--num-workers", "0", "--record-keys", "--checkpoint-every", "2",
-               "--dist-timeout-s", "15", "--epochs", str(epochs), "--out", str(out),
-               "--no-live", "--device", "cpu"]
-        err_path = workdir / f"rank-{sig.name}.err"
-        with open(err_path, "w") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env={**env(), "OMP_NUM_THREADS": "1"},
-                                    start_new_session=True)
-        try:
-            keys0, began = out / "keys-rank0.jsonl", time.monotonic()
-            while proc.poll() is None and time.monotonic() - began < 180:
-                if keys0.exists() and len(keys0.read_text().splitlines()) >= 3:
-                    break
-                time.sleep(0.1)
-            pid = rank_pid(proc.pid, 1)
+    epochs, out = max(3, 240 // size.images), workdir / "rank-faults"
+    cmd = [torchrun, "--standalone", "--nproc_per_node=2", "--max-restarts=2", "--monitor-interval=0.2",
+           "-m", "trainer", "--data", str(data), "--num-classes", "3", "--model", "mlp", "--batch-size", "2",
+           "--image-size", "8", "--num-workers", "0", "--record-keys", "--checkpoint-every", "2",
+           "--dist-timeout-s", "15", "--epochs", str(epochs), "--out", str(out), "--no-live", "--device", "cpu"]
+    err_path, keys0 = workdir / "rank-faults.err", out / "keys-rank0.jsonl"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env={**env(), "OMP_NUM_THREADS": "1"},
+                                start_new_session=True)
+    faults: list[dict] = []  # per signal: what happened after it
+    try:
+        for name, sig in (("kill -9", signal.SIGKILL), ("SIGSTOP", signal.SIGSTOP)):
+            # Mid-epoch: the group (the first, or the one restarted after the kill) has trained 3 more steps.
+            if faults:  # the kill: torchrun restarts the group, which resumes (its note) with a new rank 1
+                killed = faults[-1]["pid"]
+                if _wait(proc, lambda: _resumes(out) >= 1 and rank_pid(proc.pid, 1) not in (None, killed), 180):
+                    faults[-1]["restart_s"] = time.monotonic() - faults[-1]["hit"]
+            base = _lines(keys0)
+            pid = rank_pid(proc.pid, 1) if _wait(proc, lambda: _lines(keys0) >= base + 3, 180) else None
             if pid is None or proc.poll() is not None:
-                rows.append(Row(group="trainer", scenario=f"{name} of rank 1", figure="rank 1 not found mid-run",
-                                passed=False, note=err_path.read_text()[-300:]))
-                continue
+                faults.append({"name": name, "pid": None})
+                break
+            seen = len(err_path.read_text())  # the naming must come after this signal
             os.kill(pid, sig)
-            hit, detected_s = time.monotonic(), None
-            while proc.poll() is None and time.monotonic() - hit < 300:
-                if detected_s is None and "stopped responding" in err_path.read_text():
-                    detected_s = time.monotonic() - hit
-                time.sleep(0.2)
-            done_s = time.monotonic() - hit
-            code = proc.poll()
-        finally:
-            kill_tree(proc.pid)  # ranks run in sessions of their own
-            proc.wait(timeout=30)
-        once, num_steps = _committed_once(out)
-        resumed = _resumed_from_a_checkpoint(out)
-        expected_steps = epochs * (size.images // (2 * 2))  # 2 ranks x batch 2, the tail dropped
-        detect = (f"rank 1 named after {detected_s:.1f} s (--dist-timeout-s 15)" if detected_s is not None
-                  else "rank not named" if sig == signal.SIGSTOP else "torchrun saw the exit")
-        ok = (code == 0 and once and num_steps == expected_steps and resumed
-              and (sig != signal.SIGSTOP or detected_s is not None))
-        rows.append(Row(group="trainer", scenario=f"{name} of rank 1 mid-epoch, --max-restarts 1",
-                        figure=f"{detect}; job done {done_s:.0f} s after the signal, exit {code}; restarted group "
-                               f"resumed from a checkpoint: {'yes' if resumed else 'NO'}; {num_steps} of "
+            faults.append({"name": name, "sig": sig, "pid": pid, "hit": time.monotonic(), "seen": seen,
+                           "detected_s": None, "resumes": _resumes(out)})
+        last = faults[-1].get("hit", 0.0)  # a fault not injected: no waiting for the end
+        while proc.poll() is None and time.monotonic() - last < 300:
+            f = faults[-1]
+            if f["pid"] and f["detected_s"] is None and "stopped responding" in err_path.read_text()[f["seen"]:]:
+                f["detected_s"] = time.monotonic() - f["hit"]
+            time.sleep(0.2)
+        end = time.monotonic()
+        code = proc.poll()
+    finally:
+        kill_tree(proc.pid)  # ranks run in sessions of their own
+        proc.wait(timeout=30)
+    once, num_steps = _committed_once(out)
+    resumes = _resumes(out)
+    expected_steps = epochs * (size.images // (2 * 2))  # 2 ranks x batch 2, the tail dropped
+    tail = err_path.read_text()[-300:].replace("\n", " ")
+    faults += [{"name": name, "pid": None} for name in ("kill -9", "SIGSTOP")[len(faults):]]
+    rows = []
+    for i, f in enumerate(faults):
+        scenario = (f"{f['name']} of rank 1 mid-epoch" + (" (of the restarted group)" if i else "")
+                    + ", --max-restarts 2")
+        if f["pid"] is None:
+            rows.append(Row(group="trainer", scenario=scenario, figure="rank 1 not found mid-run (or not reached)",
+                            passed=False, note=tail))
+            continue
+        stop = f["sig"] == signal.SIGSTOP
+        # This fault's group restarted and resumed: one more resume note than before it.
+        resumed = resumes >= f["resumes"] + 1
+        if stop:
+            detect = (f"rank 1 named after {f['detected_s']:.1f} s (--dist-timeout-s 15)"
+                      if f["detected_s"] is not None else "rank not named")
+        else:
+            detect = "torchrun saw the exit" + (f", group resumed {f['restart_s']:.0f} s after the signal"
+                                                if "restart_s" in f else "")
+        ok = (code == 0 and once and num_steps == expected_steps and resumed and all(g["pid"] for g in faults)
+              and (not stop or f["detected_s"] is not None))
+        rows.append(Row(group="trainer", scenario=scenario,
+                        figure=f"{detect}; job done {end - f['hit']:.0f} s after the signal, exit {code}; restarted "
+                               f"group resumed from a checkpoint: {'yes' if resumed else 'NO'}; {num_steps} of "
                                f"{expected_steps} steps committed, exactly once: {'yes' if once else 'NO'}",
-                        passed=ok, note="" if ok else err_path.read_text()[-300:].replace("\n", " ")))
+                        passed=ok, note="" if ok else tail))
     return rows
