@@ -45,13 +45,11 @@ def write_trace(path: str, per_rank: Sequence[Sequence[dict[str, Any]]]) -> None
 
 def write_chart(path: str, per_rank: Sequence[Sequence[dict[str, Any]]]) -> None:
     """Stacked per-step stage times, one panel per rank (matplotlib, Agg backend)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global state, ~0.4 CPU-s less to import
 
     num = max(1, len(per_rank))
-    fig, axes = plt.subplots(num, 1, figsize=(10, 2.2 * num + 0.8), sharex=True, squeeze=False)
+    fig = Figure(figsize=(10, 2.2 * num + 0.8))
+    axes = fig.subplots(num, 1, sharex=True, squeeze=False)
     for rank, steps in enumerate(per_rank):
         ax = axes[rank][0]
         x = [st["step"] for st in steps]
@@ -66,4 +64,3 @@ def write_chart(path: str, per_rank: Sequence[Sequence[dict[str, Any]]]) -> None
     fig.suptitle("per-step time breakdown per rank (stacked; comm = exposed part only)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pytest
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-
-from trainer.scaling.chart import write_chart  # noqa: E402
-from trainer.scaling.report import SHARES  # noqa: E402
+from trainer.scaling.chart import write_chart
+from trainer.scaling.report import SHARES
 
 
 def _result(tokens_per_sample: int | None) -> dict:
@@ -27,11 +24,10 @@ def _result(tokens_per_sample: int | None) -> dict:
                                                                  (256, "global tokens/s", 200.0 * 256)])
 def test_the_rate_panel_speaks_the_runs_unit(tmp_path: Path, monkeypatch, tokens_per_sample, label, top) -> None:
     figures = []
-    subplots = plt.subplots
-    monkeypatch.setattr(plt, "subplots", lambda *a, **kw: figures.append(subplots(*a, **kw)) or figures[-1])
-    monkeypatch.setattr(plt, "close", lambda fig: None)  # keep the figure to read it back
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **kw: figures.append(fig) or savefig(fig, *a, **kw))
     write_chart(str(tmp_path / "scaling.png"), _result(tokens_per_sample))
-    ax_rate = figures[0][1][0]
+    ax_rate = figures[0].axes[0]  # the figure as saved, read back
     assert ax_rate.get_ylabel() == label
     measured = next(line for line in ax_rate.get_lines() if line.get_label() == "measured")
     assert max(measured.get_ydata()) == top

@@ -13,12 +13,10 @@ COLORS = {"wait": "#d62728", "h2d": "#9467bd", "compute": "#2ca02c", "comm_expos
 
 def write_chart(path: str, result: dict[str, Any]) -> None:
     """Three panels; one line style per swept value."""
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no global state, less to import
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_rate, ax_eff, ax_share) = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig = Figure(figsize=(16, 4.8))
+    ax_rate, ax_eff, ax_share = fig.subplots(1, 3)
     markers = "osD^v"
     all_sizes: list[int] = []
     # a token run (--model gpt) is read in tokens/s: its samples are sequences of tokens_per_sample
@@ -68,7 +66,6 @@ def write_chart(path: str, result: dict[str, Any]) -> None:
                  f"({result['link']['source']})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
-    plt.close(fig)
 
 
 def _shares(ax: Any, result: dict[str, Any]) -> None:
