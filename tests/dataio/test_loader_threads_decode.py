@@ -100,7 +100,7 @@ def test_threads_refuse_dali_and_accept_cpu_decode():
 
 @pytest.mark.parametrize("num_workers,mode,context", [
     (0, "processes", None), (2, "processes", "fork"), (2, "threads", None),
-    pytest.param(2, "processes", "spawn", marks=pytest.mark.slow),  # spawned workers import torch: seconds
+    pytest.param(1, "processes", "spawn", marks=pytest.mark.slow),  # one: a spawned worker imports torch, seconds
 ])
 def test_decoded_images_on_reused_slabs_are_the_fresh_ones(dataset, num_workers, mode, context):
     """reuse_buffers=True: the images too are decoded into the worker's reused slabs (shared memory
