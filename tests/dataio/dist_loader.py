@@ -1,6 +1,7 @@
 """Run under torchrun by tests/dataio/test_loader_dist.py: one rank of a real gloo job using the loader.
 
-usage: dist_loader.py MODE DATASET OUT_DIR
+usage: dist_loader.py MODE[+MODE...] DATASET OUT_DIR [MODE DATASET OUT_DIR ...]
+  several modes, or several (modes, dataset, folder) triples: in turn, in one job
   epoch     one epoch (2 workers); rank 0 writes the keys and steps gathered from every rank
   stop      deliver STOP_AFTER batches (2 workers); rank 0 saves its state; every rank writes its keys
   resume    load OUT_DIR/state.json (1 worker), deliver the rest; every rank writes its keys
@@ -35,8 +36,19 @@ def write(out_dir: str, name: str, doc: object) -> None:
         json.dump(doc, f)
 
 
-def main(mode: str, url: str, out_dir: str) -> None:
+def main(*args: str) -> None:
+    """Each (MODES, DATASET, OUT_DIR) triple's modes ('+'-joined, e.g. epoch+stop) in turn, in one job:
+    a loader of its own each."""
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    for i in range(0, len(args), 3):
+        modes, url, out_dir = args[i:i + 3]
+        for mode in modes.split("+"):
+            run(mode, url, out_dir)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run(mode: str, url: str, out_dir: str) -> None:
     rank = dist.get_rank()
     options = dict(batch_size=BATCH_SIZE, decode=None, shuffle_window=5, startup_timeout_s=30)
     if mode == "mismatch" and rank == dist.get_world_size() - 1:
@@ -64,12 +76,10 @@ def main(mode: str, url: str, out_dir: str) -> None:
                                           "world_size": loader.world_size})
     if rank == 0:
         write(out_dir, f"{mode}.json", gathered)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()
     # As trainer/__main__.py: skip interpreter finalization, where torch's C++ threads can

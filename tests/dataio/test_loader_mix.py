@@ -199,24 +199,8 @@ def test_each_source_labels_come_from_its_own_label_field(sources, tmp_path) -> 
     assert all(b["image"].shape == (4, 3, 8, 8) for b in batches)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_mixture_under_torchrun_resumes_on_another_world_size_exactly_once(sources, tmp_path) -> None:
-    from tests.dataio.test_loader_dist import read, torchrun
-
-    tar, parquet = sources  # 48 + 16 samples; weights 1:1 of 64: 32 each (the Parquet source twice over)
-    out = str(tmp_path)
-    first = torchrun(2, "stop", f"{tar}|{parquet}", out, timeout_s=240)
-    assert first.returncode == 0, first.stdout[-3000:]
-    second = torchrun(3, "resume", f"{tar}|{parquet}", out, timeout_s=240)
-    assert second.returncode == 0, second.stdout[-3000:]
-    before, after = read(out, "stop.json"), read(out, "resume.json")
-    assert len({r["steps"] for r in after}) == 1  # equal steps on the new topology
-    union = [k for r in before + after for k in r["keys"]]
-    per_source = Counter(k.split(":")[0] for k in union)
-    assert per_source["0"] == len({k for k in union if k.startswith("0:")}) <= 32  # tar: down-sampled, no repeat
-    assert sum(per_source.values()) > 64 - 3 * 3  # only a tail below one global batch is dropped
-    assert max(Counter(union).values()) <= 2  # the Parquet source's two passes, nothing more
+# A mixture under torchrun resumed on another world size: tests/dataio/test_loader_dist.py (one job with
+# the plain dataset's).
 
 
 def test_one_window_and_one_prefetch_budget_for_all_sources(sources) -> None:
