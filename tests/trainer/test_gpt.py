@@ -1,10 +1,11 @@
 """--model gpt: document masking keeps attention inside documents, FLOPs and MFU arithmetic, the next-token
-targets; and (slow: torchrun) training on token shards with validation over every token once, and a
-tokenizer of another hash refused before training."""
+targets; what a 2-rank run on token shards must report and validate (every held-out token once; its torchrun
+run is test_which_tokens_run.py's), and a tokenizer of another hash refused before training."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 from dataio.storage.store import Store
 from tests.dataio.tokengen import write_token_dataset
-from tests.trainer.harness import ok, run_here, run_trainer, summary
+from tests.trainer.harness import ok, run_here, summary
 from trainer.gpt import GPT, document_mask, peak_flops, to_device
 
 TINY = dict(vocab_size=50, seq_len=12, n_layer=2, n_embd=16, n_head=2)
@@ -59,23 +60,15 @@ DOCS = [[30, 4, 61], [17, 90, 2, 2], [45], [70, 12, 9]]
 VAL = [[20, 33], [5, 41, 3]]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(150)
-def test_two_ranks_train_on_token_shards_and_validate_every_token_once(tmp_path) -> None:
-    write_token_dataset(Store(str(tmp_path / "train")), DOCS)
-    write_token_dataset(Store(str(tmp_path / "val")), VAL)
-    out = tmp_path / "out"
-    result = ok(run_trainer([
-        "--model", "gpt", "--data", str(tmp_path / "train"), "--val-data", str(tmp_path / "val"),
-        "--seq-len", "16", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--batch-size", "4",
-        "--optimizer", "adamw", "--lr", "0.003", "--epochs", "2", "--num-workers", "1", "--log-every", "2",
-        "--peak-flops", "1e12", "--out", str(out), "--resume", "none", "--dist-timeout-s", "60",
-        "--price-per-hour", "2"]))
-    assert "tokens/s per rank" in result.stdout and "MFU" in result.stdout
+def reports_tokens_and_validates_every_token_once(stdout: str, out: Path) -> None:
+    """What a 2-rank --model gpt run with --val-data VAL, --peak-flops and --price-per-hour must show. Its
+    torchrun run is test_which_tokens_run.py's first (one job for both)."""
+    assert "tokens/s per rank" in stdout and "MFU" in stdout
     # a token run's reports count tokens: the live rows, the summary's global line, the cost per million tokens
-    assert "tokens/s=" in result.stdout and "sequences/s of 16 tokens" in result.stdout
-    assert "per million tokens" in result.stdout and "samples/s" not in result.stdout
+    assert "tokens/s=" in stdout and "sequences/s of 16 tokens" in stdout
+    assert "per million tokens" in stdout and "samples/s" not in stdout
     rep = summary(out)
+    assert rep["world_size"] == 2
     # concat packing, tail padded and masked: every token of the held-out set is a label once but the first
     assert rep["validation"]["samples"] == sum(map(sum, VAL)) - 1
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
