@@ -121,24 +121,29 @@ def test_a_full_disk_is_reported_training_goes_on_and_none_stored_exits_3(tmp_pa
     why = _mountable(disk)
     if why is not None:
         pytest.skip(why)
-    py = shlex.quote(sys.executable)
-    trainer = f"{py} -m trainer --data {shlex.quote(SYNTH)} {shlex.join(SLEEPY)}"
+    base = ["--data", SYNTH, *SLEEPY]
     a, b, c, d, kept = (tmp_path / n for n in ("a", "b", "c", "d", "kept"))  # c writes its --out on the disk
-    # In the namespace: two checkpoints fit; then the disk is filled, and a run resumes and trains on
-    # through two failed saves (at 2 ranks: test_s3_refusing_every_checkpoint below); then a fresh run on
-    # the full disk stores nothing at all;
+    # In the namespace, the four runs in one interpreter (tests/trainer/runs_in_one.py): two checkpoints
+    # fit; then the disk is filled, and a run resumes and trains on through two failed saves (at 2 ranks:
+    # test_s3_refusing_every_checkpoint below); then a fresh run on the full disk stores nothing at all;
     # then, the disk read-only (what root meets instead of a permission error), a run resumes and
     # trains on through a refused save.
-    script = f"""
-mount -t tmpfs -o size=2m tmpfs {disk} || exit 90
-{trainer} --checkpoint-dir {disk}/c --out {a} --max-steps 4 --checkpoint-every 2 >{a}.out 2>{a}.err; echo $? >{a}.rc
-dd if=/dev/zero of={disk}/filler bs=4k 2>/dev/null
-{trainer} --checkpoint-dir {disk}/c --out {b} --max-steps 8 --checkpoint-every 2 >{b}.out 2>{b}.err; echo $? >{b}.rc
-{trainer} --checkpoint-dir {disk}/fresh --out {disk}/c-out --max-steps 2 >{c}.out 2>{c}.err; echo $? >{c}.rc
-mkdir {kept} && cp {disk}/c/ckpt-* {kept}/
-mount -o remount,ro {disk} || exit 91
-{trainer} --checkpoint-dir {disk}/c --out {d} --max-steps 6 >{d}.out 2>{d}.err; echo $? >{d}.rc
-"""
+    steps = [
+        ["sh", f"mount -t tmpfs -o size=2m tmpfs {shlex.quote(str(disk))}", True],
+        ["trainer", str(a), [*base, "--checkpoint-dir", f"{disk}/c", "--out", str(a), "--max-steps", "4",
+                             "--checkpoint-every", "2"]],
+        ["sh", f"dd if=/dev/zero of={shlex.quote(str(disk))}/filler bs=4k 2>/dev/null", False],
+        ["trainer", str(b), [*base, "--checkpoint-dir", f"{disk}/c", "--out", str(b), "--max-steps", "8",
+                             "--checkpoint-every", "2"]],
+        ["trainer", str(c), [*base, "--checkpoint-dir", f"{disk}/fresh", "--out", f"{disk}/c-out",
+                             "--max-steps", "2"]],
+        ["sh", f"mkdir {shlex.quote(str(kept))} && cp {shlex.quote(str(disk))}/c/ckpt-* {shlex.quote(str(kept))}/",
+         True],
+        ["sh", f"mount -o remount,ro {shlex.quote(str(disk))}", True],
+        ["trainer", str(d), [*base, "--checkpoint-dir", f"{disk}/c", "--out", str(d), "--max-steps", "6"]],
+    ]
+    (tmp_path / "steps.json").write_text(json.dumps(steps))
+    script = f"{shlex.quote(sys.executable)} -m tests.trainer.runs_in_one {shlex.quote(str(tmp_path / 'steps.json'))}"
     proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=REPO,
                             env=env_for(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
