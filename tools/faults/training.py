@@ -3,6 +3,8 @@ SIGSTOP of a rank in one job under `torchrun --max-restarts` (committed steps ex
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -16,28 +18,38 @@ from tools.faults.common import Row, Size, env, make_image_folder, shardify
 from tools.process_tree import kill_tree
 
 
+def _trainer_here(argv: list[str]) -> tuple[int, str]:
+    """`python -m trainer ARGV` in this process (its imports are paid already): exit code and stderr."""
+    from trainer.__main__ import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main([*argv, "--no-live"])
+    return code, err.getvalue()
+
+
 def checkpoint_scenarios(workdir: Path) -> list[Row]:
-    """A truncated newest checkpoint: --resume auto falls back to the previous complete one and says so."""
+    """A truncated newest checkpoint: --resume auto falls back to the previous complete one and says so.
+    The two runs are one process each, in this one: the subject is the trainer's resume, not its ranks."""
     out = workdir / "train"
-    base = [sys.executable, "-m", "trainer", "--data", "synthetic:?samples=64&classes=4", "--model", "mlp",
-            "--batch-size", "8", "--image-size", "8", "--checkpoint-every", "1", "--keep-checkpoints", "3",
-            "--out", str(out), "--no-live", "--device", "cpu"]
-    first = subprocess.run([*base, "--max-steps", "2"], capture_output=True, text=True, timeout=300, env=env())
+    base = ["--data", "synthetic:?samples=64&classes=4", "--model", "mlp", "--batch-size", "8", "--image-size",
+            "8", "--checkpoint-every", "1", "--keep-checkpoints", "3", "--out", str(out), "--device", "cpu"]
+    code, err = _trainer_here([*base, "--max-steps", "2"])
     ckpts = sorted((out / "checkpoints").glob("ckpt-*.pt"))
-    if first.returncode != 0 or not ckpts:
+    if code != 0 or not ckpts:
         return [Row(group="checkpoint", scenario="truncated newest checkpoint", figure="setup failed",
-                    passed=False, note=first.stderr.strip()[-300:])]
+                    passed=False, note=err.strip()[-300:])]
     newest = ckpts[-1]
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
     start = time.perf_counter()
-    second = subprocess.run([*base, "--max-steps", "3"], capture_output=True, text=True, timeout=300, env=env())
+    code, err = _trainer_here([*base, "--max-steps", "3"])
     seconds = time.perf_counter() - start
     notes = (out / "metrics.jsonl").read_text() if (out / "metrics.jsonl").exists() else ""
     skipped = f"skipped checkpoint {newest.name}" in notes
-    ok = second.returncode == 0 and skipped
+    ok = code == 0 and skipped
     return [Row(group="checkpoint", scenario="truncated newest checkpoint, --resume auto",
-                figure=f"exit {second.returncode}, fell back past {newest.name}: {'yes' if skipped else 'no'} "
-                       f"({seconds:.1f} s)", passed=ok, note="" if ok else second.stderr.strip()[-300:])]
+                figure=f"exit {code}, fell back past {newest.name}: {'yes' if skipped else 'no'} "
+                       f"({seconds:.1f} s)", passed=ok, note="" if ok else err.strip()[-300:])]
 
 
 def _committed_once(out: Path) -> tuple[bool, int]:
