@@ -1,4 +1,4 @@
-"""`--model clip`'s pieces: the contrastive loss under DDP on 2 gloo ranks (forked processes) against the
+"""`--model clip`'s pieces: the contrastive loss under DDP on 2 gloo ranks (mp.spawn) against the
 single-process loss and gradients of the same global batch, the clamped logit scale, padding
 ignored by the text tower, and zero-shot prompts."""
 
@@ -67,8 +67,9 @@ def _free_port() -> int:
 
 
 def test_two_ranks_gather_negatives_and_match_the_single_process_loss_and_gradients() -> None:
-    # Forked, not spawned: the ranks start with torch imported (a spawned one imports it again, ~7 CPU-s).
-    mp.start_processes(_rank, args=(2, _free_port()), nprocs=2, join=True, start_method="fork")
+    # Spawned, not forked: a rank forked from a test process that ran torch.distributed before (and has
+    # other tests' threads) can hang in init_process_group (seen: `make test-fast`, 2026-11-29).
+    mp.spawn(_rank, args=(2, _free_port()), nprocs=2, join=True)
 
 
 def test_one_rank_loss_is_the_plain_contrastive_loss() -> None:
