@@ -66,6 +66,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two spawned processes, each importing torch: seconds
 def test_two_ranks_gather_negatives_and_match_the_single_process_loss_and_gradients() -> None:
     # Spawned, not forked: a rank forked from a test process that ran torch.distributed before (and has
     # other tests' threads) can hang in init_process_group (seen: `make test-fast`, 2026-11-29).
