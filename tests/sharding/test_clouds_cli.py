@@ -45,8 +45,8 @@ def test_write_append_inspect_verify_index_gc(cloud: Cloud, image_folder: Path, 
             assert secret not in out.out + out.err
 
 
-def test_trains_and_resumes_from_a_checkpoint_stored_there(cloud: Cloud, image_folder: Path,
-                                                                          tmp_path: Path, capsys) -> None:
+def test_trains_and_resumes_from_a_checkpoint_stored_there(cloud: Cloud, image_folder: Path, tmp_path: Path,
+                                                           capsys) -> None:
     if cloud.kind == "s3":
         pytest.skip("S3 has its own (tests/trainer/test_secrets.py)")
     url, conf = cloud.new_url("ds"), _config(cloud, tmp_path)

@@ -128,18 +128,18 @@ def test_a_full_disk_is_reported_training_goes_on_and_none_stored_exits_3(tmp_pa
     # test_s3_refusing_every_checkpoint below); then a fresh run on the full disk stores nothing at all;
     # then, the disk read-only (what root meets instead of a permission error), a run resumes and
     # trains on through a refused save.
+    on_disk = shlex.quote(str(disk))
     steps = [
-        ["sh", f"mount -t tmpfs -o size=2m tmpfs {shlex.quote(str(disk))}", True],
+        ["sh", f"mount -t tmpfs -o size=2m tmpfs {on_disk}", True],
         ["trainer", str(a), [*base, "--checkpoint-dir", f"{disk}/c", "--out", str(a), "--max-steps", "4",
                              "--checkpoint-every", "2"]],
-        ["sh", f"dd if=/dev/zero of={shlex.quote(str(disk))}/filler bs=4k 2>/dev/null", False],
+        ["sh", f"dd if=/dev/zero of={on_disk}/filler bs=4k 2>/dev/null", False],
         ["trainer", str(b), [*base, "--checkpoint-dir", f"{disk}/c", "--out", str(b), "--max-steps", "8",
                              "--checkpoint-every", "2"]],
         ["trainer", str(c), [*base, "--checkpoint-dir", f"{disk}/fresh", "--out", f"{disk}/c-out",
                              "--max-steps", "2"]],
-        ["sh", f"mkdir {shlex.quote(str(kept))} && cp {shlex.quote(str(disk))}/c/ckpt-* {shlex.quote(str(kept))}/",
-         True],
-        ["sh", f"mount -o remount,ro {shlex.quote(str(disk))}", True],
+        ["sh", f"mkdir {shlex.quote(str(kept))} && cp {on_disk}/c/ckpt-* {shlex.quote(str(kept))}/", True],
+        ["sh", f"mount -o remount,ro {on_disk}", True],
         ["trainer", str(d), [*base, "--checkpoint-dir", f"{disk}/c", "--out", str(d), "--max-steps", "6"]],
     ]
     (tmp_path / "steps.json").write_text(json.dumps(steps))

@@ -145,11 +145,11 @@ def trainer_rank_scenarios(workdir: Path, size: Size, seed: int) -> list[Row]:
             os.kill(pid, sig)
             faults.append({"name": name, "sig": sig, "pid": pid, "hit": time.monotonic(), "seen": seen,
                            "detected_s": None, "resumes": _resumes(out)})
-        last = faults[-1].get("hit", 0.0)  # a fault not injected: no waiting for the end
-        while proc.poll() is None and time.monotonic() - last < 300:
-            f = faults[-1]
-            if f["pid"] and f["detected_s"] is None and "stopped responding" in err_path.read_text()[f["seen"]:]:
-                f["detected_s"] = time.monotonic() - f["hit"]
+        injected = len(faults) == 2 and all(f["pid"] for f in faults)  # else no waiting for the end
+        stop = faults[-1]
+        while injected and proc.poll() is None and time.monotonic() - stop["hit"] < 300:
+            if stop["detected_s"] is None and "stopped responding" in err_path.read_text()[stop["seen"]:]:
+                stop["detected_s"] = time.monotonic() - stop["hit"]
             time.sleep(0.2)
         end = time.monotonic()
         code = proc.poll()
@@ -169,17 +169,17 @@ def trainer_rank_scenarios(workdir: Path, size: Size, seed: int) -> list[Row]:
             rows.append(Row(group="trainer", scenario=scenario, figure="rank 1 not found mid-run (or not reached)",
                             passed=False, note=tail))
             continue
-        stop = f["sig"] == signal.SIGSTOP
+        stopped = f["sig"] == signal.SIGSTOP
         # This fault's group restarted and resumed: one more resume note than before it.
         resumed = resumes >= f["resumes"] + 1
-        if stop:
+        if stopped:
             detect = (f"rank 1 named after {f['detected_s']:.1f} s (--dist-timeout-s 15)"
                       if f["detected_s"] is not None else "rank not named")
         else:
             detect = "torchrun saw the exit" + (f", group resumed {f['restart_s']:.0f} s after the signal"
                                                 if "restart_s" in f else "")
-        ok = (code == 0 and once and num_steps == expected_steps and resumed and all(g["pid"] for g in faults)
-              and (not stop or f["detected_s"] is not None))
+        ok = (code == 0 and once and num_steps == expected_steps and resumed and injected
+              and (not stopped or f["detected_s"] is not None))
         rows.append(Row(group="trainer", scenario=scenario,
                         figure=f"{detect}; job done {end - f['hit']:.0f} s after the signal, exit {code}; restarted "
                                f"group resumed from a checkpoint: {'yes' if resumed else 'NO'}; {num_steps} of "
