@@ -21,6 +21,7 @@ tests or CI.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -70,11 +71,11 @@ def ceiling(client: Any, bucket: str, keys: list[str], *, threads: int, passes: 
         return sum(len(chunk) for chunk in body.iter_chunks(1 << 20))
 
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(get, keys[:threads]))  # connections opened, not timed
+        warm = sum(pool.map(get, keys[:threads]))  # connections opened, not timed
         start = time.perf_counter()
         total = sum(pool.map(get, keys * passes))
         seconds = time.perf_counter() - start
-    return {"bytes_per_s": total / seconds, "seconds": seconds, "bytes": total}
+    return {"bytes_per_s": total / seconds, "seconds": seconds, "bytes": total, "served": warm + total}
 
 
 def curl_ceiling(endpoint: str, key: str, secret: str, bucket: str, keys: list[str], *, streams: int,
@@ -98,7 +99,8 @@ def curl_ceiling(endpoint: str, key: str, secret: str, bucket: str, keys: list[s
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     total = sum(sizes.values()) * passes
-    return {"bytes_per_s": total / seconds, "seconds": seconds, "bytes": total, "cpu_s_per_gb": cpu_s / (total / 1e9)}
+    return {"bytes_per_s": total / seconds, "seconds": seconds, "bytes": total, "served": total,
+            "cpu_s_per_gb": cpu_s / (total / 1e9)}
 
 
 def _object_size(endpoint: str, key: str, secret: str, bucket: str, name: str) -> int:
@@ -153,6 +155,20 @@ def loader_specs(url: str, tars: list[str], size: str, args: argparse.Namespace)
         for peer in args.peers:  # their batches are per sample already
             specs[f"{peer}/{size}/{w}"] = {**base, "loader": peer}
     return specs
+
+
+def server_cpu_s(server: Any) -> float:
+    """CPU-seconds (user + system) the S3 server's processes have used so far: what serving costs, on the
+    same cores as the client here. Per GB served it bounds the rate a client can reach (results' targets)."""
+    import psutil
+
+    proc = psutil.Process(server.pid)
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
 
 
 def run_ceiling(kind: str, server: Any, bucket: str, keys: list[str], bytes_per_sample: float,
@@ -225,11 +241,15 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             for size in local:
                 for name in row_names(size, args.workers, args.peers):
+                    before = server_cpu_s(server)
                     if name.split("/")[0] in CEILINGS:
                         r = run_ceiling(name.split("/")[0], server, bucket, keys[size], info[size]["bytes_per_sample"],
                                         args)
+                        served = r["served"]
                     else:
                         r = run_config(specs[name], env)
+                        served = sum(e["samples"] for e in r["epochs"]) * info[size]["bytes_per_sample"]
+                    r["server_cpu_s_per_gb"] = (server_cpu_s(server) - before) / (served / 1e9)
                     runs.setdefault(name, []).append(r)
     from benchmarks.s3_report import write_results
 

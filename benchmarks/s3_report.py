@@ -16,9 +16,9 @@ from tools.machine import machine_markdown
 QUIET_LOAD = 1.0  # a 1-minute load average below this before the run: a quiet machine
 
 HEADER = ["| shards | what | epoch 1 samples/s | later epochs samples/s | views samples/s | to_list samples/s | MB/s "
-          "| first batch (s) | epoch 1 CPU-s/GB | later CPU-s/GB | epoch 1 CPU-s/1000 samples | peak PSS (MiB) | load "
-          "| runs (samples/s) |",
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+          "| first batch (s) | epoch 1 CPU-s/GB | later CPU-s/GB | epoch 1 CPU-s/1000 samples | server CPU-s/GB "
+          "| peak PSS (MiB) | load | runs (samples/s) |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
 CEILING_NAMES = {"ceiling": "server ceiling (whole-object GETs, boto3 threads)",
                  "curl1": "server ceiling (curl, 1 process, whole shards)",
                  "curl2": "server ceiling (curl, 2 processes, whole shards)"}
@@ -42,6 +42,11 @@ def _cpu(rs: list[dict[str, Any]], key: str, bytes_per_sample: float, per: str) 
     return 1000 / rate if per == "k" else 1e9 / (rate * bytes_per_sample)
 
 
+def _server(rs: list[dict[str, Any]]) -> str:
+    """The server's CPU-seconds per GB it served during these runs (median), '-' where not measured."""
+    return f"{_median(rs, 'server_cpu_s_per_gb'):.2f}" if "server_cpu_s_per_gb" in rs[0] else "-"
+
+
 def _loader_row(size: str, kind: str, workers: int, rs: list[dict[str, Any]], bytes_per_sample: float) -> str:
     forms = [f"{_median(rs, f'samples_per_s {form}'):.0f}" if f"samples_per_s {form}" in rs[0] else "-"
              for form in ("views", "to_list")]
@@ -50,7 +55,7 @@ def _loader_row(size: str, kind: str, workers: int, rs: list[dict[str, Any]], by
            _cpu(rs, "first_epoch_samples_per_cpu_s", bytes_per_sample, "k")]
     return (f"| {size} | {kind} RAW, {workers} workers | {_median(rs, 'first_epoch_samples_per_s'):.0f} | "
             f"{_median(rs, 'samples_per_s'):.0f} | {forms[0]} | {forms[1]} | {_median(rs, 'mb_per_s'):.0f} | "
-            f"{_median(rs, 'ttfb_s'):.2f} | {cpu[0]:.2f} | {cpu[1]:.2f} | {cpu[2]:.3f} | "
+            f"{_median(rs, 'ttfb_s'):.2f} | {cpu[0]:.2f} | {cpu[1]:.2f} | {cpu[2]:.3f} | {_server(rs)} | "
             f"{_median(rs, 'peak_pss_mib'):.0f} | {_median(rs, 'load'):.1f} | {_runs(rs)} |")
 
 
@@ -82,7 +87,7 @@ def _table(runs: dict[str, list[dict[str, Any]]], info: dict[str, Any], workers:
             c = runs[f"{key}/{size}"]
             cpu = f"{_median(c, 'cpu_s_per_gb'):.2f}" if "cpu_s_per_gb" in c[0] else "-"
             out.append(f"| {size} ({d['num_shards']} shards) | {name} | - | {_median(c, 'samples_per_s'):.0f} | - | - | "
-                       f"{_median(c, 'bytes_per_s') / 1e6:.0f} | - | - | {cpu} | - | - | {_median(c, 'load'):.1f} | "
+                       f"{_median(c, 'bytes_per_s') / 1e6:.0f} | - | - | {cpu} | - | {_server(c)} | - | {_median(c, 'load'):.1f} | "
                        f"{_each(c, 'samples_per_s', '.0f')} |")
         for kind in ("shardify", *_peers(runs, size, workers)):
             out.append(_loader_row(size, kind, workers, runs[f"{kind}/{size}/{workers}"], d["bytes_per_sample"]))
@@ -94,17 +99,36 @@ def _best_peer(runs: dict[str, list[dict[str, Any]]], size: str, workers: int, k
                key=lambda g: g[1])
 
 
-def _throughput(runs: dict[str, list[dict[str, Any]]], size: str, workers: int) -> list[tuple[str, str, bool]]:
+def cpu_bound(runs: dict[str, list[dict[str, Any]]], size: str, workers: int, bytes_per_sample: float,
+              cores: int) -> str:
+    """What the cores allow where the server shares them: cores / (server's + client's CPU-s per GB), for
+    shardify's epoch 1 and for the curl ceiling it is compared with ('' where the server's CPU was not measured).
+    Where both rates sit near their bounds, the distance between them is CPU per byte, not waiting."""
+    ours, curl = runs[f"shardify/{size}/{workers}"], runs.get(f"curl2/{size}")
+    if "server_cpu_s_per_gb" not in ours[0] or not curl or "server_cpu_s_per_gb" not in curl[0]:
+        return ""
+    mine = _cpu(ours, "first_epoch_samples_per_cpu_s", bytes_per_sample, "gb")
+    served, curl_cpu = _median(ours, "server_cpu_s_per_gb"), _median(curl, "cpu_s_per_gb")
+    curl_served = _median(curl, "server_cpu_s_per_gb")
+    ours_max, curl_max = (cores * 1e9 / ((a + b) * bytes_per_sample) for a, b in ((served, mine), (curl_served, curl_cpu)))
+    return (f"; CPU on {cores} cores: server {served:.2f} + shardify {mine:.2f} CPU-s/GB allow {ours_max:.0f}/s, "
+            f"server {curl_served:.2f} + curl {curl_cpu:.2f} allow {curl_max:.0f}/s: the bound's ratio "
+            f"{ours_max / curl_max:.2f}")
+
+
+def _throughput(runs: dict[str, list[dict[str, Any]]], size: str, workers: int,
+                bytes_per_sample: float = 0.0) -> list[tuple[str, str, bool]]:
     """(target, measured, met): one epoch against the ceiling; per sample against 2x the best peer."""
     ours = runs[f"shardify/{size}/{workers}"]
     ceiling_name, ceil = _ceiling(runs, size)
+    bound = cpu_bound(runs, size, workers, bytes_per_sample, os.cpu_count() or 1) if bytes_per_sample else ""
     epoch1 = _median(ours, "first_epoch_samples_per_s")
     peer1, peer1_rate = _best_peer(runs, size, workers, "first_epoch_samples_per_s")
     peer, peer_rate = _best_peer(runs, size, workers, "samples_per_s")
     to_list, views = _median(ours, "samples_per_s to_list"), _median(ours, "samples_per_s views")
     return [
         (f"RAW, {workers} workers, {size} shards, one epoch with start-up: >= 0.8 of the server's ceiling",
-         f"{epoch1:.0f} = {epoch1 / ceil:.2f} of {ceil:.0f} ({ceiling_name})", epoch1 >= 0.8 * ceil),
+         f"{epoch1:.0f} = {epoch1 / ceil:.2f} of {ceil:.0f} ({ceiling_name}){bound}", epoch1 >= 0.8 * ceil),
         (f"RAW, {workers} workers, {size} shards, one epoch: >= 2x the best peer",
          f"{epoch1:.0f} vs {peer1} {peer1_rate:.0f}: {epoch1 / peer1_rate:.2f}x", epoch1 >= 2 * peer1_rate),
         (f"RAW, {workers} workers, {size} shards, per sample (to_list, later epochs): >= 2x the best peer",
@@ -115,7 +139,7 @@ def _throughput(runs: dict[str, list[dict[str, Any]]], size: str, workers: int) 
 
 def _targets(runs: dict[str, list[dict[str, Any]]], counts: dict[str, Any], info: dict[str, Any],
              workers: tuple[int, ...]) -> list[str]:
-    rows = [t for w in workers for size in info for t in _throughput(runs, size, w)]
+    rows = [t for w in workers for size, d in info.items() for t in _throughput(runs, size, w, d["bytes_per_sample"])]
     for w in workers:
         for size, d in info.items():
             cpu = _cpu(runs[f"shardify/{size}/{w}"], "first_epoch_samples_per_cpu_s", d["bytes_per_sample"], "k")
@@ -170,7 +194,8 @@ def write_results(path: Path, runs: dict[str, list[dict[str, Any]]], counts: dic
         "sample's zero-copy memoryview (`for v in batch['jpg']`), \"to_list\" copies each into `bytes` "
         "(`batch['jpg'].to_list()`), the form code that needs `bytes` consumes. The peers' batches are lists of "
         "per-sample `bytes` already: their one rate is their per-sample form. CPU: user + system seconds of the "
-        "loader's process and its workers (not the server's), per GB of the dataset read and per 1,000 samples.",
+        "loader's process and its workers (not the server's), per GB of the dataset read and per 1,000 samples; "
+        "server CPU-s/GB: the SeaweedFS process's, per GB it served during the row's runs (same cores).",
         *tables, "",
         "## Targets (issue 11; issue 25, items 2 and 4; issue 34)", "", *targets, "",
         "## How it is measured", "",

@@ -84,3 +84,31 @@ def test_a_loaded_machine_is_said_and_the_headline_reads_each_worker_table(tmp_p
     assert (none.peer, none.peer_value) == ("obstore", 2400)  # the best 0-worker peer, not a 2-worker row
     assert two.peer == "webdataset"  # best at 2 workers; never a ceiling row (20000)
     assert two.load.startswith("3.5")
+
+
+def test_the_servers_cpu_is_a_column_and_bounds_the_ceiling_target(tmp_path, monkeypatch):
+    """Rows measured with the server's CPU show it; the ceiling target states what the cores allow each side
+    (cores / (server + client CPU-s per GB)) so a distance to the ceiling reads as CPU or as waiting."""
+    monkeypatch.setattr("benchmarks.s3_report.os.cpu_count", lambda: 2)
+    ours = _run(9000, 0.4, (8500, 6000)) | {"server_cpu_s_per_gb": 2.0}  # epoch 1: 4500 per CPU-s = 2.22 CPU-s/GB
+    runs = {"curl2/64MB": [{"samples_per_s": 8000.0, "bytes_per_s": 8e8, "load": 0.5, "cpu_s_per_gb": 0.5,
+                            "server_cpu_s_per_gb": 1.5}],
+            "shardify/64MB/2": [ours], "webdataset/64MB/2": [_run(4000, 0.9)]}
+    counts = {"64MB/2": {"before_first_batch": 9, "epoch": 40, "kinds": {"manifest": 1, "index": 2, "listing": 0,
+                                                                        "head": 0, "shard and checksum reads": 6}}}
+    args = argparse.Namespace(num_images=1000, repeats=1, epochs=2, workers=(2,), batch_size=256, ceiling_threads=8)
+    path = tmp_path / "results_s3.md"
+    write_results(path, runs, counts, INFO, args, (0.4, 1.0, 1.0), "2.13.0")
+    text = path.read_text()
+    assert "| server CPU-s/GB |" in text.splitlines()[text.splitlines().index("### 2 workers") + 2]
+    assert "curl, 2 processes, whole shards) | - | 8000 | - | - | 800 | - | - | 0.50 | - | 1.50 |" in text
+    assert "| 2.22 | 1.11 | 0.222 | 2.00 |" in _row(text, "shardify RAW, 2 workers")  # its CPU, then the server's
+    # 2 cores / (2.0 + 2.22 CPU-s/GB) = 0.474 GB/s = 4737 samples of 100 KB; curl: 2 / (1.5 + 0.5) = 10000
+    target = _target(text, "RAW, 2 workers, 64MB shards, one epoch with start-up")
+    assert "server 2.00 + shardify 2.22 CPU-s/GB allow 4737/s" in target
+    assert "server 1.50 + curl 0.50 allow 10000/s: the bound's ratio 0.47" in target
+    assert "| 0.500 | - | 500 |" in _row(text, "webdataset RAW, 2 workers")  # no server figure measured
+
+
+def _row(text: str, what: str) -> str:
+    return next(line for line in text.splitlines() if f"| {what} |" in line)
