@@ -39,7 +39,8 @@ def once(num_bytes: int) -> dict[str, float]:
 
     gb = num_bytes / 1e9
     out = {}
-    for name, make in (("4 KiB pages", lambda: np.empty(num_bytes, dtype=np.uint8)), ("huge pages", lambda: huge_array(num_bytes))):
+    makers = (("4 KiB pages", lambda: np.empty(num_bytes, dtype=np.uint8)), ("huge pages", lambda: huge_array(num_bytes)))
+    for name, make in makers:
         buf = make()
         t = _cpu()
         buf[:] = 1

@@ -87,7 +87,8 @@ def _table(runs: dict[str, list[dict[str, Any]]], info: dict[str, Any], workers:
             c = runs[f"{key}/{size}"]
             cpu = f"{_median(c, 'cpu_s_per_gb'):.2f}" if "cpu_s_per_gb" in c[0] else "-"
             out.append(f"| {size} ({d['num_shards']} shards) | {name} | - | {_median(c, 'samples_per_s'):.0f} | - | - | "
-                       f"{_median(c, 'bytes_per_s') / 1e6:.0f} | - | - | {cpu} | - | {_server(c)} | - | {_median(c, 'load'):.1f} | "
+                       f"{_median(c, 'bytes_per_s') / 1e6:.0f} | - | - | {cpu} | - | {_server(c)} | - | "
+                       f"{_median(c, 'load'):.1f} | "
                        f"{_each(c, 'samples_per_s', '.0f')} |")
         for kind in ("shardify", *_peers(runs, size, workers)):
             out.append(_loader_row(size, kind, workers, runs[f"{kind}/{size}/{workers}"], d["bytes_per_sample"]))
@@ -110,7 +111,8 @@ def cpu_bound(runs: dict[str, list[dict[str, Any]]], size: str, workers: int, by
     mine = _cpu(ours, "first_epoch_samples_per_cpu_s", bytes_per_sample, "gb")
     served, curl_cpu = _median(ours, "server_cpu_s_per_gb"), _median(curl, "cpu_s_per_gb")
     curl_served = _median(curl, "server_cpu_s_per_gb")
-    ours_max, curl_max = (cores * 1e9 / ((a + b) * bytes_per_sample) for a, b in ((served, mine), (curl_served, curl_cpu)))
+    ours_max, curl_max = (cores * 1e9 / ((a + b) * bytes_per_sample)
+                          for a, b in ((served, mine), (curl_served, curl_cpu)))
     return (f"; CPU on {cores} cores: server {served:.2f} + shardify {mine:.2f} CPU-s/GB allow {ours_max:.0f}/s, "
             f"server {curl_served:.2f} + curl {curl_cpu:.2f} allow {curl_max:.0f}/s: the bound's ratio "
             f"{ours_max / curl_max:.2f}")
