@@ -100,7 +100,7 @@ def _best_peer(runs: dict[str, list[dict[str, Any]]], size: str, workers: int, k
                key=lambda g: g[1])
 
 
-def cpu_bound(runs: dict[str, list[dict[str, Any]]], size: str, workers: int, bytes_per_sample: float,
+def _cpu_bound(runs: dict[str, list[dict[str, Any]]], size: str, workers: int, bytes_per_sample: float,
               cores: int) -> str:
     """What the cores allow where the server shares them: cores / (server's + client's CPU-s per GB), for
     shardify's epoch 1 and for the curl ceiling it is compared with ('' where the server's CPU was not measured).
@@ -119,11 +119,11 @@ def cpu_bound(runs: dict[str, list[dict[str, Any]]], size: str, workers: int, by
 
 
 def _throughput(runs: dict[str, list[dict[str, Any]]], size: str, workers: int,
-                bytes_per_sample: float = 0.0) -> list[tuple[str, str, bool]]:
+                bytes_per_sample: float) -> list[tuple[str, str, bool]]:
     """(target, measured, met): one epoch against the ceiling; per sample against 2x the best peer."""
     ours = runs[f"shardify/{size}/{workers}"]
     ceiling_name, ceil = _ceiling(runs, size)
-    bound = cpu_bound(runs, size, workers, bytes_per_sample, os.cpu_count() or 1) if bytes_per_sample else ""
+    bound = _cpu_bound(runs, size, workers, bytes_per_sample, os.cpu_count() or 1)
     epoch1 = _median(ours, "first_epoch_samples_per_s")
     peer1, peer1_rate = _best_peer(runs, size, workers, "first_epoch_samples_per_s")
     peer, peer_rate = _best_peer(runs, size, workers, "samples_per_s")
