@@ -12,7 +12,9 @@ streamed and dropped), and curl fetching every shard whole with 1 and 2 processe
 processes (benchmarks.bench_loader's runner: batch 256, persistent workers, PSS sampled); the
 rows of a round run one after another, rounds interleaved, medians reported. Every shardify row
 is measured in the packed form and per sample (zero-copy views, and to_list copies), by
-loader_child's form runner, since webdataset delivers per-sample bytes. The start-up requests
+loader_child's form runner, since webdataset delivers per-sample bytes; with workers, shardify runs
+twice: its default (reader threads) and as DataLoader worker processes, the peers' own form. The
+server's CPU is read around every row (per GB it served). The start-up requests
 (what reaches the server before shardify's first batch) are counted through tools.delay_proxy in
 a separate, untimed run. Results go to benchmarks/results_s3.md (--results). Not part of the
 tests or CI.
@@ -140,9 +142,11 @@ CEILINGS = ("ceiling", "curl1", "curl2")  # boto3 threads; curl with 1 and 2 pro
 
 
 def row_names(size: str, workers: tuple[int, ...], peers: tuple[str, ...] = ("webdataset",)) -> list[str]:
-    """One round's row names for a shard size, in the order they run: the ceilings, then each loader."""
+    """One round's row names for a shard size, in the order they run: the ceilings, then each loader (with
+    workers, shardify twice: its default, reader threads, and DataLoader worker processes as the peers run)."""
     return [*(f"{c}/{size}" for c in CEILINGS), *(f"{kind}/{size}/{w}" for w in workers
-                                                  for kind in ("shardify", *peers))]
+                                                  for kind in ("shardify", *(("shardify-processes",) if w else ()),
+                                                               *peers))]
 
 
 def loader_specs(url: str, tars: list[str], size: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -152,6 +156,9 @@ def loader_specs(url: str, tars: list[str], size: str, args: argparse.Namespace)
         base = {"epochs": args.epochs, "batch_size": args.batch_size, "num_workers": w, "url": url, "tars": tars,
                 "task": "raw", "source": f"s3, {size} shards, {w} workers"}
         specs[f"shardify/{size}/{w}"] = {**base, "loader": "shardify", "forms": list(FORMS)}
+        if w:  # the peers' own form: DataLoader worker processes, batches through shared memory
+            specs[f"shardify-processes/{size}/{w}"] = {**base, "loader": "shardify", "forms": list(FORMS),
+                                                       "options": {"worker_mode": "processes"}}
         for peer in args.peers:  # their batches are per sample already
             specs[f"{peer}/{size}/{w}"] = {**base, "loader": peer}
     return specs

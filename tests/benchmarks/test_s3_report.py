@@ -112,3 +112,26 @@ def test_the_servers_cpu_is_a_column_and_bounds_the_ceiling_target(tmp_path, mon
 
 def _row(text: str, what: str) -> str:
     return next(line for line in text.splitlines() if f"| {what} |" in line)
+
+
+def test_worker_processes_are_a_row_of_their_own_and_judged_per_sample(tmp_path):
+    """shardify with worker_mode="processes" (the peers' own form: DataLoader worker processes, one bytes
+    object per sample) is a row beside the default one and judged against the best peer, one epoch and
+    to_list; the headline still reads the default row."""
+    runs = {"curl2/64MB": [{"samples_per_s": 8000.0, "bytes_per_s": 8e8, "load": 0.5, "cpu_s_per_gb": 0.5}],
+            "shardify/64MB/2": [_run(9000, 0.4, (8500, 6000))],
+            "shardify-processes/64MB/2": [_run(7000, 0.6, (6500, 5000))],  # one epoch 3500, to_list 5000
+            "webdataset/64MB/2": [_run(2400, 0.9)]}  # one epoch 1200, later 2400
+    args = argparse.Namespace(num_images=1000, repeats=1, epochs=2, workers=(2,), batch_size=256, ceiling_threads=8)
+    path = tmp_path / "results_s3.md"
+    write_results(path, runs, {}, INFO, args, (0.4, 1.0, 1.0), "2.13.0")
+    text = path.read_text()
+    assert "| 64MB | shardify RAW, 2 worker processes | 3500 | 7000 | 6500 | 5000 |" in text
+    lines = text.splitlines()
+    assert lines.index(_row(text, "shardify RAW, 2 workers")) + 1 == lines.index(
+        _row(text, "shardify RAW, 2 worker processes"))  # right after the default row, before the peers
+    target = _target(text, "RAW, 2 worker processes, 64MB shards")
+    assert "one epoch 3500 vs webdataset 1200: 2.92x; to_list 5000 vs webdataset 2400: 2.08x | yes |" in target
+    rows = {h.task: h for h in headline.HEADLINES["s3"](path)}
+    two = next(h for task, h in rows.items() if task.endswith(", 2 workers"))
+    assert two.ours == 9000 and two.peer == "webdataset"
